@@ -1,0 +1,5 @@
+import sys
+
+from faultline.cli import main
+
+sys.exit(main())

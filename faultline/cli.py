@@ -1,0 +1,94 @@
+"""The `faultline` command. Server commands load the server stack lazily, so the base (agent-only)
+install can still run `faultline --help` and, later, `faultline agent`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+SCOPES = ("agent", "scheduler", "operator", "admin")
+
+
+def _data_dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="use the embedded PostgreSQL and Redis of this folder (as `faultline demo` does) "
+        "instead of FAULTLINE_DATABASE_URL / FAULTLINE_REDIS_URL",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="faultline", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run everything locally: PostgreSQL, Redis, API, worker, beat, traffic")
+    demo.add_argument("--port", type=int, default=8080, help="API port (default 8080)")
+    demo.add_argument("--data-dir", type=Path, default=Path(".faultline"), help="where data lives (default .faultline)")
+    demo.add_argument("--no-sim", action="store_true", help="services only, for pointing real agents at it")
+    demo.add_argument("--nodes", type=int, default=8, help="simulated nodes (default 8)")
+    demo.add_argument("--gpus-per-node", type=int, default=8)
+
+    serve = sub.add_parser("serve", help="run the API (uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1, help="API processes (default 1)")
+    _data_dir_option(serve)
+
+    work = sub.add_parser("work", help="run a Celery worker (and/or the beat scheduler)")
+    mode = work.add_mutually_exclusive_group()
+    mode.add_argument("--beat", action="store_true", help="also run the periodic scheduler in this worker")
+    mode.add_argument("--beat-only", action="store_true", help="run only the periodic scheduler")
+    work.add_argument("--queues", default=None, help="comma-separated queues (default: all)")
+    work.add_argument("--concurrency", type=int, default=None)
+    _data_dir_option(work)
+
+    migrate = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
+    migrate.add_argument("--check", action="store_true", help="only report whether the database is up to date")
+    _data_dir_option(migrate)
+
+    token = sub.add_parser("token", help="manage API tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    create = token_sub.add_parser("create", help="create a token and print it (shown once)")
+    create.add_argument("--scope", required=True, choices=SCOPES)
+    create.add_argument("--node", help="bind an agent token to one node name")
+    create.add_argument("--name", help="a label for listings")
+    create.add_argument("--ttl-days", type=float, help="expire after this many days")
+    _data_dir_option(create)
+    listing = token_sub.add_parser("list", help="list tokens (never their values)")
+    _data_dir_option(listing)
+    revoke = token_sub.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("token_id", type=int)
+    _data_dir_option(revoke)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
+    ingest = bench_sub.add_parser("ingest", help="drive the HTTP ingest API with agent-shaped batches")
+    ingest.add_argument("--nodes", type=int, default=2048)
+    ingest.add_argument("--gpus-per-node", type=int, default=8)
+    ingest.add_argument("--interval", type=float, default=1.0, help="seconds between a node's batches")
+    ingest.add_argument("--duration", type=float, default=60.0, help="seconds of paced load")
+    ingest.add_argument("--api-workers", type=int, default=2, help="API processes to start")
+    ingest.add_argument("--connections", type=int, default=64, help="concurrent HTTP connections")
+    ingest.add_argument("--no-worker", action="store_true", help="do not run a Celery worker alongside")
+    ingest.add_argument("--json", type=Path, help="also write the figures to this file")
+    _data_dir_option(ingest)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from service import cli as server_cli
+    except ImportError as exc:
+        print(
+            f"faultline {args.command} needs the server stack ({exc.name} is missing): pip install 'faultline[server]'",
+            file=sys.stderr,
+        )
+        return 2
+    return server_cli.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

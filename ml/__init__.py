@@ -1,0 +1,1 @@
+"""Pure detection methods: plain data in, findings out (pandas, numpy, scikit-learn; no database)."""

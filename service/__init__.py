@@ -1,0 +1,1 @@
+"""faultline service: ingest API, storage, diagnosis workers and policy."""

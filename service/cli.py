@@ -1,0 +1,146 @@
+"""Server-side commands of `faultline` (argument parsing lives in faultline/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from service.config import Settings, get_settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    data_dir: Path | None = getattr(args, "data_dir", None)
+    if data_dir is not None:
+        from service.embedded import use_data_dir
+
+        use_data_dir(data_dir.resolve())
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        messages = "; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())
+        raise SystemExit(f"faultline: configuration error: {messages}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=os.environ.get("FAULTLINE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("pgserver", "httpx", "alembic.runtime.plugins"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    handler = {
+        "demo": _demo,
+        "serve": _serve,
+        "work": _work,
+        "migrate": _migrate,
+        "token": _token,
+        "bench": _bench,
+    }[args.command]
+    return handler(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from service.demo import run_demo
+
+    return run_demo(
+        data_dir=args.data_dir.resolve(),
+        port=args.port,
+        simulate=not args.no_sim,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    settings = _settings(args)
+    if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Several processes: Prometheus metrics are summed from files in a shared folder.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="faultline-prom-")
+    uvicorn.run(
+        "service.asgi:app",
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+    )
+    return 0
+
+
+def _work(args: argparse.Namespace) -> int:
+    _settings(args)
+    from service.worker import QUEUES, celery_app
+
+    data_dir: Path | None = args.data_dir
+    schedule = (data_dir.resolve() if data_dir else Path(tempfile.gettempdir())) / "faultline-beat-schedule"
+    if args.beat_only:
+        celery_app.start(["beat", "--loglevel", "INFO", "--schedule", str(schedule)])
+        return 0
+    argv = ["worker", "--loglevel", "INFO", "--queues", args.queues or ",".join(QUEUES)]
+    if args.concurrency:
+        argv += ["--concurrency", str(args.concurrency)]
+    if args.beat:
+        argv += ["--beat", "--schedule", str(schedule)]
+    celery_app.worker_main(argv)
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from service import migrate
+
+    settings = _settings(args)
+    if args.check:
+        current, head = migrate.current_and_head(settings.sqlalchemy_url)
+        if current == head:
+            print(f"database is up to date (revision {head})")
+            return 0
+        print(f"database is at {current or 'an empty schema'}; head is {head}: run `faultline migrate`")
+        return 1
+    migrate.upgrade(settings.sqlalchemy_url)
+    print("database migrated to head", file=sys.stderr)
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from service.db import session_scope
+    from service.errors import FaultlineError
+    from service.tokens import service as tokens
+
+    _settings(args)
+    try:
+        with session_scope() as session:
+            if args.token_command == "create":
+                ttl = timedelta(days=args.ttl_days) if args.ttl_days else None
+                new = tokens.create(session, scope=args.scope, name=args.name, node_name=args.node, ttl=ttl)
+                bound = f", bound to node {args.node}" if args.node else ""
+                print(f"created {args.scope} token id {new.record.id}{bound}; it is shown only once:", file=sys.stderr)
+                print(new.token)
+            elif args.token_command == "list":
+                for record in tokens.list_all(session):
+                    state = "revoked" if record.revoked_at else "active"
+                    print(
+                        f"{record.id}\t{record.prefix}…\t{record.scope}\t{record.node_name or '-'}\t"
+                        f"{record.name or '-'}\t{state}\texpires {record.expires_at or 'never'}"
+                    )
+            else:
+                tokens.revoke(session, token_id=args.token_id)
+                print(f"revoked token {args.token_id}", file=sys.stderr)
+    except FaultlineError as exc:
+        print(f"faultline: {exc.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from service.bench import ingest
+
+    return ingest.run(args)

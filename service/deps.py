@@ -1,0 +1,26 @@
+"""Request-scoped plumbing shared by routes: the session whose commit is the request boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+
+def _session(request: Request) -> Iterator[Session]:
+    session: Session = request.app.state.sessionmaker()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+# scope="function": commit before the response is sent, so a failed commit is the client's error
+# response rather than a lost write behind a 200.
+DbSession = Annotated[Session, Depends(_session, scope="function")]

@@ -1,0 +1,57 @@
+"""/healthz (database and broker status) and /metrics (Prometheus)."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+router = APIRouter(tags=["health"])
+
+
+def _check_database(request: Request) -> str:
+    try:
+        with request.app.state.sessionmaker() as session:
+            session.execute(text("SET LOCAL statement_timeout = 2000"))
+            session.execute(text("SELECT 1"))
+        return "ok"
+    except Exception as exc:
+        return f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _check_broker(request: Request) -> str:
+    try:
+        client = redis.Redis.from_url(request.app.state.settings.broker_url, socket_connect_timeout=2, socket_timeout=2)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return "ok"
+    except Exception as exc:
+        return f"error: {type(exc).__name__}: {exc}"
+
+
+@router.get("/healthz", responses={503: {"description": "The database or the broker is unreachable"}})
+async def healthz(request: Request) -> JSONResponse:
+    """Liveness and readiness: 200 when the database and the broker answer, 503 otherwise."""
+    database = await run_in_threadpool(_check_database, request)
+    broker = await run_in_threadpool(_check_broker, request)
+    healthy = database == "ok" and broker == "ok"
+    return JSONResponse(
+        {"status": "ok" if healthy else "degraded", "database": database, "broker": broker},
+        status_code=200 if healthy else 503,
+    )
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics() -> Response:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

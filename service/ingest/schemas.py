@@ -1,0 +1,120 @@
+"""The agent wire protocol: one JSON batch per POST /api/v1/ingest.
+
+Unknown fields are ignored so that a newer agent can talk to an older service.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+JobId = Annotated[str, Field(min_length=1, max_length=200)]
+Severity = Literal["debug", "info", "warning", "error", "critical"]
+MAX_ITEMS = 100_000
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class GpuInfo(_In):
+    index: Annotated[int, Field(ge=0, le=1023)]
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    model: str | None = None
+
+
+class Heartbeat(_In):
+    agent_version: str | None = Field(default=None, max_length=100)
+    uptime_s: float | None = None
+    spool_depth: int | None = Field(default=None, ge=0, description="Batches waiting in the agent's disk spool.")
+    dropped: dict[str, int] = Field(
+        default_factory=dict, description="Items the agent had to drop (full spool), by kind, since it started."
+    )
+    gpus: list[GpuInfo] = Field(default_factory=list, description="GPU inventory of the node.")
+
+
+class MetricSample(_In):
+    """One GPU at one instant: DCGM field name -> value (null when the exporter reports blank)."""
+
+    ts: AwareDatetime
+    gpu: Annotated[int, Field(ge=0, le=1023)]
+    job_id: JobId | None = None
+    fields: Annotated[dict[str, float | None], Field(max_length=512)]
+
+
+class LogEventIn(_In):
+    ts: AwareDatetime
+    source: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,31}$", examples=["kmsg", "training"])]
+    kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$", examples=["xid", "nccl_warn", "step"])]
+    line: Annotated[str, Field(max_length=65_536)]
+    severity: Severity | None = None
+    path: str | None = Field(default=None, max_length=4096)
+    job_id: JobId | None = None
+    rank: Annotated[int, Field(ge=0)] | None = None
+    fields: dict[str, Any] | None = None
+    signature: str | None = Field(default=None, max_length=1024)
+
+
+class StackDumpIn(_In):
+    ts: AwareDatetime
+    pid: Annotated[int, Field(ge=1)]
+    job_id: JobId | None = None
+    rank: Annotated[int, Field(ge=0)] | None = None
+    directive_id: str | None = Field(default=None, max_length=200)
+    threads: list[dict[str, Any]] | None = Field(default=None, description="`py-spy dump --json` output.")
+    error: str | None = Field(default=None, max_length=65_536, description="Why the dump failed, if it did.")
+
+
+class ChildProcess(_In):
+    pid: Annotated[int, Field(ge=1)]
+    name: str | None = None
+    cpu_pct: float | None = None
+    rss_bytes: int | None = None
+
+
+class ProcessSnapshotIn(_In):
+    """A training process found on the node (a torchrun worker), from its environment and /proc."""
+
+    ts: AwareDatetime
+    pid: Annotated[int, Field(ge=1)]
+    job_id: JobId | None = None
+    rank: Annotated[int, Field(ge=0)] | None = None
+    local_rank: Annotated[int, Field(ge=0)] | None = None
+    group_rank: Annotated[int, Field(ge=0)] | None = None
+    world_size: Annotated[int, Field(ge=1)] | None = None
+    gpu: Annotated[int, Field(ge=0, le=1023)] | None = None
+    cpu_pct: float | None = None
+    rss_bytes: Annotated[int, Field(ge=0)] | None = None
+    state: str | None = Field(default=None, max_length=32)
+    children: list[ChildProcess] = Field(default_factory=list)
+
+
+class IngestBatch(_In):
+    batch_id: uuid.UUID = Field(description="Unique per batch; a batch sent twice is stored once.")
+    node: NodeName
+    sent_at: AwareDatetime
+    job_id: JobId | None = Field(default=None, description="Default job for items that do not name one.")
+    heartbeat: Heartbeat | None = None
+    metrics: Annotated[list[MetricSample], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
+    logs: Annotated[list[LogEventIn], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
+    stacks: Annotated[list[StackDumpIn], Field(max_length=10_000)] = Field(default_factory=list)
+    processes: Annotated[list[ProcessSnapshotIn], Field(max_length=10_000)] = Field(default_factory=list)
+
+
+class Directive(BaseModel):
+    """Something the service asks the agent to do now."""
+
+    id: str
+    kind: Literal["dump_stacks"]
+    job_id: str | None = None
+
+
+class IngestResult(BaseModel):
+    batch_id: uuid.UUID
+    status: Literal["accepted", "duplicate"]
+    stored: dict[str, int]
+    directives: list[Directive] = Field(default_factory=list)

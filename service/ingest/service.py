@@ -1,0 +1,373 @@
+"""Store agent batches with set-based statements and COPY: a flush of many batches is a few round trips.
+
+Locks are taken in one global order (jobs, then nodes, then ranks and GPUs, each sorted by key),
+so concurrent flushes from several API processes cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy.orm import Session
+
+from service.ingest.schemas import IngestBatch
+from service.metric_fields import FIELD_TO_COLUMN
+from service.models import METRIC_SAMPLE_COLUMNS
+
+log = logging.getLogger(__name__)
+
+# dcgm-exporter reports unsupported fields as values near INT64_MAX; they mean "no value".
+DCGM_BLANK_THRESHOLD = 9.0e18
+_METRIC_INDEX = {name: i for i, name in enumerate(METRIC_SAMPLE_COLUMNS)}
+_EXTRA_INDEX = _METRIC_INDEX["extra"]
+
+
+@dataclass
+class _Keys:
+    """Database ids for the names a flush mentions."""
+
+    nodes: dict[str, int]
+    jobs: dict[str, int]
+    # node name -> the job it runs now, for items that name no job
+    current_job: dict[str, int]
+
+    def job_of(self, batch: IngestBatch, item_job: str | None) -> int | None:
+        name = item_job or _batch_job(batch)
+        return self.jobs.get(name) if name else self.current_job.get(batch.node)
+
+
+@dataclass
+class BatchOutcome:
+    batch_id: str
+    duplicate: bool
+    stored: dict[str, int] = field(default_factory=dict)
+
+
+def raw_connection(session: Session) -> psycopg.Connection[Any]:
+    """The psycopg connection under the session's transaction, for COPY."""
+    return session.connection().connection.driver_connection  # type: ignore[return-value]
+
+
+def store_batches(session: Session, *, batches: list[IngestBatch]) -> list[BatchOutcome]:
+    """Write batches in one transaction; batches already stored (same batch id) are skipped."""
+    conn = raw_connection(session)
+    job_ids = _ensure_jobs(conn, batches)
+    node_ids, current_job = _upsert_nodes(conn, batches, job_ids)
+    keys = _Keys(node_ids, job_ids, current_job)
+    new_ids = _claim_batches(conn, batches, node_ids)
+    outcomes: list[BatchOutcome] = []
+    fresh: list[IngestBatch] = []
+    for batch in batches:
+        key = str(batch.batch_id)
+        if key in new_ids:
+            new_ids.discard(key)  # a batch id twice in one flush: the second is a duplicate
+            fresh.append(batch)
+            outcomes.append(BatchOutcome(key, False, _counts(batch)))
+        else:
+            outcomes.append(BatchOutcome(key, True, {}))
+    if fresh:
+        _copy_metrics(conn, fresh, keys)
+        _copy_logs(conn, fresh, keys)
+        _copy_stacks(conn, fresh, keys)
+        _copy_processes(conn, fresh, keys)
+        _upsert_ranks(conn, fresh, keys)
+        _upsert_gpus(conn, fresh, keys)
+    return outcomes
+
+
+def _counts(batch: IngestBatch) -> dict[str, int]:
+    return {
+        "metrics": len(batch.metrics),
+        "logs": len(batch.logs),
+        "stacks": len(batch.stacks),
+        "processes": len(batch.processes),
+    }
+
+
+def _batch_job(batch: IngestBatch) -> str | None:
+    """The job a node is running: named by the batch, else by its training processes."""
+    if batch.job_id:
+        return batch.job_id
+    jobs = {p.job_id for p in batch.processes if p.job_id}
+    return jobs.pop() if len(jobs) == 1 else None
+
+
+def _ensure_jobs(conn: psycopg.Connection[Any], batches: list[IngestBatch]) -> dict[str, int]:
+    """Create jobs agents report that nobody registered; return external id -> id."""
+    world_sizes: dict[str, int | None] = {}
+    for batch in batches:
+        for name in (batch.job_id, *(i.job_id for i in (*batch.metrics, *batch.logs, *batch.stacks))):
+            if name:
+                world_sizes.setdefault(name, None)
+        for proc in batch.processes:
+            if proc.job_id:
+                world_sizes[proc.job_id] = proc.world_size or world_sizes.get(proc.job_id)
+    if not world_sizes:
+        return {}
+    names = sorted(world_sizes)
+    with conn.cursor() as cur:
+        # Plain reads first: existing jobs are the common case and take no row lock.
+        cur.execute("SELECT external_id, id FROM jobs WHERE external_id = ANY(%s)", (names,))
+        ids = dict(cur.fetchall())
+        missing = [n for n in names if n not in ids]
+        if missing:
+            cur.execute(
+                """
+                INSERT INTO jobs (external_id, world_size, source, last_seen_at)
+                SELECT n, w, 'agent', now() FROM unnest(%s::text[], %s::int[]) AS t(n, w)
+                ON CONFLICT (external_id) DO NOTHING
+                """,
+                (missing, [world_sizes[n] for n in missing]),
+            )
+            cur.execute("SELECT external_id, id FROM jobs WHERE external_id = ANY(%s)", (missing,))
+            ids.update(cur.fetchall())
+        # Throttled so that thousands of nodes reporting one job do not queue on its row lock.
+        cur.execute(
+            """
+            UPDATE jobs SET last_seen_at = now(),
+                world_size = COALESCE(jobs.world_size, t.w)
+            FROM unnest(%s::bigint[], %s::int[]) AS t(id, w)
+            WHERE jobs.id = t.id
+              AND (jobs.last_seen_at IS NULL OR jobs.last_seen_at < now() - interval '10 seconds'
+                   OR (jobs.world_size IS NULL AND t.w IS NOT NULL))
+            """,
+            ([ids[n] for n in names], [world_sizes[n] for n in names]),
+        )
+    return ids
+
+
+def _upsert_nodes(
+    conn: psycopg.Connection[Any], batches: list[IngestBatch], job_ids: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    latest: dict[str, IngestBatch] = {}
+    for batch in batches:
+        seen = latest.get(batch.node)
+        if seen is None or batch.sent_at >= seen.sent_at:
+            latest[batch.node] = batch
+    names = sorted(latest)
+    jobs = [job_ids.get(_batch_job(latest[n]) or "") for n in names]
+    versions = [latest[n].heartbeat.agent_version if latest[n].heartbeat else None for n in names]
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO nodes (name, last_seen_at, agent_version, current_job_id)
+            SELECT n, now(), v, j FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS t(n, v, j)
+            ON CONFLICT (name) DO UPDATE SET
+                last_seen_at = excluded.last_seen_at,
+                agent_version = COALESCE(excluded.agent_version, nodes.agent_version),
+                current_job_id = COALESCE(excluded.current_job_id, nodes.current_job_id)
+            RETURNING name, id, current_job_id
+            """,
+            (names, versions, jobs),
+        )
+        rows = cur.fetchall()
+    nodes = {name: node_id for name, node_id, _ in rows}
+    return nodes, {name: current for name, _, current in rows if current is not None}
+
+
+def _claim_batches(conn: psycopg.Connection[Any], batches: list[IngestBatch], node_ids: dict[str, int]) -> set[str]:
+    """Insert the batch ids; the ones that were not there yet are the batches to store."""
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO agent_batches
+                (batch_id, node_id, sent_at, n_metrics, n_logs, n_stacks, n_processes, heartbeat)
+            SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::timestamptz[], %s::int[], %s::int[],
+                                 %s::int[], %s::int[], %s::jsonb[])
+            ON CONFLICT (batch_id) DO NOTHING
+            RETURNING batch_id
+            """,
+            (
+                [b.batch_id for b in batches],
+                [node_ids[b.node] for b in batches],
+                [b.sent_at for b in batches],
+                [len(b.metrics) for b in batches],
+                [len(b.logs) for b in batches],
+                [len(b.stacks) for b in batches],
+                [len(b.processes) for b in batches],
+                [Jsonb(b.heartbeat.model_dump(mode="json")) if b.heartbeat else None for b in batches],
+            ),
+        )
+        return {str(row[0]) for row in cur.fetchall()}
+
+
+def _copy_metrics(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    width = len(METRIC_SAMPLE_COLUMNS)
+    columns = ", ".join(METRIC_SAMPLE_COLUMNS)
+    with conn.cursor() as cur, cur.copy(f"COPY metric_samples ({columns}) FROM STDIN") as copy:
+        for batch in batches:
+            node_id = keys.nodes[batch.node]
+            default_job = keys.job_of(batch, None)
+            for sample in batch.metrics:
+                row: list[Any] = [None] * width
+                row[0] = sample.ts
+                row[1] = node_id
+                row[2] = sample.gpu
+                row[3] = keys.jobs.get(sample.job_id) if sample.job_id else default_job
+                extra: dict[str, float | None] | None = None
+                for name, value in sample.fields.items():
+                    if value is not None and abs(value) >= DCGM_BLANK_THRESHOLD:
+                        value = None
+                    column = FIELD_TO_COLUMN.get(name)
+                    if column is not None:
+                        row[_METRIC_INDEX[column]] = value
+                    else:
+                        if extra is None:
+                            extra = {}
+                        extra[name] = value
+                if extra:
+                    row[_EXTRA_INDEX] = Jsonb(extra)
+                copy.write_row(row)
+
+
+def _copy_logs(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    if not any(b.logs for b in batches):
+        return
+    sql = (
+        "COPY log_events (batch_id, node_id, job_id, ts, source, path, kind, severity, rank, line, fields,"
+        " signature) FROM STDIN"
+    )
+    with conn.cursor() as cur, cur.copy(sql) as copy:
+        for batch in batches:
+            for ev in batch.logs:
+                copy.write_row(
+                    (
+                        batch.batch_id,
+                        keys.nodes[batch.node],
+                        keys.job_of(batch, ev.job_id),
+                        ev.ts,
+                        ev.source,
+                        ev.path,
+                        ev.kind,
+                        ev.severity,
+                        ev.rank,
+                        ev.line,
+                        Jsonb(ev.fields) if ev.fields is not None else None,
+                        ev.signature,
+                    )
+                )
+
+
+def _copy_stacks(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    if not any(b.stacks for b in batches):
+        return
+    sql = "COPY stack_dumps (batch_id, node_id, job_id, ts, rank, pid, directive_id, threads, error) FROM STDIN"
+    with conn.cursor() as cur, cur.copy(sql) as copy:
+        for batch in batches:
+            for dump in batch.stacks:
+                copy.write_row(
+                    (
+                        batch.batch_id,
+                        keys.nodes[batch.node],
+                        keys.job_of(batch, dump.job_id),
+                        dump.ts,
+                        dump.rank,
+                        dump.pid,
+                        dump.directive_id,
+                        Jsonb(dump.threads) if dump.threads is not None else None,
+                        dump.error,
+                    )
+                )
+
+
+def _copy_processes(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    if not any(b.processes for b in batches):
+        return
+    sql = (
+        "COPY process_snapshots (batch_id, node_id, job_id, ts, pid, rank, local_rank, cpu_pct, rss_bytes,"
+        " state, children) FROM STDIN"
+    )
+    with conn.cursor() as cur, cur.copy(sql) as copy:
+        for batch in batches:
+            for proc in batch.processes:
+                copy.write_row(
+                    (
+                        batch.batch_id,
+                        keys.nodes[batch.node],
+                        keys.job_of(batch, proc.job_id),
+                        proc.ts,
+                        proc.pid,
+                        proc.rank,
+                        proc.local_rank,
+                        proc.cpu_pct,
+                        proc.rss_bytes,
+                        proc.state,
+                        Jsonb([c.model_dump(mode="json") for c in proc.children]) if proc.children else None,
+                    )
+                )
+
+
+def _upsert_ranks(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    """Agents report where each rank runs; the latest report wins."""
+    latest: dict[tuple[int, int], tuple[int, int | None, int | None, int]] = {}
+    for batch in batches:
+        for proc in batch.processes:
+            job = keys.jobs.get(proc.job_id) if proc.job_id else None
+            if job is None or proc.rank is None:
+                continue
+            gpu = proc.gpu if proc.gpu is not None else proc.local_rank
+            latest[(job, proc.rank)] = (keys.nodes[batch.node], proc.local_rank, gpu, proc.pid)
+    if not latest:
+        return
+    keys = sorted(latest)
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO ranks (job_id, rank, node_id, local_rank, gpu_index, pid)
+            SELECT * FROM unnest(%s::bigint[], %s::int[], %s::bigint[], %s::int[], %s::int[], %s::int[])
+            ON CONFLICT (job_id, rank) DO UPDATE SET
+                node_id = excluded.node_id, local_rank = excluded.local_rank,
+                gpu_index = excluded.gpu_index, pid = excluded.pid, updated_at = now()
+            WHERE (ranks.node_id, ranks.local_rank, ranks.gpu_index, ranks.pid)
+                IS DISTINCT FROM (excluded.node_id, excluded.local_rank, excluded.gpu_index, excluded.pid)
+            """,
+            (
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                [latest[k][0] for k in keys],
+                [latest[k][1] for k in keys],
+                [latest[k][2] for k in keys],
+                [latest[k][3] for k in keys],
+            ),
+        )
+
+
+def _upsert_gpus(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    inventory: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
+    for batch in batches:
+        if batch.heartbeat:
+            for gpu in batch.heartbeat.gpus:
+                inventory[(keys.nodes[batch.node], gpu.index)] = (gpu.uuid, gpu.pci_bus_id, gpu.model)
+    # GPUs seen only in metrics still get a row, so a node's GPU list is never empty.
+    for batch in batches:
+        for sample in batch.metrics:
+            inventory.setdefault((keys.nodes[batch.node], sample.gpu), (None, None, None))
+    if not inventory:
+        return
+    keys = sorted(inventory)
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO gpus (node_id, index, uuid, pci_bus_id, model, last_seen_at)
+            SELECT n, i, u, p, m, now() FROM unnest(%s::bigint[], %s::smallint[], %s::text[], %s::text[],
+                                                    %s::text[]) AS t(n, i, u, p, m)
+            ON CONFLICT (node_id, index) DO UPDATE SET
+                uuid = COALESCE(excluded.uuid, gpus.uuid),
+                pci_bus_id = COALESCE(excluded.pci_bus_id, gpus.pci_bus_id),
+                model = COALESCE(excluded.model, gpus.model),
+                last_seen_at = excluded.last_seen_at
+            WHERE gpus.last_seen_at < now() - interval '60 seconds'
+               OR (excluded.uuid IS NOT NULL AND excluded.uuid IS DISTINCT FROM gpus.uuid)
+            """,
+            (
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                [inventory[k][0] for k in keys],
+                [inventory[k][1] for k in keys],
+                [inventory[k][2] for k in keys],
+            ),
+        )

@@ -1,0 +1,103 @@
+"""Job registration: world size, parallelism and where each rank runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.ingest.schemas import JobId, NodeName
+
+DIMENSIONS = ("tp", "pp", "dp")
+
+
+class Parallelism(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tp: Annotated[int, Field(ge=1)] = 1
+    pp: Annotated[int, Field(ge=1)] = 1
+    dp: Annotated[int, Field(ge=1)] = 1
+    order: str = Field(
+        default="tp-dp-pp",
+        description="Dimensions from fastest- to slowest-varying along the global rank (Megatron: tp-dp-pp).",
+    )
+
+    @model_validator(mode="after")
+    def _order_is_permutation(self) -> Parallelism:
+        if sorted(self.order.split("-")) != sorted(DIMENSIONS):
+            raise ValueError(f"order must name tp, pp and dp once each, separated by '-', got {self.order!r}")
+        return self
+
+
+class RankPlacement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rank: Annotated[int, Field(ge=0)]
+    node: NodeName
+    local_rank: Annotated[int, Field(ge=0)] | None = None
+    gpu: Annotated[int, Field(ge=0)] | None = None
+
+
+class JobIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "job_id": "llm-pretrain-42",
+                    "world_size": 16,
+                    "parallelism": {"tp": 4, "pp": 2, "dp": 2, "order": "tp-dp-pp"},
+                    "hang_timeout_s": 300,
+                    "ranks": [{"rank": 0, "node": "gpu-node-001", "local_rank": 0}],
+                }
+            ]
+        },
+    )
+
+    job_id: JobId
+    world_size: Annotated[int, Field(ge=1, le=1_000_000)]
+    parallelism: Parallelism | None = None
+    hang_timeout_s: Annotated[int, Field(ge=5, le=86_400)] = 600
+    ranks: list[RankPlacement] | None = Field(
+        default=None, description="Optional rank-to-node map; agents report it too."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobIn:
+        p = self.parallelism
+        if p is not None and p.tp * p.pp * p.dp != self.world_size:
+            raise ValueError(
+                f"tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.tp * p.pp * p.dp} must equal world_size {self.world_size}"
+            )
+        if self.ranks:
+            seen: set[int] = set()
+            for placement in self.ranks:
+                if placement.rank >= self.world_size:
+                    raise ValueError(f"rank {placement.rank} is outside world_size {self.world_size}")
+                if placement.rank in seen:
+                    raise ValueError(f"rank {placement.rank} is placed twice")
+                seen.add(placement.rank)
+        return self
+
+
+class RankOut(BaseModel):
+    rank: int
+    node: str
+    local_rank: int | None
+    gpu: int | None
+    pid: int | None
+
+
+class JobOut(BaseModel):
+    job_id: str
+    world_size: int | None
+    parallelism: Parallelism | None
+    hang_timeout_s: int
+    state: str
+    source: str = Field(description="`registered` through this API, or `agent` when first seen in agent data.")
+    created_at: datetime
+    updated_at: datetime
+    last_seen_at: datetime | None
+    nodes: list[str]
+    ranks: list[RankOut]

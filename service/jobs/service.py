@@ -1,0 +1,93 @@
+"""Register and read jobs."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from service.errors import NotFound
+from service.jobs.schemas import JobIn, JobOut, Parallelism, RankOut
+from service.models import Job, Node, Rank
+from service.nodes.service import ensure_nodes
+
+
+def register(session: Session, *, job_in: JobIn) -> Job:
+    """Create the job or update it (a job first seen in agent data becomes registered)."""
+    p = job_in.parallelism
+    values = {
+        "world_size": job_in.world_size,
+        "tp": p.tp if p else None,
+        "pp": p.pp if p else None,
+        "dp": p.dp if p else None,
+        "rank_order": p.order if p else None,
+        "hang_timeout_s": job_in.hang_timeout_s,
+        "source": "registered",
+    }
+    stmt = insert(Job).values(external_id=job_in.job_id, **values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[Job.external_id], set_={**values, "updated_at": func.now()}
+    ).returning(Job.id)
+    job_id = session.execute(stmt).scalar_one()
+    if job_in.ranks:
+        node_ids = ensure_nodes(session, names={r.node for r in job_in.ranks})
+        rows = [
+            {
+                "job_id": job_id,
+                "rank": r.rank,
+                "node_id": node_ids[r.node],
+                "local_rank": r.local_rank,
+                "gpu_index": r.gpu if r.gpu is not None else r.local_rank,
+            }
+            for r in sorted(job_in.ranks, key=lambda r: r.rank)
+        ]
+        ins = insert(Rank).values(rows)
+        session.execute(
+            ins.on_conflict_do_update(
+                index_elements=[Rank.job_id, Rank.rank],
+                set_={
+                    "node_id": ins.excluded.node_id,
+                    "local_rank": ins.excluded.local_rank,
+                    "gpu_index": ins.excluded.gpu_index,
+                    "updated_at": func.now(),
+                },
+            )
+        )
+    session.flush()
+    return session.get_one(Job, job_id, populate_existing=True)
+
+
+def get_by_external_id(session: Session, *, job_id: str) -> Job:
+    job = session.scalar(select(Job).where(Job.external_id == job_id))
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    return job
+
+
+def describe(session: Session, *, job: Job) -> JobOut:
+    """The job with its rank-to-node map, in one query for the ranks."""
+    rows = session.execute(
+        select(Rank.rank, Node.name, Rank.local_rank, Rank.gpu_index, Rank.pid)
+        .join(Node, Node.id == Rank.node_id)
+        .where(Rank.job_id == job.id)
+        .order_by(Rank.rank)
+    ).all()
+    ranks = [RankOut(rank=r, node=n, local_rank=lr, gpu=g, pid=pid) for r, n, lr, g, pid in rows]
+    parallelism = (
+        Parallelism(tp=job.tp, pp=job.pp, dp=job.dp, order=job.rank_order or "tp-dp-pp")
+        if job.tp and job.pp and job.dp
+        else None
+    )
+    return JobOut(
+        job_id=job.external_id,
+        world_size=job.world_size,
+        parallelism=parallelism,
+        hang_timeout_s=job.hang_timeout_s,
+        state=job.state,
+        source=job.source,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        last_seen_at=job.last_seen_at,
+        nodes=sorted({r.node for r in ranks}),
+        ranks=ranks,
+    )

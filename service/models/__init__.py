@@ -1,0 +1,37 @@
+"""ORM models, one module per table family; importing this package registers them all."""
+
+from service.models.auth import ApiToken
+from service.models.base import Base
+from service.models.diagnosis import Decision, Finding, Incident
+from service.models.jobs import Job, Rank
+from service.models.nodes import Gpu, Node, NodeEvent
+from service.models.notify import NotificationChannel, NotificationDelivery
+from service.models.signals import (
+    METRIC_SAMPLE_COLUMNS,
+    AgentBatch,
+    LogEvent,
+    ProcessSnapshot,
+    StackDump,
+    metric_samples,
+)
+
+__all__ = [
+    "METRIC_SAMPLE_COLUMNS",
+    "AgentBatch",
+    "ApiToken",
+    "Base",
+    "Decision",
+    "Finding",
+    "Gpu",
+    "Incident",
+    "Job",
+    "LogEvent",
+    "Node",
+    "NodeEvent",
+    "NotificationChannel",
+    "NotificationDelivery",
+    "ProcessSnapshot",
+    "Rank",
+    "StackDump",
+    "metric_samples",
+]

@@ -1,0 +1,114 @@
+"""What detectors conclude: findings, grouped into incidents, turned into decisions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, CheckConstraint, Float, ForeignKey, Identity, Index, Text, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.models.base import Base, created_at_column, in_check
+
+SUBJECT_KINDS = ("job", "node", "gpu", "rank")
+INCIDENT_STATES = ("open", "mitigating", "resolved")
+BLAMES = ("infrastructure", "user_code", "unknown")
+DECISION_KINDS = ("evict", "restart", "rollback", "diagnose", "none")
+DECISION_STATES = (
+    "pending",
+    "awaiting_approval",
+    "shadow",
+    "acknowledged",
+    "done",
+    "failed",
+    "rejected",
+    "expired",
+)
+
+
+class Finding(Base):
+    """One detector's claim about a subject, with confidence and references to its evidence."""
+
+    __tablename__ = "findings"
+    __table_args__ = (
+        CheckConstraint(in_check("subject_kind", SUBJECT_KINDS), name="subject_kind"),
+        Index("ix_findings_job_id_created_at", "job_id", "created_at"),
+        Index("ix_findings_incident_id", "incident_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    # Detectors re-run; the same claim about the same evidence is stored once.
+    dedup_key: Mapped[str] = mapped_column(Text, unique=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    detector: Mapped[str] = mapped_column(Text)
+    category: Mapped[str] = mapped_column(Text)
+    subject_kind: Mapped[str] = mapped_column(Text)
+    subject: Mapped[str] = mapped_column(Text)
+    confidence: Mapped[float] = mapped_column(Float)
+    summary: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    observed_at: Mapped[datetime]
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class Incident(Base):
+    """Findings of one job grouped in time, with root cause, blame and ranked suspects."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (
+        CheckConstraint(in_check("state", INCIDENT_STATES), name="state"),
+        CheckConstraint(in_check("blame", BLAMES), name="blame"),
+        # One open incident per job and root cause, even with concurrent workers.
+        Index(
+            "uq_incidents_open_job_root_cause",
+            "job_id",
+            "root_cause",
+            unique=True,
+            postgresql_where=text("state <> 'resolved'"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    state: Mapped[str] = mapped_column(Text, server_default="open")
+    root_cause: Mapped[str] = mapped_column(Text)
+    blame: Mapped[str] = mapped_column(Text, server_default="unknown")
+    severity: Mapped[str] = mapped_column(Text, server_default="major")
+    confidence: Mapped[float] = mapped_column(Float, server_default="0")
+    summary: Mapped[str | None] = mapped_column(Text)
+    suspects: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    opened_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = created_at_column()
+    resolved_at: Mapped[datetime | None]
+
+
+class Decision(Base):
+    """An action proposed for an incident, and its lifecycle up to the scheduler's acknowledgement."""
+
+    __tablename__ = "decisions"
+    __table_args__ = (
+        CheckConstraint(in_check("kind", DECISION_KINDS), name="kind"),
+        CheckConstraint(in_check("state", DECISION_STATES), name="state"),
+        Index("ix_decisions_state_created_at", "state", "created_at"),
+        Index("ix_decisions_incident_id", "incident_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(Text)
+    confidence: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    # The chain from this decision back to findings and the signals behind them.
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = created_at_column()
+    expires_at: Mapped[datetime | None]
+    acked_at: Mapped[datetime | None]
+    outcome: Mapped[str | None] = mapped_column(Text)
+    outcome_message: Mapped[str | None] = mapped_column(Text)
+    actor: Mapped[str | None] = mapped_column(Text)

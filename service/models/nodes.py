@@ -1,0 +1,61 @@
+"""Machines, their GPUs, and their history across jobs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Identity, Index, SmallInteger, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.models.base import Base, created_at_column, in_check
+
+NODE_STATES = ("healthy", "suspect", "cordoned", "evicted", "in_repair", "returned")
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    __table_args__ = (CheckConstraint(in_check("state", NODE_STATES), name="state"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    state: Mapped[str] = mapped_column(Text, server_default="healthy")
+    state_changed_at: Mapped[datetime] = created_at_column()
+    last_seen_at: Mapped[datetime | None]
+    agent_version: Mapped[str | None] = mapped_column(Text)
+    current_job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    labels: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (Index("uq_gpus_node_id_index", "node_id", "index", unique=True),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(SmallInteger)
+    uuid: Mapped[str | None] = mapped_column(Text)
+    pci_bus_id: Mapped[str | None] = mapped_column(Text)
+    model: Mapped[str | None] = mapped_column(Text)
+    last_seen_at: Mapped[datetime | None]
+
+
+class NodeEvent(Base):
+    """One entry of a node's history: a state change, and who or what caused it."""
+
+    __tablename__ = "node_events"
+    __table_args__ = (Index("ix_node_events_node_id_at", "node_id", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id", ondelete="SET NULL"))
+    at: Mapped[datetime] = created_at_column()
+    kind: Mapped[str] = mapped_column(Text)
+    from_state: Mapped[str | None] = mapped_column(Text)
+    to_state: Mapped[str | None] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)

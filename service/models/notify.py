@@ -1,0 +1,50 @@
+"""Chat channels and the webhook outbox: one delivery row per (event, channel)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Identity, Index, Integer, Text, true
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.models.base import Base, created_at_column, in_check
+
+CHANNEL_KINDS = ("slack", "lark", "json")
+DELIVERY_STATES = ("pending", "sent", "failed")
+
+
+class NotificationChannel(Base):
+    __tablename__ = "notification_channels"
+    __table_args__ = (CheckConstraint(in_check("kind", CHANNEL_KINDS), name="kind"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    kind: Mapped[str] = mapped_column(Text)
+    url: Mapped[str] = mapped_column(Text)
+    enabled: Mapped[bool] = mapped_column(server_default=true())
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class NotificationDelivery(Base):
+    __tablename__ = "notification_deliveries"
+    __table_args__ = (
+        CheckConstraint(in_check("state", DELIVERY_STATES), name="state"),
+        # The same event never goes to the same channel twice.
+        Index("uq_notification_deliveries_channel_event", "channel_id", "event_key", unique=True),
+        Index("ix_notification_deliveries_state_next_attempt_at", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    channel_id: Mapped[int] = mapped_column(ForeignKey("notification_channels.id", ondelete="CASCADE"))
+    event_key: Mapped[str] = mapped_column(Text)
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"))
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id", ondelete="CASCADE"))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    state: Mapped[str] = mapped_column(Text, server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_attempt_at: Mapped[datetime] = created_at_column()
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = created_at_column()
+    sent_at: Mapped[datetime | None]

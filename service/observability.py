@@ -1,0 +1,16 @@
+"""Prometheus metrics of the service itself, exposed at /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+INGEST_BATCHES = Counter("faultline_ingest_batches_total", "Agent batches received", ["status"])
+INGEST_ITEMS = Counter("faultline_ingest_items_total", "Items stored from agent batches", ["kind"])
+INGEST_FLUSH_SECONDS = Histogram(
+    "faultline_ingest_flush_seconds",
+    "Time to write one group of batches",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+INGEST_FLUSH_SIZE = Histogram(
+    "faultline_ingest_flush_batches", "Batches per group commit", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
+)

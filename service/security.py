@@ -1,0 +1,81 @@
+"""Bearer-token authentication and scope checks as FastAPI dependencies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from service.db import session_scope
+from service.errors import Forbidden, Unauthenticated
+from service.tokens import service as tokens
+from service.tokens.service import Principal
+
+
+class TokenCache:
+    """Per-process cache of resolved tokens, so ingest does not query the database per request.
+
+    A revoked token keeps working on a process for at most `ttl` seconds.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._entries: dict[str, tuple[float, Principal | None, str]] = {}
+
+    def get(self, token: str) -> tuple[Principal | None, str] | None:
+        entry = self._entries.get(token)
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        return entry[1], entry[2]
+
+    def put(self, token: str, principal: Principal | None, problem: str) -> None:
+        if len(self._entries) > 10_000:
+            self._entries.clear()
+        self._entries[token] = (time.monotonic() + self.ttl, principal, problem)
+
+
+def _lookup(request: Request, token: str) -> tuple[Principal | None, str]:
+    with session_scope(request.app.state.sessionmaker) as session:
+        record = tokens.find_by_token(session, token=token)
+        if record is None:
+            return None, "invalid token"
+        if record.revoked_at is not None:
+            return None, "token revoked"
+        return tokens.to_principal(record), ""
+
+
+async def authenticate(request: Request) -> Principal:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("missing bearer token (Authorization: Bearer <token>)")
+    token = token.strip()
+    cache: TokenCache = request.app.state.token_cache
+    hit = cache.get(token)
+    if hit is None:
+        hit = await run_in_threadpool(_lookup, request, token)
+        cache.put(token, *hit)
+    principal, problem = hit
+    if principal is None:
+        raise Unauthenticated(problem)
+    if principal.expires_at is not None and principal.expires_at <= datetime.now(UTC):
+        raise Unauthenticated("token expired")
+    return principal
+
+
+def require_scope(*scopes: str) -> Callable[[Request], Coroutine[Any, Any, Principal]]:
+    """A dependency that authenticates and admits only tokens with one of `scopes`."""
+
+    async def dependency(request: Request) -> Principal:
+        principal = await authenticate(request)
+        if principal.scope not in scopes:
+            raise Forbidden(
+                f"this endpoint needs a token with scope {' or '.join(scopes)}; this token has {principal.scope}"
+            )
+        return principal
+
+    return dependency

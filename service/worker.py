@@ -1,0 +1,48 @@
+"""The Celery app: Redis broker, JSON only, late acks, explicit task names, queues by kind of work."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import Celery
+from kombu import Queue
+
+from service.config import get_settings
+
+# Queues by kind of work, so a flood of one kind cannot starve another and each can be scaled alone.
+QUEUES = ("diagnosis", "notify", "maintenance")
+
+
+def create_celery() -> Celery:
+    settings = get_settings()
+    app = Celery("faultline", broker=settings.broker_url, include=["service.maintenance.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        # A task is acknowledged after it ran, and redelivered if its worker died mid-way:
+        # every task must therefore be idempotent.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue="maintenance",
+        task_routes={
+            "maintenance.*": {"queue": "maintenance"},
+            "diagnosis.*": {"queue": "diagnosis"},
+            "notify.*": {"queue": "notify"},
+        },
+        broker_connection_retry_on_startup=True,
+        # Redelivery of unacknowledged tasks after this long; longer than any task runs.
+        broker_transport_options={"visibility_timeout": 3600},
+        worker_hijack_root_logger=False,
+        timezone="UTC",
+        beat_schedule={
+            "prune-old-signals": {"task": "maintenance.prune_old_signals", "schedule": timedelta(minutes=10)},
+        },
+    )
+    return app
+
+
+celery_app = create_celery()

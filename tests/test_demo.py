@@ -1,0 +1,119 @@
+"""`faultline demo` end to end: it comes up, the README's curl examples work against it,
+Ctrl-C stops every process, and a second run reuses the data."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from service.embedded import free_port
+from tests.procs import healthy, wait_for
+
+pytestmark = pytest.mark.slow
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _curl_examples() -> list[str]:
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
+    return [b for b in blocks if b.lstrip().startswith("curl")]
+
+
+def _start_demo(data_dir: Path, port: int) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "faultline", "demo", "--data-dir", str(data_dir), "--port", str(port), "--nodes", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _stop(demo: subprocess.Popen[str]) -> str:
+    children = psutil.Process(demo.pid).children(recursive=True)
+    demo.send_signal(signal.SIGINT)
+    output, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 0, output
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"left running after Ctrl-C: {[p.cmdline() for p in alive]}"
+    return output
+
+
+def test_demo_runs_the_readme_examples_and_stops_cleanly(tmp_path):
+    data_dir = tmp_path / "data"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    demo = _start_demo(data_dir, port)
+    try:
+        wait_for(
+            lambda: demo.poll() is not None or (healthy(url) and (data_dir / "demo-tokens.json").exists()),
+            timeout=120,
+            what="the demo",
+        )
+        assert demo.poll() is None
+        tokens = json.loads((data_dir / "demo-tokens.json").read_text())
+        assert httpx.get(f"{url}/docs").status_code == 200
+        assert "IngestBatch" in httpx.get(f"{url}/openapi.json").text
+        assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "database": "ok", "broker": "ok"}
+
+        examples = _curl_examples()
+        assert len(examples) == 3
+        env = {
+            **os.environ,
+            "FAULTLINE_URL": url,
+            "AGENT_TOKEN": tokens["agent"],
+            "SCHEDULER_TOKEN": tokens["scheduler"],
+        }
+        outputs = []
+        for example in examples:
+            result = subprocess.run(["bash", "-c", example], capture_output=True, text=True, env=env, timeout=30)
+            assert result.returncode == 0, f"{example}\n{result.stdout}\n{result.stderr}"
+            outputs.append(json.loads(result.stdout))
+        assert outputs[0]["job_id"] == "llm-pretrain-42" and outputs[0]["parallelism"]["tp"] == 4
+        assert outputs[1]["status"] in ("accepted", "duplicate")
+        assert outputs[2]["ranks"][0] == {"rank": 0, "node": "gpu-node-001", "local_rank": 0, "gpu": 0, "pid": 4242}
+
+        # The synthetic cluster's traffic arrives.
+        scheduler = {"Authorization": f"Bearer {tokens['scheduler']}"}
+        wait_for(
+            lambda: httpx.get(f"{url}/api/v1/jobs/demo-job", headers=scheduler).status_code == 200, what="demo traffic"
+        )
+        token = subprocess.run(
+            [sys.executable, "-m", "faultline", "token", "create", "--scope", "operator", "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")},
+        )
+        assert token.returncode == 0, token.stderr
+        assert (
+            httpx.get(
+                f"{url}/api/v1/jobs/demo-job", headers={"Authorization": f"Bearer {token.stdout.strip()}"}
+            ).status_code
+            == 200
+        )
+    finally:
+        if demo.poll() is None:
+            output = _stop(demo)
+    assert tokens["agent"] in output and "Ctrl-C" in output
+
+    again = _start_demo(data_dir, port)
+    try:
+        wait_for(lambda: again.poll() is not None or healthy(url), timeout=120, what="the second demo")
+        assert json.loads((data_dir / "demo-tokens.json").read_text()) == tokens
+        job = httpx.get(
+            f"{url}/api/v1/jobs/llm-pretrain-42", headers={"Authorization": f"Bearer {tokens['scheduler']}"}
+        )
+        assert job.status_code == 200, "data of the first run was lost"
+    finally:
+        if again.poll() is None:
+            _stop(again)

@@ -1,0 +1,49 @@
+"""A real Celery worker runs tasks enqueued in a transaction only after it commits."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis
+from sqlalchemy import text
+from sqlalchemy.orm import sessionmaker
+
+from service.db import enqueue_after_commit
+from service.maintenance import tasks
+from tests.procs import running, wait_for
+
+pytestmark = pytest.mark.slow
+
+OLD = datetime.now(UTC) - timedelta(days=400)
+
+
+def _insert_old_sample(conn, node_id: int) -> None:
+    conn.execute(text("INSERT INTO metric_samples (ts, node_id, gpu) VALUES (:ts, :n, 0)"), {"ts": OLD, "n": node_id})
+
+
+def _old_samples(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM metric_samples WHERE ts = :ts"), {"ts": OLD}).scalar_one()
+
+
+def test_task_runs_after_commit_and_never_after_rollback(committed, redis_url, tmp_path):
+    factory = sessionmaker(bind=committed)
+    broker = redis.Redis.from_url(redis_url)
+    with running(["faultline", "work", "--concurrency", "1"], log=tmp_path / "worker.log"):
+        with factory() as session:
+            _insert_old_sample(session, 1)
+            enqueue_after_commit(session, tasks.prune_old_signals)
+            assert broker.llen("maintenance") == 0, "sent before the commit"
+            session.commit()
+        wait_for(lambda: _old_samples(committed) == 0, what="the worker to prune the old sample")
+
+        with committed.begin() as conn:
+            _insert_old_sample(conn, 2)
+        with factory() as session:
+            enqueue_after_commit(session, tasks.prune_old_signals)
+            session.rollback()
+        time.sleep(2)  # the worker is up and idle: a task sent by mistake would run now
+        assert broker.llen("maintenance") == 0
+        assert _old_samples(committed) == 1, "a task enqueued in a rolled-back transaction ran"
