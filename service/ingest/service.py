@@ -6,7 +6,6 @@ so concurrent flushes from several API processes cannot deadlock.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +16,6 @@ from sqlalchemy.orm import Session
 from service.ingest.schemas import IngestBatch
 from service.metric_fields import FIELD_TO_COLUMN
 from service.models import METRIC_SAMPLE_COLUMNS
-
-log = logging.getLogger(__name__)
 
 # dcgm-exporter reports unsupported fields as values near INT64_MAX; they mean "no value".
 DCGM_BLANK_THRESHOLD = 9.0e18

@@ -82,9 +82,22 @@ class IngestWriter:
                     stopping = True
                     break
                 items.append(item)  # type: ignore[arg-type]
-            self._flush(items)
+            try:
+                self._flush(items)
+            except Exception:  # the writer must outlive any one flush, or ingest stops for good
+                log.exception("ingest writer failed a flush")
+                for _, future in items:
+                    if not future.done():
+                        future.set_exception(RuntimeError("ingest writer failed"))
 
     def _flush(self, items: list[_Item]) -> None:
+        # A request cancelled before its flush (client gone) is skipped; after this call the
+        # futures can no longer be cancelled, so setting their results cannot fail.
+        items = [item for item in items if item[1].set_running_or_notify_cancel()]
+        if items:
+            self._write_and_answer(items)
+
+    def _write_and_answer(self, items: list[_Item]) -> None:
         started = time.perf_counter()
         try:
             outcomes = self._write([batch for batch, _ in items])
@@ -95,7 +108,7 @@ class IngestWriter:
                 return
             log.warning("group flush of %d batches failed (%s); retrying one by one", len(items), exc)
             for item in items:
-                self._flush([item])
+                self._write_and_answer([item])
             return
         finally:
             INGEST_FLUSH_SECONDS.observe(time.perf_counter() - started)

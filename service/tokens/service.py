@@ -27,10 +27,6 @@ class Principal:
     name: str | None
     expires_at: datetime | None
 
-    @property
-    def actor(self) -> str:
-        return f"token:{self.name or self.token_id}"
-
 
 @dataclass(frozen=True)
 class NewToken:
