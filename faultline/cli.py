@@ -20,7 +20,10 @@ def _data_dir_option(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="faultline", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="faultline",
+        description="Find the machine that breaks a GPU training job, show the evidence, tell the scheduler.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="run everything locally: PostgreSQL, Redis, API, worker, beat, traffic")
@@ -70,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--interval", type=float, default=1.0, help="seconds between a node's batches")
     ingest.add_argument("--duration", type=float, default=60.0, help="seconds of paced load")
     ingest.add_argument("--api-workers", type=int, default=2, help="API processes to start")
-    ingest.add_argument("--connections", type=int, default=64, help="concurrent HTTP connections")
+    ingest.add_argument("--connections", type=int, default=256, help="concurrent HTTP connections")
     ingest.add_argument("--no-worker", action="store_true", help="do not run a Celery worker alongside")
     ingest.add_argument("--json", type=Path, help="also write the figures to this file")
     _data_dir_option(ingest)

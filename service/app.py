@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -11,7 +10,7 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -19,15 +18,13 @@ import faultline
 from service import health
 from service.config import Settings, get_settings
 from service.db import get_engine, make_sessionmaker
-from service.errors import FaultlineError, ServiceUnavailable
+from service.errors import ErrorBody, FaultlineError, error_response
 from service.ingest import routes as ingest_routes
-from service.ingest.schemas import IngestBatch
+from service.ingest.schemas import IngestBatch, IngestResult
 from service.ingest.writer import IngestWriter
 from service.jobs import routes as jobs_routes
 from service.security import TokenCache
 from service.validation import error_details
-
-log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None, *, factory: sessionmaker[Session] | None = None) -> FastAPI:
@@ -60,21 +57,22 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
 
     app.include_router(health.router)
-    app.include_router(ingest_routes.router)
+    app.add_middleware(ingest_routes.IngestFastPath)
     app.include_router(jobs_routes.router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
 
-def _error_response(exc: FaultlineError) -> JSONResponse:
-    return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=exc.headers)
-
-
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(FaultlineError)
-    async def _faultline_error(_: Request, exc: FaultlineError) -> JSONResponse:
-        return _error_response(exc)
+    async def _known_error(_: Request, exc: Exception) -> Response:
+        response = error_response(exc)
+        if response is None:
+            raise exc
+        return response
+
+    for known in (FaultlineError, OperationalError, psycopg.OperationalError):
+        app.add_exception_handler(known, _known_error)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -86,27 +84,24 @@ def _install_error_handlers(app: FastAPI) -> None:
             status_code=422,
         )
 
-    async def _database_down(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("database unavailable: %s", exc)
-        return _error_response(ServiceUnavailable("database unavailable; retry later"))
-
-    app.add_exception_handler(OperationalError, _database_down)
-    app.add_exception_handler(psycopg.OperationalError, _database_down)
-
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """The generated schema, plus the ingest body (read by hand for speed and size limits)."""
+    """The generated schema, plus the ingest endpoint (served ahead of FastAPI, documented by hand)."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    batch = IngestBatch.model_json_schema(ref_template="#/components/schemas/{model}")
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components.update(batch.pop("$defs", {}))
-    components["IngestBatch"] = batch
-    schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-        "type": "http",
-        "scheme": "bearer",
-        "description": "A token from `faultline token create --scope agent|scheduler|operator|admin`.",
+    for model in (IngestBatch, IngestResult, ErrorBody):
+        model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(model_schema.pop("$defs", {}))
+        components[model.__name__.removesuffix("Body") if model is ErrorBody else model.__name__] = model_schema
+    schema["paths"] = {ingest_routes.PATH: ingest_routes.OPENAPI_PATH_ITEM, **schema["paths"]}
+    schema["components"]["securitySchemes"] = {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A token from `faultline token create --scope agent|scheduler|operator|admin`.",
+        }
     }
     schema["security"] = [{"bearer": []}]
     app.openapi_schema = schema

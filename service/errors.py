@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import psycopg
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import OperationalError
+from starlette.responses import JSONResponse
+
+log = logging.getLogger(__name__)
+
+
+class ErrorBody(BaseModel):
+    """Every error response."""
+
+    error: str = Field(examples=["invalid"], description="A stable code: invalid, unauthenticated, forbidden, ...")
+    message: str = Field(examples=["body.metrics.0.gpu: Input should be greater than or equal to 0"])
+    details: list[dict[str, str]] | None = Field(
+        default=None, description="For invalid input: one entry per offending field, with its path."
+    )
 
 
 class FaultlineError(Exception):
@@ -63,3 +81,13 @@ class ServiceUnavailable(FaultlineError):
 
     def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+def error_response(exc: Exception) -> JSONResponse | None:
+    """The response for an error the service knows how to answer; None for a bug (a 500)."""
+    if isinstance(exc, OperationalError | psycopg.OperationalError):
+        log.warning("database unavailable: %s", exc)
+        exc = ServiceUnavailable("database unavailable; retry later")
+    if isinstance(exc, FaultlineError):
+        return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=exc.headers)
+    return None

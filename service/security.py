@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ class TokenCache:
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self._entries: dict[str, tuple[float, Principal | None, str]] = {}
+        self._pending: dict[str, asyncio.Future[tuple[Principal | None, str]]] = {}
 
     def get(self, token: str) -> tuple[Principal | None, str] | None:
         entry = self._entries.get(token)
@@ -32,10 +34,20 @@ class TokenCache:
             return None
         return entry[1], entry[2]
 
-    def put(self, token: str, principal: Principal | None, problem: str) -> None:
+    async def resolve(
+        self, token: str, lookup: Callable[[], Awaitable[tuple[Principal | None, str]]]
+    ) -> tuple[Principal | None, str]:
+        """Look the token up once, however many requests carrying it arrive meanwhile."""
+        pending = self._pending.get(token)
+        if pending is None:
+            pending = asyncio.ensure_future(lookup())
+            self._pending[token] = pending
+            pending.add_done_callback(lambda _: self._pending.pop(token, None))
+        principal, problem = await asyncio.shield(pending)
         if len(self._entries) > 10_000:
             self._entries.clear()
         self._entries[token] = (time.monotonic() + self.ttl, principal, problem)
+        return principal, problem
 
 
 def _lookup(request: Request, token: str) -> tuple[Principal | None, str]:
@@ -57,8 +69,7 @@ async def authenticate(request: Request) -> Principal:
     cache: TokenCache = request.app.state.token_cache
     hit = cache.get(token)
     if hit is None:
-        hit = await run_in_threadpool(_lookup, request, token)
-        cache.put(token, *hit)
+        hit = await cache.resolve(token, lambda: run_in_threadpool(_lookup, request, token))
     principal, problem = hit
     if principal is None:
         raise Unauthenticated(problem)
@@ -67,15 +78,20 @@ async def authenticate(request: Request) -> Principal:
     return principal
 
 
+async def authorize(request: Request, scopes: tuple[str, ...]) -> Principal:
+    """Authenticate, then admit only tokens with one of `scopes`."""
+    principal = await authenticate(request)
+    if principal.scope not in scopes:
+        raise Forbidden(
+            f"this endpoint needs a token with scope {' or '.join(scopes)}; this token has {principal.scope}"
+        )
+    return principal
+
+
 def require_scope(*scopes: str) -> Callable[[Request], Coroutine[Any, Any, Principal]]:
-    """A dependency that authenticates and admits only tokens with one of `scopes`."""
+    """The same check as a FastAPI dependency."""
 
     async def dependency(request: Request) -> Principal:
-        principal = await authenticate(request)
-        if principal.scope not in scopes:
-            raise Forbidden(
-                f"this endpoint needs a token with scope {' or '.join(scopes)}; this token has {principal.scope}"
-            )
-        return principal
+        return await authorize(request, scopes)
 
     return dependency

@@ -49,6 +49,7 @@ COUNTERS = (
     "DCGM_FI_DEV_XID_ERRORS",
 )
 FIELD_COUNT = len(GAUGES) + len(COUNTERS)
+PROCESS_EVERY = 5
 
 
 class SyntheticNode:
@@ -104,21 +105,27 @@ class SyntheticNode:
             }
             metrics.append({"ts": ts, "gpu": gpu, "fields": values})
         self.step += 1
-        processes = [
-            {
-                "ts": ts,
-                "pid": 10_000 + self.index * 100 + local,
-                "job_id": self.job_id,
-                "rank": self.index * self.gpus + local,
-                "local_rank": local,
-                "group_rank": self.index,
-                "world_size": self.world_size,
-                "cpu_pct": round(100 + self.rng.gauss(0, 5), 1),
-                "rss_bytes": 8_000_000_000,
-                "state": "R",
-            }
-            for local in range(self.gpus)
-        ]
+        # Like the agent, snapshot processes every PROCESS_EVERY batches: they change slowly, and at
+        # one per GPU per second they would double the rows ingest writes.
+        processes = (
+            []
+            if (self.step - 1) % PROCESS_EVERY
+            else [
+                {
+                    "ts": ts,
+                    "pid": 10_000 + self.index * 100 + local,
+                    "job_id": self.job_id,
+                    "rank": self.index * self.gpus + local,
+                    "local_rank": local,
+                    "group_rank": self.index,
+                    "world_size": self.world_size,
+                    "cpu_pct": round(100 + self.rng.gauss(0, 5), 1),
+                    "rss_bytes": 8_000_000_000,
+                    "state": "R",
+                }
+                for local in range(self.gpus)
+            ]
+        )
         logs = []
         if self.index == 0:
             logs.append(

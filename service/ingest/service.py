@@ -6,6 +6,8 @@ so concurrent flushes from several API processes cannot deadlock.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,12 +17,27 @@ from sqlalchemy.orm import Session
 
 from service.ingest.schemas import IngestBatch
 from service.metric_fields import FIELD_TO_COLUMN
-from service.models import METRIC_SAMPLE_COLUMNS
+from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS
 
 # dcgm-exporter reports unsupported fields as values near INT64_MAX; they mean "no value".
 DCGM_BLANK_THRESHOLD = 9.0e18
 _METRIC_INDEX = {name: i for i, name in enumerate(METRIC_SAMPLE_COLUMNS)}
 _EXTRA_INDEX = _METRIC_INDEX["extra"]
+# Binary COPY is several times cheaper per row than text; it needs the column types spelled out.
+METRIC_COPY_SQL = f"COPY metric_samples ({', '.join(METRIC_SAMPLE_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+_PROCESS_COLUMNS = (
+    ("batch_id", "uuid"),
+    ("node_id", "int8"),
+    ("job_id", "int8"),
+    ("ts", "timestamptz"),
+    ("pid", "int4"),
+    ("rank", "int4"),
+    ("local_rank", "int4"),
+    ("cpu_pct", "float8"),
+    ("rss_bytes", "int8"),
+    ("state", "text"),
+    ("children", "jsonb"),
+)
 
 
 @dataclass
@@ -38,6 +55,40 @@ class _Keys:
 
 
 @dataclass
+class UpsertCache:
+    """Rows this process last wrote for slowly-changing facts (rank placement, GPU inventory).
+
+    Agents repeat them in every batch; writing them again would double the database work of ingest.
+    Entries expire after `ttl`, so a value another API process wrote meanwhile is rewritten soon, and
+    they are staged until the transaction commits, so a rolled-back write is not remembered.
+    """
+
+    ttl: float = 60.0
+    max_entries: int = 500_000
+    _seen: dict[tuple[Any, ...], tuple[tuple[Any, ...], float]] = field(default_factory=dict)
+    _staged: dict[tuple[Any, ...], tuple[tuple[Any, ...], float]] = field(default_factory=dict)
+
+    def needs_write(self, key: tuple[Any, ...], value: tuple[Any, ...], *, partial: bool = False) -> bool:
+        """Whether `value` must be written; `partial` values (only filling gaps) skip any known key."""
+        hit = self._seen.get(key)
+        if hit is None or time.monotonic() - hit[1] > self.ttl:
+            return True
+        return not partial and hit[0] != value
+
+    def stage(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        self._staged[key] = (value, time.monotonic())
+
+    def commit(self) -> None:
+        if len(self._seen) + len(self._staged) > self.max_entries:
+            self._seen.clear()
+        self._seen.update(self._staged)
+        self._staged.clear()
+
+    def rollback(self) -> None:
+        self._staged.clear()
+
+
+@dataclass
 class BatchOutcome:
     batch_id: str
     duplicate: bool
@@ -49,8 +100,11 @@ def raw_connection(session: Session) -> psycopg.Connection[Any]:
     return session.connection().connection.driver_connection  # type: ignore[return-value]
 
 
-def store_batches(session: Session, *, batches: list[IngestBatch]) -> list[BatchOutcome]:
-    """Write batches in one transaction; batches already stored (same batch id) are skipped."""
+def store_batches(session: Session, *, batches: list[IngestBatch], cache: UpsertCache) -> list[BatchOutcome]:
+    """Write batches in one transaction; batches already stored (same batch id) are skipped.
+
+    The caller commits, then calls `cache.commit()` (or `cache.rollback()` if the commit failed).
+    """
     conn = raw_connection(session)
     job_ids = _ensure_jobs(conn, batches)
     node_ids, current_job = _upsert_nodes(conn, batches, job_ids)
@@ -71,8 +125,8 @@ def store_batches(session: Session, *, batches: list[IngestBatch]) -> list[Batch
         _copy_logs(conn, fresh, keys)
         _copy_stacks(conn, fresh, keys)
         _copy_processes(conn, fresh, keys)
-        _upsert_ranks(conn, fresh, keys)
-        _upsert_gpus(conn, fresh, keys)
+        _upsert_ranks(conn, fresh, keys, cache)
+        _upsert_gpus(conn, fresh, keys, cache)
     return outcomes
 
 
@@ -173,51 +227,57 @@ def _claim_batches(conn: psycopg.Connection[Any], batches: list[IngestBatch], no
             """
             INSERT INTO agent_batches
                 (batch_id, node_id, sent_at, n_metrics, n_logs, n_stacks, n_processes, heartbeat)
-            SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::timestamptz[], %s::int[], %s::int[],
-                                 %s::int[], %s::int[], %s::jsonb[])
+            SELECT b::uuid, n, s, m, l, k, p, h::jsonb
+            FROM unnest(%s::text[], %s::bigint[], %s::timestamptz[], %s::int[], %s::int[], %s::int[], %s::int[],
+                        %s::text[]) AS t(b, n, s, m, l, k, p, h)
             ON CONFLICT (batch_id) DO NOTHING
             RETURNING batch_id
             """,
             (
-                [b.batch_id for b in batches],
+                [str(b.batch_id) for b in batches],
                 [node_ids[b.node] for b in batches],
                 [b.sent_at for b in batches],
                 [len(b.metrics) for b in batches],
                 [len(b.logs) for b in batches],
                 [len(b.stacks) for b in batches],
                 [len(b.processes) for b in batches],
-                [Jsonb(b.heartbeat.model_dump(mode="json")) if b.heartbeat else None for b in batches],
+                [b.heartbeat.model_dump_json() if b.heartbeat else None for b in batches],
             ),
         )
         return {str(row[0]) for row in cur.fetchall()}
 
 
-def _copy_metrics(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+def metric_rows(batch: IngestBatch, *, node_id: int, job_id: int | None, jobs: dict[str, int]) -> Iterator[list[Any]]:
+    """metric_samples rows of one batch: DCGM fields into their columns, other fields into `extra`."""
     width = len(METRIC_SAMPLE_COLUMNS)
-    columns = ", ".join(METRIC_SAMPLE_COLUMNS)
-    with conn.cursor() as cur, cur.copy(f"COPY metric_samples ({columns}) FROM STDIN") as copy:
+    for sample in batch.metrics:
+        row: list[Any] = [None] * width
+        row[0] = sample.ts
+        row[1] = node_id
+        row[2] = sample.gpu
+        row[3] = jobs.get(sample.job_id) if sample.job_id else job_id
+        extra: dict[str, float | None] | None = None
+        for name, value in sample.fields.items():
+            if value is not None and abs(value) >= DCGM_BLANK_THRESHOLD:
+                value = None
+            column = FIELD_TO_COLUMN.get(name)
+            if column is not None:
+                row[_METRIC_INDEX[column]] = value
+            else:
+                if extra is None:
+                    extra = {}
+                extra[name] = value
+        if extra:
+            row[_EXTRA_INDEX] = Jsonb(extra)
+        yield row
+
+
+def _copy_metrics(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    with conn.cursor() as cur, cur.copy(METRIC_COPY_SQL) as copy:
+        copy.set_types(METRIC_COPY_TYPES)
         for batch in batches:
-            node_id = keys.nodes[batch.node]
-            default_job = keys.job_of(batch, None)
-            for sample in batch.metrics:
-                row: list[Any] = [None] * width
-                row[0] = sample.ts
-                row[1] = node_id
-                row[2] = sample.gpu
-                row[3] = keys.jobs.get(sample.job_id) if sample.job_id else default_job
-                extra: dict[str, float | None] | None = None
-                for name, value in sample.fields.items():
-                    if value is not None and abs(value) >= DCGM_BLANK_THRESHOLD:
-                        value = None
-                    column = FIELD_TO_COLUMN.get(name)
-                    if column is not None:
-                        row[_METRIC_INDEX[column]] = value
-                    else:
-                        if extra is None:
-                            extra = {}
-                        extra[name] = value
-                if extra:
-                    row[_EXTRA_INDEX] = Jsonb(extra)
+            rows = metric_rows(batch, node_id=keys.nodes[batch.node], job_id=keys.job_of(batch, None), jobs=keys.jobs)
+            for row in rows:
                 copy.write_row(row)
 
 
@@ -274,11 +334,9 @@ def _copy_stacks(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys
 def _copy_processes(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
     if not any(b.processes for b in batches):
         return
-    sql = (
-        "COPY process_snapshots (batch_id, node_id, job_id, ts, pid, rank, local_rank, cpu_pct, rss_bytes,"
-        " state, children) FROM STDIN"
-    )
-    with conn.cursor() as cur, cur.copy(sql) as copy:
+    columns = ", ".join(name for name, _ in _PROCESS_COLUMNS)
+    with conn.cursor() as cur, cur.copy(f"COPY process_snapshots ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types([kind for _, kind in _PROCESS_COLUMNS])
         for batch in batches:
             for proc in batch.processes:
                 copy.write_row(
@@ -298,7 +356,7 @@ def _copy_processes(conn: psycopg.Connection[Any], batches: list[IngestBatch], k
                 )
 
 
-def _upsert_ranks(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+def _upsert_ranks(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys, cache: UpsertCache) -> None:
     """Agents report where each rank runs; the latest report wins."""
     latest: dict[tuple[int, int], tuple[int, int | None, int | None, int]] = {}
     for batch in batches:
@@ -308,9 +366,9 @@ def _upsert_ranks(conn: psycopg.Connection[Any], batches: list[IngestBatch], key
                 continue
             gpu = proc.gpu if proc.gpu is not None else proc.local_rank
             latest[(job, proc.rank)] = (keys.nodes[batch.node], proc.local_rank, gpu, proc.pid)
-    if not latest:
+    changed = sorted(k for k, v in latest.items() if cache.needs_write(("rank", *k), v))
+    if not changed:
         return
-    keys = sorted(latest)
     with conn.cursor() as cur:
         cur.execute(
             """
@@ -323,29 +381,29 @@ def _upsert_ranks(conn: psycopg.Connection[Any], batches: list[IngestBatch], key
                 IS DISTINCT FROM (excluded.node_id, excluded.local_rank, excluded.gpu_index, excluded.pid)
             """,
             (
-                [k[0] for k in keys],
-                [k[1] for k in keys],
-                [latest[k][0] for k in keys],
-                [latest[k][1] for k in keys],
-                [latest[k][2] for k in keys],
-                [latest[k][3] for k in keys],
+                [k[0] for k in changed],
+                [k[1] for k in changed],
+                *([latest[k][i] for k in changed] for i in range(4)),
             ),
         )
+    for k in changed:
+        cache.stage(("rank", *k), latest[k])
 
 
-def _upsert_gpus(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+def _upsert_gpus(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys, cache: UpsertCache) -> None:
     inventory: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
     for batch in batches:
         if batch.heartbeat:
             for gpu in batch.heartbeat.gpus:
                 inventory[(keys.nodes[batch.node], gpu.index)] = (gpu.uuid, gpu.pci_bus_id, gpu.model)
     # GPUs seen only in metrics still get a row, so a node's GPU list is never empty.
+    unknown = (None, None, None)
     for batch in batches:
         for sample in batch.metrics:
-            inventory.setdefault((keys.nodes[batch.node], sample.gpu), (None, None, None))
-    if not inventory:
+            inventory.setdefault((keys.nodes[batch.node], sample.gpu), unknown)
+    changed = sorted(k for k, v in inventory.items() if cache.needs_write(("gpu", *k), v, partial=v == unknown))
+    if not changed:
         return
-    keys = sorted(inventory)
     with conn.cursor() as cur:
         cur.execute(
             """
@@ -357,14 +415,12 @@ def _upsert_gpus(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys
                 pci_bus_id = COALESCE(excluded.pci_bus_id, gpus.pci_bus_id),
                 model = COALESCE(excluded.model, gpus.model),
                 last_seen_at = excluded.last_seen_at
-            WHERE gpus.last_seen_at < now() - interval '60 seconds'
-               OR (excluded.uuid IS NOT NULL AND excluded.uuid IS DISTINCT FROM gpus.uuid)
             """,
             (
-                [k[0] for k in keys],
-                [k[1] for k in keys],
-                [inventory[k][0] for k in keys],
-                [inventory[k][1] for k in keys],
-                [inventory[k][2] for k in keys],
+                [k[0] for k in changed],
+                [k[1] for k in changed],
+                *([inventory[k][i] for k in changed] for i in range(3)),
             ),
         )
+    for k in changed:
+        cache.stage(("gpu", *k), inventory[k])

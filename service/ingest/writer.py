@@ -22,7 +22,7 @@ from service.db import session_scope
 from service.errors import InvalidInput, ServiceUnavailable
 from service.ingest import service
 from service.ingest.schemas import IngestBatch
-from service.ingest.service import BatchOutcome
+from service.ingest.service import BatchOutcome, UpsertCache
 from service.observability import INGEST_FLUSH_SECONDS, INGEST_FLUSH_SIZE
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class IngestWriter:
         self._max_wait = max_wait_ms / 1000
         self._queue: queue.Queue[object] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._cache = UpsertCache()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
@@ -117,8 +118,14 @@ class IngestWriter:
             future.set_result(outcome)
 
     def _write(self, batches: list[IngestBatch]) -> list[BatchOutcome]:
-        with session_scope(self._factory) as session:
-            return service.store_batches(session, batches=batches)
+        try:
+            with session_scope(self._factory) as session:
+                outcomes = service.store_batches(session, batches=batches, cache=self._cache)
+        except BaseException:
+            self._cache.rollback()
+            raise
+        self._cache.commit()
+        return outcomes
 
     @staticmethod
     def _as_error(exc: Exception) -> Exception:

@@ -7,6 +7,7 @@ from service.models.jobs import Job, Rank
 from service.models.nodes import Gpu, Node, NodeEvent
 from service.models.notify import NotificationChannel, NotificationDelivery
 from service.models.signals import (
+    METRIC_COPY_TYPES,
     METRIC_SAMPLE_COLUMNS,
     AgentBatch,
     LogEvent,
@@ -16,6 +17,7 @@ from service.models.signals import (
 )
 
 __all__ = [
+    "METRIC_COPY_TYPES",
     "METRIC_SAMPLE_COLUMNS",
     "AgentBatch",
     "ApiToken",

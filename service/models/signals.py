@@ -62,6 +62,15 @@ metric_samples = Table(
 )
 
 METRIC_SAMPLE_COLUMNS: tuple[str, ...] = tuple(c.name for c in metric_samples.columns)
+# PostgreSQL type names of those columns, for binary COPY.
+METRIC_COPY_TYPES: tuple[str, ...] = (
+    "timestamptz",
+    "int8",
+    "int2",
+    "int8",
+    *("float8" if counter else "float4" for _, counter in METRIC_COLUMNS.values()),
+    "jsonb",
+)
 
 
 class LogEvent(Base):

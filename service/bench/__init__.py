@@ -1,0 +1,1 @@
+"""Benchmarks: `faultline bench ...`."""

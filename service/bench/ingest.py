@@ -1,0 +1,463 @@
+"""`faultline bench ingest`: sustained agent ingest through the real HTTP API, against raw COPY.
+
+The API (uvicorn, `--api-workers` processes) and a Celery worker run as child processes, as in
+production; a separate load-generator process (service/bench/loadgen.py) posts agent-shaped batches:
+a warm-up round (each node's first batch), a paced open-loop phase (every node once per interval, spread
+evenly), then a closed-loop capacity phase. Afterwards the same metric rows are written with psycopg
+COPY into the same database, and the HTTP capacity is reported as a ratio of that rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from pydantic import ValidationError
+
+from service.bench import cpu
+from service.bench.baseline import run_copy
+from service.bench.loadgen import LoadConfig, config_json
+from service.config import get_settings, to_libpq_url
+from service.synthetic import FIELD_COUNT
+
+CAPACITY_SECONDS = 15.0
+# A full server flush (ingest_flush_max_batches): the COPY baseline commits as often as the server can.
+BATCHES_PER_TRANSACTION = 256
+MIN_COPY_ROWS = 65_536
+NODE_PREFIX = "bench-node"
+TARGET_GPUS = 16_384
+TARGET_FIELDS = 20
+TARGET_RATIO = 0.5
+
+
+def _say(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Backend:
+    """Where the data goes, and what the child processes need to find it."""
+
+    database_url: str
+    redis_url: str
+    kind: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dsn(self) -> str:
+        return to_libpq_url(self.database_url)
+
+
+def _redis_alive(port_file: Path) -> str | None:
+    if not port_file.exists():
+        return None
+    port = int(port_file.read_text().strip())
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(16).startswith(b"+PONG"):
+                return f"redis://127.0.0.1:{port}/0"
+    except OSError:
+        pass
+    return None
+
+
+def _start_backend(data_dir: Path | None, workdir: Path, stack: contextlib.ExitStack) -> Backend:
+    """--data-dir wins over the environment, as for every other command; with neither, a throwaway
+    embedded PostgreSQL and Redis in `workdir`."""
+    from service import embedded
+
+    if data_dir is None and os.environ.get("FAULTLINE_DATABASE_URL"):
+        try:
+            settings = get_settings()
+        except ValidationError:
+            raise SystemExit("faultline bench: set FAULTLINE_REDIS_URL too, or neither of the two") from None
+        return Backend(settings.sqlalchemy_url, settings.broker_url, "external")
+    folder = data_dir.resolve() if data_dir else workdir
+    _say(f"starting embedded PostgreSQL in {folder} ...")
+    pg = embedded.use_data_dir(folder) if data_dir else embedded.start_postgres(folder)
+    stack.callback(pg.stop)
+    redis_url = _redis_alive(folder / "redis" / "port")
+    if redis_url is None:
+        redis = embedded.start_redis(folder)
+        stack.callback(redis.stop)
+        redis_url = redis.url
+    os.environ.update(FAULTLINE_DATABASE_URL=pg.url, FAULTLINE_REDIS_URL=redis_url, FAULTLINE_EMBEDDED="1")
+    get_settings.cache_clear()
+    kind = f"embedded ({folder})" if data_dir else "embedded (temporary)"
+    return Backend(get_settings().sqlalchemy_url, redis_url, kind, {"FAULTLINE_EMBEDDED": "1"})
+
+
+def _create_token(stack: contextlib.ExitStack) -> str:
+    from service.db import session_scope
+    from service.tokens import service as tokens
+
+    with session_scope() as session:
+        new = tokens.create(session, scope="agent", name="bench-ingest")
+        token_id = new.record.id
+
+    def revoke() -> None:
+        with session_scope() as session:
+            tokens.revoke(session, token_id=token_id)
+
+    stack.callback(revoke)
+    return new.token
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: Path, stack: contextlib.ExitStack) -> subprocess.Popen[bytes]:
+    out = stack.enter_context(log.open("ab"))
+    # Own session: Ctrl-C reaches only the benchmark, which then stops its children itself.
+    process = subprocess.Popen(
+        [sys.executable, "-m", *argv], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    stack.callback(_stop, process)
+    return process
+
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the API exited with code {process.returncode}; see {log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"the API did not become healthy within {timeout:.0f} s; see {log}")
+
+
+def _postmaster_pid(dsn: str) -> int | None:
+    """The local PostgreSQL server's pid, to measure its CPU; None when it runs elsewhere."""
+    with psycopg.connect(dsn) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+    parent = cpu.parent_pid(backend[0]) if backend else None
+    if parent is None or not cpu.command_name(parent).startswith("postgres"):
+        return None
+    return parent
+
+
+def _run_load(config: LoadConfig, cpu_roots: dict[str, int], stack: contextlib.ExitStack) -> dict[str, Any]:
+    """Run the load generator to the end; measure the cores each process tree uses in each phase."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.bench.loadgen"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    stack.callback(_stop, process)
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(config_json(config))
+    process.stdin.close()
+    meter = cpu.CpuMeter({**cpu_roots, "load generator": process.pid})
+    cores: dict[str, dict[str, float]] = {}
+    result: dict[str, Any] | None = None
+    for line in process.stdout:
+        message = json.loads(line)
+        event = message.get("event", "")
+        if event.endswith("_start"):
+            meter.start(time.monotonic())
+        elif event.endswith("_end"):
+            cores[event.removesuffix("_end")] = meter.stop(time.monotonic())
+        elif "result" in message:
+            result = message["result"]
+    if process.wait() != 0 or result is None:
+        raise RuntimeError(f"the load generator failed (exit code {process.returncode})")
+    result["cpu_cores"] = cores
+    return result
+
+
+def _count_rows(dsn: str, job_name: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM metric_samples WHERE job_id = (SELECT id FROM jobs WHERE external_id = %s)",
+            (job_name,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _node_ids(dsn: str, names: list[str]) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT name, id FROM nodes WHERE name = ANY(%s)", (names,)).fetchall()
+    return dict(rows)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    if min(args.nodes, args.gpus_per_node, args.connections, args.api_workers) < 1 or args.interval <= 0:
+        print(
+            "faultline bench: --nodes, --gpus-per-node, --connections, --api-workers and --interval must be positive",
+            file=sys.stderr,
+        )
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="faultline-bench-"))
+    # A plain kill must stop the children too, as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    ok = False
+    try:
+        with contextlib.ExitStack() as stack:
+            figures = _bench(args, workdir, stack)
+            ok = True
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    except RuntimeError as exc:
+        _say(f"error: {exc}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        logs = workdir / "logs"
+        if ok or not (logs.is_dir() and any(logs.iterdir())):
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            for data in ("postgres", "redis", "prometheus"):
+                shutil.rmtree(workdir / data, ignore_errors=True)
+            _say(f"logs kept in {logs}")
+    print(format_report(figures))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        _say(f"figures written to {args.json}")
+    return 0
+
+
+def _bench(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+    from service import embedded, migrate
+
+    backend = _start_backend(args.data_dir, workdir, stack)
+    _say(f"database: {backend.kind}; applying migrations ...")
+    migrate.upgrade(backend.database_url)
+    token = _create_token(stack)
+
+    logs = workdir / "logs"
+    logs.mkdir()
+    port = embedded.free_port()
+    env = {
+        **os.environ,
+        **backend.env,
+        "FAULTLINE_DATABASE_URL": backend.database_url,
+        "FAULTLINE_REDIS_URL": backend.redis_url,
+        "FAULTLINE_LOG_LEVEL": os.environ.get("FAULTLINE_LOG_LEVEL", "WARNING"),
+        "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus"),
+    }
+    (workdir / "prometheus").mkdir()
+    serve = ["faultline", "serve", "--port", str(port), "--workers", str(args.api_workers)]
+    api = _spawn(serve, env, logs / "api.log", stack)
+    roots = {"api": api.pid}
+    if not args.no_worker:
+        roots["worker"] = _spawn(["faultline", "work", "--concurrency", "1"], env, logs / "worker.log", stack).pid
+    postmaster = _postmaster_pid(backend.dsn)
+    if postmaster is not None:
+        roots["postgres"] = postmaster
+    _say(
+        f"starting the API ({args.api_workers} processes) on port {port}" + ("" if args.no_worker else " and a worker")
+    )
+    _wait_healthy(f"http://127.0.0.1:{port}", api, logs / "api.log")
+
+    job_name = f"bench-{uuid.uuid4().hex[:8]}"
+    config = LoadConfig(
+        host="127.0.0.1",
+        port=port,
+        token=token,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        interval=args.interval,
+        duration=args.duration,
+        connections=args.connections,
+        capacity_seconds=CAPACITY_SECONDS,
+        job_id=job_name,
+        node_prefix=NODE_PREFIX,
+    )
+    _say(
+        f"load: {args.nodes} nodes x {args.gpus_per_node} GPUs every {args.interval:g} s for {args.duration:g} s, "
+        f"then {CAPACITY_SECONDS:g} s unpaced, over {args.connections} connections (job {job_name})"
+    )
+    load = _run_load(config, roots, stack)
+    if api.poll() is not None:
+        raise RuntimeError(f"the API exited during the run; see {logs / 'api.log'}")
+
+    answered = sum(load[phase]["ok_samples"] for phase in ("warmup", "paced", "capacity"))
+    # Requests cut off by a hung server may have been stored without an answer.
+    unanswered = sum(load[phase]["unanswered"] for phase in ("warmup", "paced", "capacity")) * args.gpus_per_node
+    stored = _count_rows(backend.dsn, job_name)
+    copy = _copy_baseline(backend.dsn, args, job_name, rows=max(answered, MIN_COPY_ROWS))
+    figures = _figures(args, backend, load, copy)
+    figures["rows"] = {
+        "stored": stored,
+        "ok_samples": answered,
+        "unanswered_samples": unanswered,
+        "match": answered <= stored <= answered + unanswered,
+    }
+    return figures
+
+
+def _copy_baseline(dsn: str, args: argparse.Namespace, job_name: str, *, rows: int) -> dict[str, Any]:
+    node_ids = _node_ids(dsn, [f"{NODE_PREFIX}-{i:04d}" for i in range(args.nodes)])
+    _say(f"raw COPY baseline: {rows:,} rows into metric_samples ...")
+    copy = run_copy(
+        dsn,
+        node_ids=node_ids,
+        gpus=args.gpus_per_node,
+        job_name=job_name,
+        prefix=NODE_PREFIX,
+        rows=rows,
+        batches_per_transaction=BATCHES_PER_TRANSACTION,
+    )
+    return copy.figures()
+
+
+def _figures(args: argparse.Namespace, backend: Backend, load: dict[str, Any], copy: dict[str, Any]) -> dict[str, Any]:
+    paced, capacity = load["paced"], load["capacity"]
+    offered = args.nodes * args.gpus_per_node / args.interval
+    sustained_ratio = paced["samples_per_s"] / offered
+    p99 = paced["latency_ms"]["p99"]
+    kept_up = sustained_ratio >= 0.98 and p99 is not None and p99 < args.interval * 1000
+    ratio = capacity["samples_per_s"] / copy["rows_per_s"] if copy["rows_per_s"] else 0.0
+    target_size = args.nodes * args.gpus_per_node >= TARGET_GPUS and args.interval <= 1.0
+    return {
+        "config": {
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus_per_node,
+            "gpus": args.nodes * args.gpus_per_node,
+            "interval_s": args.interval,
+            "duration_s": args.duration,
+            "capacity_s": CAPACITY_SECONDS,
+            "api_workers": args.api_workers,
+            "worker": not args.no_worker,
+            "connections": args.connections,
+            "fields_per_sample": FIELD_COUNT,
+            "cpus": os.cpu_count(),
+            "database": backend.kind,
+        },
+        "warmup": load["warmup"],
+        "paced": paced
+        | {
+            "offered_samples_per_s": offered,
+            "offered_requests_per_s": args.nodes / args.interval,
+            "sustained_ratio": sustained_ratio,
+            "kept_up": kept_up,
+            # Little's law: concurrent requests the offered rate needs at the measured service time
+            "concurrency_needed": args.nodes / args.interval * (paced["service_ms"]["p50"] or 0) / 1000,
+        },
+        "capacity": capacity,
+        "copy_baseline": copy,
+        "ratio_capacity_to_copy": ratio,
+        "cpu_cores": load["cpu_cores"],
+        "target": {
+            "gpus": TARGET_GPUS,
+            "size_reached": target_size,
+            "met": bool(
+                target_size
+                and FIELD_COUNT >= TARGET_FIELDS
+                and not args.no_worker
+                and kept_up
+                and ratio >= TARGET_RATIO
+            ),
+        },
+    }
+
+
+def _ms(latency: dict[str, float | None]) -> str:
+    return "  ".join(f"{k} {v:,.1f} ms" if v is not None else f"{k} -" for k, v in latency.items())
+
+
+def _cores(cores: dict[str, float]) -> str:
+    named = {name: value for name, value in cores.items() if name != "machine"}
+    text = "  ".join(f"{name} {value:.2f}" for name, value in named.items())
+    if "machine" in cores:
+        # CPU used by processes outside the benchmark (or by ones it cannot see) skews every figure.
+        other = max(0.0, cores["machine"] - sum(named.values()))
+        text += f"  other {other:.2f}  (machine {cores['machine']:.2f} of {os.cpu_count()})"
+    return text
+
+
+def _failures(phase: dict[str, Any]) -> str:
+    text = f"non-2xx {phase['non_2xx']:,}  errors {phase['errors']:,}"
+    if phase.get("unsent"):
+        text += f"  dropped unsent {phase['unsent']:,}"
+    if phase.get("unanswered"):
+        text += f"  unanswered {phase['unanswered']:,}"
+    return text
+
+
+def format_report(f: dict[str, Any]) -> str:
+    c, paced, cap, rows = f["config"], f["paced"], f["capacity"], f["rows"]
+    lines = [
+        "",
+        f"faultline bench ingest: {c['nodes']:,} nodes x {c['gpus_per_node']} GPUs = {c['gpus']:,} GPUs, "
+        f"one batch per node every {c['interval_s']:g} s, {c['fields_per_sample']} fields per sample",
+        f"  {c['api_workers']} API processes, worker {'on' if c['worker'] else 'off'}, {c['connections']} connections, "
+        f"{c['cpus']} CPUs, database {c['database']}",
+        "",
+        f"paced, open loop ({c['duration_s']:g} s)",
+        f"  offered           {paced['offered_samples_per_s']:>10,.0f} GPU samples/s  "
+        f"{paced['offered_requests_per_s']:>7,.0f} requests/s",
+        f"  sustained         {paced['samples_per_s']:>10,.0f} GPU samples/s  "
+        f"{paced['requests_per_s']:>7,.0f} requests/s"
+        f"  ({paced['sustained_ratio']:.3f} of offered)",
+        f"  latency           {_ms(paced['latency_ms'])}  (from the scheduled send time)",
+        f"  service time      {_ms(paced['service_ms'])}  (from the write)",
+        f"  failures          {_failures(paced)}",
+        f"  kept up           {'yes' if paced['kept_up'] else 'NO'}  (sustained >= 0.98 x offered and p99 < interval)",
+    ]
+    if paced["concurrency_needed"] > c["connections"]:
+        lines.append(
+            f"  note              at this service time the offered rate needs ~{paced['concurrency_needed']:,.0f} "
+            f"requests in flight; --connections {c['connections']} queues the rest in the client"
+        )
+    lines += [
+        "",
+        f"capacity, closed loop ({cap['elapsed_s']:.1f} s, {c['connections']} connections)",
+        f"  throughput        {cap['samples_per_s']:>10,.0f} GPU samples/s  {cap['requests_per_s']:>7,.0f} requests/s",
+        f"  latency           {_ms(cap['latency_ms'])}",
+        f"  failures          {_failures(cap)}",
+        "",
+        f"raw psycopg COPY, same database, same rows ({BATCHES_PER_TRANSACTION * c['gpus_per_node']:,} rows per "
+        "transaction)",
+    ]
+    copy = f["copy_baseline"]
+    lines.append(
+        f"  binary COPY, as the server writes {copy['rows_per_s']:>10,.0f} rows/s  ({copy['rows']:,} rows in "
+        f"{copy['seconds']:.1f} s)   HTTP capacity / COPY = {f['ratio_capacity_to_copy']:.2f}"
+    )
+    lines += [
+        "",
+        f"rows stored         {rows['stored']:,} metric_samples rows for {rows['ok_samples']:,} samples answered 2xx: "
+        + ("match" if rows["match"] else "MISMATCH"),
+    ]
+    for phase, cores in f["cpu_cores"].items():
+        lines.append(f"CPU cores, {phase:<9} {_cores(cores)}")
+    target = f["target"]
+    if target["size_reached"]:
+        verdict = "met" if target["met"] else "NOT met"
+    else:
+        verdict = f"not measured (needs at least {target['gpus']:,} GPUs at 1 s)"
+    lines += [
+        "",
+        f"target: {target['gpus']:,} GPUs at 1 s, >= {TARGET_FIELDS} fields, worker on, kept up, HTTP capacity / "
+        f"COPY >= {TARGET_RATIO}: {verdict}",
+    ]
+    return "\n".join(lines)
