@@ -6,14 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from service.config import get_settings
 from service.embedded import EmbeddedPostgres, EmbeddedRedis, start_postgres, start_redis
+from service.processes import spawn, stop, wait_healthy
 
 
 def _say(message: str) -> None:
@@ -35,28 +33,6 @@ def _demo_tokens(data_dir: Path) -> dict[str, str]:
     path.write_text(json.dumps(saved, indent=2))
     path.chmod(0o600)
     return saved
-
-
-def _spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    log = log_path.open("ab")
-    # Own session: Ctrl-C reaches only the demo, which then stops children in order.
-    return subprocess.Popen(
-        [sys.executable, "-m", *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the API exited with code {process.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"the API did not become healthy within {timeout:.0f} s")
 
 
 def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_node: int) -> int:
@@ -97,11 +73,13 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
         tokens = _demo_tokens(data_dir)
 
         url = f"http://127.0.0.1:{port}"
-        api = _spawn(["faultline", "serve", "--port", str(port)], env, logs / "api.log")
+        api = spawn(["faultline", "serve", "--port", str(port)], env=env, log=logs / "api.log")
         children.append(("api", api))
-        children.append(("worker", _spawn(["faultline", "work", "--concurrency", "2"], env, logs / "worker.log")))
-        children.append(("beat", _spawn(["faultline", "work", "--beat-only"], env, logs / "beat.log")))
-        _wait_healthy(url, api)
+        children.append(
+            ("worker", spawn(["faultline", "work", "--concurrency", "2"], env=env, log=logs / "worker.log"))
+        )
+        children.append(("beat", spawn(["faultline", "work", "--beat-only"], env=env, log=logs / "beat.log")))
+        wait_healthy(url, api, log=logs / "api.log")
         if simulate:
             traffic = [
                 "service.synthetic_main",
@@ -110,7 +88,7 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
                 "--nodes", str(nodes),
                 "--gpus-per-node", str(gpus_per_node),
             ]  # fmt: skip
-            children.append(("traffic", _spawn(traffic, env, logs / "traffic.log")))
+            children.append(("traffic", spawn(traffic, env=env, log=logs / "traffic.log")))
 
         _say(f"ready in {time.monotonic() - started:.1f} s")
         print(
@@ -143,12 +121,8 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
         for _, child in reversed(children):
             if child.poll() is None:
                 child.terminate()
-        for name, child in reversed(children):
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                _say(f"{name} did not stop in 20 s; killing it")
-                child.kill()
+        for _, child in reversed(children):
+            stop(child)
         if redis is not None:
             redis.stop()
         if pg is not None:

@@ -8,17 +8,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from service.db import session_scope
+
 
 def _session(request: Request) -> Iterator[Session]:
-    session: Session = request.app.state.sessionmaker()
-    try:
+    with session_scope(request.app.state.sessionmaker) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 # scope="function": commit before the response is sent, so a failed commit is the client's error

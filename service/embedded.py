@@ -97,21 +97,33 @@ def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedRedis:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"redis-server exited with {process.returncode}; see {folder / 'redis.log'}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    (folder / "port").write_text(str(port))
-                    return EmbeddedRedis(process=process, url=url)
-        except OSError:
-            time.sleep(0.1)
+        if _redis_answers(port):
+            (folder / "port").write_text(str(port))
+            return EmbeddedRedis(process=process, url=f"redis://127.0.0.1:{port}/0")
+        time.sleep(0.1)
     process.kill()
     raise RuntimeError("redis-server did not start within 15 s")
+
+
+def _redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def running_redis(data_dir: Path) -> str | None:
+    """The URL of the embedded Redis of `data_dir` if one is running (a demo's), else None."""
+    port_file = data_dir / "redis" / "port"
+    if port_file.exists() and _redis_answers(port := int(port_file.read_text().strip())):
+        return f"redis://127.0.0.1:{port}/0"
+    return None
 
 
 def use_data_dir(data_dir: Path) -> EmbeddedPostgres:
@@ -119,8 +131,8 @@ def use_data_dir(data_dir: Path) -> EmbeddedPostgres:
     pg = start_postgres(data_dir)
     os.environ["FAULTLINE_DATABASE_URL"] = pg.url
     os.environ["FAULTLINE_EMBEDDED"] = "1"
-    port_file = data_dir / "redis" / "port"
-    if port_file.exists() and "FAULTLINE_REDIS_URL" not in os.environ:
-        os.environ["FAULTLINE_REDIS_URL"] = f"redis://127.0.0.1:{port_file.read_text().strip()}/0"
+    redis_url = running_redis(data_dir)
+    if redis_url and "FAULTLINE_REDIS_URL" not in os.environ:
+        os.environ["FAULTLINE_REDIS_URL"] = redis_url
     get_settings.cache_clear()
     return pg

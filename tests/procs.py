@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import httpx
+from subprocess import Popen
 
 from service.embedded import free_port
+from service.processes import healthy, spawn, stop
 
 
-def wait_for(predicate, *, timeout: float = 30, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -25,32 +22,14 @@ def wait_for(predicate, *, timeout: float = 30, what: str = "condition") -> None
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @contextmanager
-def running(
-    args: list[str], *, env: dict[str, str] | None = None, log: Path | None = None
-) -> Iterator[subprocess.Popen]:
+def running(args: list[str], *, env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[Popen[bytes]]:
     """Run `python -m <args>`; on exit stop it (SIGTERM, then SIGKILL)."""
-    out = log.open("ab") if log else subprocess.DEVNULL
-    process = subprocess.Popen(
-        [sys.executable, "-m", *args], env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
-    )
+    process = spawn(args, env={**os.environ, **(env or {})}, log=log)
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(process)
 
 
 @contextmanager

@@ -223,3 +223,16 @@ def test_unique_batch_ids_in_one_request_each(client, session, agent):
     stored = {str(b) for b in session.execute(text("SELECT batch_id FROM agent_batches")).scalars()}
     assert stored == ids
     assert all(uuid.UUID(i) for i in ids)
+
+
+def test_restarted_ranks_update_placement_despite_the_upsert_cache(client, session, agent):
+    assert client.post("/api/v1/ingest", json=batch("node-a"), headers=agent).status_code == 200
+    assert client.post("/api/v1/ingest", json=batch("node-a"), headers=agent).status_code == 200
+    moved = batch("node-b")
+    for proc in moved["processes"]:
+        proc["pid"] += 1000  # torchrun restarted the workers on another machine
+    assert client.post("/api/v1/ingest", json=moved, headers=agent).status_code == 200
+    rows = session.execute(
+        text("SELECT r.rank, n.name, r.pid FROM ranks r JOIN nodes n ON n.id = r.node_id ORDER BY 1")
+    )
+    assert [tuple(r) for r in rows] == [(0, "node-b", 5000), (1, "node-b", 5001)]

@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 
 from service.ingest.schemas import IngestBatch
-from service.ingest.service import METRIC_COPY_SQL, metric_rows
-from service.models import METRIC_COPY_TYPES
+from service.ingest.service import copy_rows, metric_rows
+from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS
 from service.synthetic import make_nodes
 
 
@@ -67,15 +67,16 @@ def run_copy(
         try:
             started = time.perf_counter()
             while written < rows:
-                with conn.transaction(), conn.cursor() as cur, cur.copy(METRIC_COPY_SQL) as copy:
-                    copy.set_types(METRIC_COPY_TYPES)
-                    for _ in range(batches_per_transaction):
-                        batch_rows = next(batches)
-                        ts = datetime.now(UTC)  # one instant per batch, as an agent stamps it
-                        for row in batch_rows:
-                            row[0] = ts
-                            copy.write_row(row)
-                        written += len(batch_rows)
+                rows = []
+                for _ in range(batches_per_transaction):
+                    batch_rows = next(batches)
+                    ts = datetime.now(UTC)  # one instant per batch, as an agent stamps it
+                    for row in batch_rows:
+                        row[0] = ts
+                    rows.extend(batch_rows)
+                with conn.transaction():
+                    copy_rows(conn, "metric_samples", METRIC_SAMPLE_COLUMNS, METRIC_COPY_TYPES, rows)
+                written += len(rows)
             seconds = time.perf_counter() - started
         finally:
             deleting = time.perf_counter()

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 from pydantic import ValidationError
 
+from service import processes
 from service.bench import cpu
 from service.bench.baseline import run_copy
 from service.bench.loadgen import LoadConfig, config_json
@@ -63,20 +62,6 @@ class Backend:
         return to_libpq_url(self.database_url)
 
 
-def _redis_alive(port_file: Path) -> str | None:
-    if not port_file.exists():
-        return None
-    port = int(port_file.read_text().strip())
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            if s.recv(16).startswith(b"+PONG"):
-                return f"redis://127.0.0.1:{port}/0"
-    except OSError:
-        pass
-    return None
-
-
 def _start_backend(data_dir: Path | None, workdir: Path, stack: contextlib.ExitStack) -> Backend:
     """--data-dir wins over the environment, as for every other command; with neither, a throwaway
     embedded PostgreSQL and Redis in `workdir`."""
@@ -92,7 +77,7 @@ def _start_backend(data_dir: Path | None, workdir: Path, stack: contextlib.ExitS
     _say(f"starting embedded PostgreSQL in {folder} ...")
     pg = embedded.use_data_dir(folder) if data_dir else embedded.start_postgres(folder)
     stack.callback(pg.stop)
-    redis_url = _redis_alive(folder / "redis" / "port")
+    redis_url = embedded.running_redis(folder)
     if redis_url is None:
         redis = embedded.start_redis(folder)
         stack.callback(redis.stop)
@@ -120,35 +105,9 @@ def _create_token(stack: contextlib.ExitStack) -> str:
 
 
 def _spawn(argv: list[str], env: dict[str, str], log: Path, stack: contextlib.ExitStack) -> subprocess.Popen[bytes]:
-    out = stack.enter_context(log.open("ab"))
-    # Own session: Ctrl-C reaches only the benchmark, which then stops its children itself.
-    process = subprocess.Popen(
-        [sys.executable, "-m", *argv], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    stack.callback(_stop, process)
+    process = processes.spawn(argv, env=env, log=log)
+    stack.callback(processes.stop, process)
     return process
-
-
-def _stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the API exited with code {process.returncode}; see {log}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"the API did not become healthy within {timeout:.0f} s; see {log}")
 
 
 def _postmaster_pid(dsn: str) -> int | None:
@@ -166,7 +125,7 @@ def _run_load(config: LoadConfig, cpu_roots: dict[str, int], stack: contextlib.E
     process = subprocess.Popen(
         [sys.executable, "-m", "service.bench.loadgen"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    stack.callback(_stop, process)
+    stack.callback(processes.stop, process)
     assert process.stdin is not None and process.stdout is not None
     process.stdin.write(config_json(config))
     process.stdin.close()
@@ -275,7 +234,7 @@ def _bench(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack)
     _say(
         f"starting the API ({args.api_workers} processes) on port {port}" + ("" if args.no_worker else " and a worker")
     )
-    _wait_healthy(f"http://127.0.0.1:{port}", api, logs / "api.log")
+    processes.wait_healthy(f"http://127.0.0.1:{port}", api, log=logs / "api.log")
 
     job_name = f"bench-{uuid.uuid4().hex[:8]}"
     config = LoadConfig(
