@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--gpus-per-node", type=int, default=8)
     ingest.add_argument("--interval", type=float, default=1.0, help="seconds between a node's batches")
     ingest.add_argument("--duration", type=float, default=60.0, help="seconds of paced load")
+    ingest.add_argument("--capacity-seconds", type=float, default=15.0, help="seconds of unpaced load after it")
     ingest.add_argument("--api-workers", type=int, default=2, help="API processes to start")
     ingest.add_argument("--connections", type=int, default=256, help="concurrent HTTP connections")
     ingest.add_argument("--no-worker", action="store_true", help="do not run a Celery worker alongside")

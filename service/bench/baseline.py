@@ -67,16 +67,16 @@ def run_copy(
         try:
             started = time.perf_counter()
             while written < rows:
-                rows = []
+                chunk: list[list[Any]] = []
                 for _ in range(batches_per_transaction):
                     batch_rows = next(batches)
                     ts = datetime.now(UTC)  # one instant per batch, as an agent stamps it
                     for row in batch_rows:
                         row[0] = ts
-                    rows.extend(batch_rows)
+                    chunk.extend(batch_rows)
                 with conn.transaction():
-                    copy_rows(conn, "metric_samples", METRIC_SAMPLE_COLUMNS, METRIC_COPY_TYPES, rows)
-                written += len(rows)
+                    copy_rows(conn, "metric_samples", METRIC_SAMPLE_COLUMNS, METRIC_COPY_TYPES, chunk)
+                written += len(chunk)
             seconds = time.perf_counter() - started
         finally:
             deleting = time.perf_counter()

@@ -34,7 +34,6 @@ from service.bench.loadgen import LoadConfig, config_json
 from service.config import get_settings, to_libpq_url
 from service.synthetic import FIELD_COUNT
 
-CAPACITY_SECONDS = 15.0
 # A full server flush (ingest_flush_max_batches): the COPY baseline commits as often as the server can.
 BATCHES_PER_TRANSACTION = 256
 MIN_COPY_ROWS = 65_536
@@ -167,9 +166,13 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if min(args.nodes, args.gpus_per_node, args.connections, args.api_workers) < 1 or args.interval <= 0:
+    if (
+        min(args.nodes, args.gpus_per_node, args.connections, args.api_workers) < 1
+        or min(args.interval, args.duration, args.capacity_seconds) <= 0
+    ):
         print(
-            "faultline bench: --nodes, --gpus-per-node, --connections, --api-workers and --interval must be positive",
+            "faultline bench: --nodes, --gpus-per-node, --connections, --api-workers, --interval, --duration and "
+            "--capacity-seconds must be positive",
             file=sys.stderr,
         )
         return 2
@@ -246,13 +249,13 @@ def _bench(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack)
         interval=args.interval,
         duration=args.duration,
         connections=args.connections,
-        capacity_seconds=CAPACITY_SECONDS,
+        capacity_seconds=args.capacity_seconds,
         job_id=job_name,
         node_prefix=NODE_PREFIX,
     )
     _say(
         f"load: {args.nodes} nodes x {args.gpus_per_node} GPUs every {args.interval:g} s for {args.duration:g} s, "
-        f"then {CAPACITY_SECONDS:g} s unpaced, over {args.connections} connections (job {job_name})"
+        f"then {args.capacity_seconds:g} s unpaced, over {args.connections} connections (job {job_name})"
     )
     load = _run_load(config, roots, stack)
     if api.poll() is not None:
@@ -303,7 +306,7 @@ def _figures(args: argparse.Namespace, backend: Backend, load: dict[str, Any], c
             "gpus": args.nodes * args.gpus_per_node,
             "interval_s": args.interval,
             "duration_s": args.duration,
-            "capacity_s": CAPACITY_SECONDS,
+            "capacity_s": args.capacity_seconds,
             "api_workers": args.api_workers,
             "worker": not args.no_worker,
             "connections": args.connections,

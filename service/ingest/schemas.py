@@ -102,7 +102,11 @@ class IngestBatch(_In):
     metrics: Annotated[list[MetricSample], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     logs: Annotated[list[LogEventIn], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     stacks: Annotated[list[StackDumpIn], Field(max_length=10_000)] = Field(default_factory=list)
-    processes: Annotated[list[ProcessSnapshotIn], Field(max_length=10_000)] = Field(default_factory=list)
+    processes: Annotated[list[ProcessSnapshotIn], Field(max_length=10_000)] = Field(
+        default_factory=list,
+        description="Training processes on the node. They change slowly: sending them every few seconds "
+        "rather than in every batch halves the rows a 1-second agent makes the service write.",
+    )
 
 
 class Directive(BaseModel):
