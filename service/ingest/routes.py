@@ -40,7 +40,8 @@ async def ingest(request: Request) -> Response:
     outcome = await request.app.state.ingest_writer.submit(batch)
     (_DUPLICATE if outcome.duplicate else _ACCEPTED).inc()
     for kind, count in outcome.stored.items():
-        _ITEMS[kind].inc(count)
+        if count:
+            _ITEMS[kind].inc(count)
     result = {
         "batch_id": outcome.batch_id,
         "status": "duplicate" if outcome.duplicate else "accepted",

@@ -8,11 +8,11 @@ batch, so one agent's bad data cannot fail another's request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
 
 import psycopg
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -27,7 +27,8 @@ from service.observability import INGEST_FLUSH_SECONDS, INGEST_FLUSH_SIZE
 
 log = logging.getLogger(__name__)
 
-_Item = tuple[IngestBatch, "Future[BatchOutcome]"]
+_Item = tuple[IngestBatch, "asyncio.Future[BatchOutcome]"]
+_Answer = tuple["asyncio.Future[BatchOutcome]", BatchOutcome | BaseException]
 _STOP = object()
 
 
@@ -59,9 +60,9 @@ class IngestWriter:
             self._thread = None
 
     async def submit(self, batch: IngestBatch) -> BatchOutcome:
-        future: Future[BatchOutcome] = Future()
+        future: asyncio.Future[BatchOutcome] = asyncio.get_running_loop().create_future()
         self._queue.put((batch, future))
-        return await asyncio.wrap_future(future)
+        return await future
 
     def _run(self) -> None:
         stopping = False
@@ -83,39 +84,34 @@ class IngestWriter:
                     stopping = True
                     break
                 items.append(item)  # type: ignore[arg-type]
+            answers: list[_Answer] = []
             try:
-                self._flush(items)
-            except Exception:  # the writer must outlive any one flush, or ingest stops for good
+                self._flush(items, answers)
+            except Exception as exc:  # the writer must outlive any one flush, or ingest stops for good
                 log.exception("ingest writer failed a flush")
-                for _, future in items:
-                    if not future.done():
-                        future.set_exception(RuntimeError("ingest writer failed"))
+                answers = [(future, exc) for _, future in items]
+            _deliver(answers)
 
-    def _flush(self, items: list[_Item]) -> None:
-        # A request cancelled before its flush (client gone) is skipped; after this call the
-        # futures can no longer be cancelled, so setting their results cannot fail.
-        items = [item for item in items if item[1].set_running_or_notify_cancel()]
-        if items:
-            self._write_and_answer(items)
-
-    def _write_and_answer(self, items: list[_Item]) -> None:
+    def _flush(self, items: list[_Item], answers: list[_Answer]) -> None:
+        # A request whose client went away before its flush is not written (it was never answered).
+        items = [item for item in items if not item[1].cancelled()]
+        if not items:
+            return
         started = time.perf_counter()
         try:
             outcomes = self._write([batch for batch, _ in items])
         except Exception as exc:
             if _is_connection_problem(exc) or len(items) == 1:
-                for _, future in items:
-                    future.set_exception(self._as_error(exc))
+                answers.extend((future, self._as_error(exc)) for _, future in items)
                 return
             log.warning("group flush of %d batches failed (%s); retrying one by one", len(items), exc)
             for item in items:
-                self._write_and_answer([item])
+                self._flush([item], answers)
             return
         finally:
             INGEST_FLUSH_SECONDS.observe(time.perf_counter() - started)
             INGEST_FLUSH_SIZE.observe(len(items))
-        for (_, future), outcome in zip(items, outcomes, strict=True):
-            future.set_result(outcome)
+        answers.extend((future, outcome) for (_, future), outcome in zip(items, outcomes, strict=True))
 
     def _write(self, batches: list[IngestBatch]) -> list[BatchOutcome]:
         try:
@@ -138,3 +134,24 @@ class IngestWriter:
             return InvalidInput(f"batch rejected by the database: {str(orig).splitlines()[0]}")
         log.error("ingest flush failed", exc_info=exc)
         return exc
+
+
+def _deliver(answers: list[_Answer]) -> None:
+    """Hand results to the event loop(s): one wake-up per flush, not one per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Answer]] = {}
+    for future, answer in answers:
+        by_loop.setdefault(future.get_loop(), []).append((future, answer))
+    for loop, group in by_loop.items():
+        # RuntimeError: the loop has closed, so nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, group)
+
+
+def _settle(answers: list[_Answer]) -> None:
+    for future, answer in answers:
+        if future.done():
+            continue
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
