@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,13 @@ from service.processes import spawn, stop, wait_healthy
 
 
 def _say(message: str) -> None:
-    print(f"[faultline demo] {message}", flush=True)
+    _print(f"[faultline demo] {message}")
+
+
+def _print(text: str) -> None:
+    # Best effort: when the terminal or a `| tee` is gone, stopping the services matters more.
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
 
 
 def _demo_tokens(data_dir: Path) -> dict[str, str]:
@@ -91,7 +98,7 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
             children.append(("traffic", spawn(traffic, env=env, log=logs / "traffic.log")))
 
         _say(f"ready in {time.monotonic() - started:.1f} s")
-        print(
+        _print(
             f"""
   API          {url}   (OpenAPI docs: {url}/docs, health: {url}/healthz)
   agent token     {tokens["agent"]}
@@ -103,8 +110,7 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
 
   Other commands reach this database with --data-dir {data_dir}
   Press Ctrl-C to stop.
-""",
-            flush=True,
+"""
         )
         while not stopping:
             for name, child in children:

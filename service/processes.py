@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import signal
 import subprocess
 import sys
 import time
@@ -10,13 +13,29 @@ from typing import IO, Any
 
 import httpx
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel send SIGTERM to this child when its parent dies, however it dies."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 def spawn(module_args: list[str], *, env: dict[str, str], log: Path | None = None) -> subprocess.Popen[bytes]:
-    """`python -m <module_args>` in its own session: Ctrl-C reaches only the parent, which stops it."""
+    """`python -m <module_args>` in its own session: Ctrl-C reaches only the parent, which stops it.
+
+    The child also stops if the parent is killed outright, so nothing is left running behind it.
+    """
     out: IO[bytes] | int = log.open("ab") if log else subprocess.DEVNULL
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", *module_args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            [sys.executable, "-m", *module_args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
     finally:
         if not isinstance(out, int):
