@@ -23,6 +23,8 @@ from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS
 DCGM_BLANK_THRESHOLD = 9.0e18
 _METRIC_INDEX = {name: i for i, name in enumerate(METRIC_SAMPLE_COLUMNS)}
 _EXTRA_INDEX = _METRIC_INDEX["extra"]
+# DCGM field name -> position in a metric_samples row: one lookup per value on the hottest loop.
+_FIELD_INDEX = {field: _METRIC_INDEX[column] for field, column in FIELD_TO_COLUMN.items()}
 
 
 @dataclass
@@ -243,11 +245,11 @@ def metric_rows(batch: IngestBatch, *, node_id: int, job_id: int | None, jobs: d
         row[3] = jobs.get(sample.job_id) if sample.job_id else job_id
         extra: dict[str, float | None] | None = None
         for name, value in sample.fields.items():
-            if value is not None and abs(value) >= DCGM_BLANK_THRESHOLD:
+            if value is not None and not -DCGM_BLANK_THRESHOLD < value < DCGM_BLANK_THRESHOLD:
                 value = None
-            column = FIELD_TO_COLUMN.get(name)
-            if column is not None:
-                row[_METRIC_INDEX[column]] = value
+            index = _FIELD_INDEX.get(name)
+            if index is not None:
+                row[index] = value
             else:
                 if extra is None:
                     extra = {}
