@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from service.config import get_settings
-from service.embedded import EmbeddedPostgres, EmbeddedRedis, start_postgres, start_redis
+from service.embedded import EmbeddedPostgres, EmbeddedRedis, port_is_free, start_postgres, start_redis
 from service.processes import spawn, stop, wait_healthy
 
 
@@ -59,6 +59,8 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
     signal.signal(signal.SIGTERM, _stop)
     try:
         started = time.monotonic()
+        if not port_is_free(port):
+            raise RuntimeError(f"port {port} is already in use; choose another with --port")
         _say(f"data folder {data_dir}")
         _say("starting PostgreSQL (pgserver) ...")
         pg = start_postgres(data_dir)
