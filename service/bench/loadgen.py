@@ -27,11 +27,11 @@ from typing import Any
 
 import orjson
 
-from service.synthetic import SyntheticNode, make_nodes
+from service.synthetic import PROCESS_EVERY, SyntheticNode, make_nodes
 
-# Bodies per node: a first one carrying the GPU inventory, as a starting agent sends, then a few that
-# rotate so that the stored values vary from send to send.
-TEMPLATE_VARIANTS = 3
+# Bodies per node: a first one carrying the GPU inventory, as a starting agent sends, then a cycle of
+# PROCESS_EVERY that rotate, so stored values vary and process snapshots come as often as an agent's.
+TEMPLATE_VARIANTS = PROCESS_EVERY
 PROGRESS_EVERY_S = 5.0
 # How long the paced phase keeps sending queued requests after the last one was due.
 PACED_GRACE_S = 10.0
