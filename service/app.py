@@ -50,6 +50,9 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
         description="Finds the machine that breaks a GPU training job, shows the evidence, "
         "and tells the scheduler to evict it.",
         lifespan=lifespan,
+        # faultline exports Prometheus metrics; FastAPI's OpenTelemetry hooks would only cost a provider
+        # lookup on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.sessionmaker = factory
