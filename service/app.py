@@ -10,7 +10,7 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,7 +24,7 @@ from service.ingest.schemas import IngestBatch, IngestResult
 from service.ingest.writer import IngestWriter
 from service.jobs import routes as jobs_routes
 from service.security import TokenCache
-from service.validation import error_details
+from service.validation import invalid
 
 
 def create_app(settings: Settings | None = None, *, factory: sessionmaker[Session] | None = None) -> FastAPI:
@@ -78,14 +78,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(known, _known_error)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        details = error_details(exc.errors())
-        first = details[0] if details else {"field": "body", "message": "invalid request"}
-        more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
-        return JSONResponse(
-            {"error": "invalid", "message": f"{first['field']}: {first['message']}{more}", "details": details},
-            status_code=422,
-        )
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return await _known_error(request, invalid(exc.errors()))
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -94,10 +88,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (IngestBatch, IngestResult, ErrorBody):
+    for name, model in (("IngestBatch", IngestBatch), ("IngestResult", IngestResult), ("Error", ErrorBody)):
         model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(model_schema.pop("$defs", {}))
-        components[model.__name__.removesuffix("Body") if model is ErrorBody else model.__name__] = model_schema
+        components[name] = model_schema
     schema["paths"] = {ingest_routes.PATH: ingest_routes.OPENAPI_PATH_ITEM, **schema["paths"]}
     schema["components"]["securitySchemes"] = {
         "bearer": {

@@ -17,10 +17,13 @@ def error_details(errors: Sequence[Any]) -> list[dict[str, str]]:
     ]
 
 
-def invalid_from(exc: ValidationError, *, prefix: str = "body") -> InvalidInput:
-    details = error_details(
-        [{**e, "loc": (prefix, *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
-    )
+def invalid(errors: Sequence[Any]) -> InvalidInput:
+    """A 422 whose message names the first offending field and whose details name them all."""
+    details = error_details(errors) or [{"field": "body", "message": "invalid request"}]
     first = details[0]
     more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
     return InvalidInput(f"{first['field']}: {first['message']}{more}", details=details)
+
+
+def invalid_from(exc: ValidationError, *, prefix: str = "body") -> InvalidInput:
+    return invalid([{**e, "loc": (prefix, *e["loc"])} for e in exc.errors(include_url=False, include_input=False)])

@@ -10,7 +10,7 @@ from pathlib import Path
 from subprocess import Popen
 
 from service.embedded import free_port
-from service.processes import healthy, spawn, stop
+from service.processes import spawn, stop, wait_healthy
 
 
 def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, what: str = "condition") -> None:
@@ -37,6 +37,5 @@ def api_server(env: dict[str, str] | None = None, log: Path | None = None) -> It
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with running(["faultline", "serve", "--port", str(port)], env=env, log=log) as process:
-        wait_for(lambda: process.poll() is not None or healthy(url), what=f"API at {url}")
-        assert process.poll() is None, f"API exited with {process.returncode}"
+        wait_healthy(url, process, timeout=30, log=log)
         yield url

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from service.embedded import free_port
-from tests.procs import healthy, wait_for
+from service.processes import healthy
+from tests.procs import wait_for
 
 pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parents[1] / "README.md"

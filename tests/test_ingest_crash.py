@@ -16,9 +16,10 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port
+from service.processes import healthy
 from service.tokens import service as tokens
 from tests.factories import batch
-from tests.procs import healthy, running, wait_for
+from tests.procs import running, wait_for
 
 pytestmark = pytest.mark.slow
 BATCHES = 150
