@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from agents import cli as agent_cli
+
 SCOPES = ("agent", "scheduler", "operator", "admin")
 
 
@@ -65,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("token_id", type=int)
     _data_dir_option(revoke)
 
+    agent_cli.add_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
     ingest = bench_sub.add_parser("ingest", help="drive the HTTP ingest API with agent-shaped batches")
@@ -83,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "agent":
+        return agent_cli.run(args)
     try:
         from service import cli as server_cli
     except ImportError as exc:

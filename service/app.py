@@ -18,6 +18,8 @@ import faultline
 from service import health
 from service.config import Settings, get_settings
 from service.db import get_engine, make_sessionmaker
+from service.directives import routes as directives_routes
+from service.directives.cache import DirectiveCache
 from service.errors import ErrorBody, FaultlineError, error_response
 from service.ingest import routes as ingest_routes
 from service.ingest.schemas import IngestBatch, IngestResult
@@ -58,10 +60,12 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.state.sessionmaker = factory
     app.state.ingest_writer = writer
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
+    app.state.directives = DirectiveCache(factory)
 
     app.include_router(health.router)
     app.add_middleware(ingest_routes.IngestFastPath)
     app.include_router(jobs_routes.router)
+    app.include_router(directives_routes.router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -1,0 +1,70 @@
+"""The node agent's log parsers: kernel log (Xid, SXid, NVRM, PCIe AER) and training logs.
+
+Each parser is fed one raw line at a time and returns finished events; multi-line blocks (a Python
+traceback, the "fallen off the bus" message, a torchrun failure table) are held until they end, and
+`flush()` emits whatever is still pending when the input goes idle.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Protocol
+
+from agents.events import Event
+
+# The wire protocol caps an event's line at 65,536 characters; stay under it with room to spare.
+MAX_EVENT_LINE = 60_000
+# Regexes only look at this much of a line: bounded work per line whatever a process prints.
+MAX_MATCH_CHARS = 16_384
+
+
+class LineParser(Protocol):
+    def feed(self, line: str, *, now: datetime) -> list[Event]: ...
+
+    def flush(self, *, now: datetime) -> list[Event]: ...
+
+
+def parse_text(parser: LineParser, text: str, *, now: datetime) -> list[Event]:
+    """Feed every line of `text` to `parser`, then flush: handy for tests and --dry-run."""
+    events: list[Event] = []
+    for line in text.splitlines():
+        events.extend(parser.feed(line, now=now))
+    events.extend(parser.flush(now=now))
+    return events
+
+
+def as_utc(ts: datetime) -> datetime:
+    """Timezone-aware copy of `ts`; naive stamps are taken as UTC."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
+
+
+def clip(text: str, limit: int = MAX_EVENT_LINE) -> str:
+    """Keep the head and the tail of an over-long text (the end of a block is often the cause)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 40) // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} chars cut] ...\n{text[-half:]}"
+
+
+def match_window(line: str) -> str:
+    """The part of a line the regexes see: the head (prefixes) and the tail (text appended last)."""
+    if len(line) <= MAX_MATCH_CHARS:
+        return line
+    return line[:4096] + " ... " + line[-(MAX_MATCH_CHARS - 4096) :]
+
+
+MONTHS: dict[str, int] = {
+    m: i + 1 for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"))
+}
+
+
+def infer_year(month: int, day: int, now: datetime) -> int:
+    """Year for a stamp without one (syslog, glog): this year, unless that lands well in the future."""
+    try:
+        candidate = datetime(now.year, month, day, tzinfo=UTC)
+    except ValueError:
+        return now.year
+    return now.year - 1 if (candidate - now).days > 2 else now.year
+
+
+__all__ = ["MAX_EVENT_LINE", "LineParser", "as_utc", "clip", "parse_text"]

@@ -46,9 +46,18 @@ async def ingest(request: Request) -> Response:
         "batch_id": outcome.batch_id,
         "status": "duplicate" if outcome.duplicate else "accepted",
         "stored": outcome.stored,
-        "directives": [],
+        "directives": await request.app.state.directives.for_jobs(_jobs_of(batch)),
     }
     return Response(orjson.dumps(result), media_type="application/json")
+
+
+def _jobs_of(batch: IngestBatch) -> list[str | None]:
+    """The jobs this node runs, as the batch tells them: directives for them go back to its agent."""
+    jobs: list[str | None] = [batch.job_id]
+    if batch.heartbeat is not None:
+        jobs += batch.heartbeat.jobs
+    jobs += [p.job_id for p in batch.processes]
+    return jobs
 
 
 class IngestFastPath:

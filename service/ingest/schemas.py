@@ -35,6 +35,9 @@ class Heartbeat(_In):
         default_factory=dict, description="Items the agent had to drop (full spool), by kind, since it started."
     )
     gpus: list[GpuInfo] = Field(default_factory=list, description="GPU inventory of the node.")
+    jobs: Annotated[list[JobId], Field(max_length=64)] = Field(
+        default_factory=list, description="Jobs with training processes on the node now: directives follow them."
+    )
 
 
 class MetricSample(_In):

@@ -3,6 +3,7 @@
 from service.models.auth import ApiToken
 from service.models.base import Base
 from service.models.diagnosis import Decision, Finding, Incident
+from service.models.directives import Directive
 from service.models.jobs import Job, Rank
 from service.models.nodes import Gpu, Node, NodeEvent
 from service.models.notify import NotificationChannel, NotificationDelivery
@@ -23,6 +24,7 @@ __all__ = [
     "ApiToken",
     "Base",
     "Decision",
+    "Directive",
     "Finding",
     "Gpu",
     "Incident",

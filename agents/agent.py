@@ -1,0 +1,345 @@
+"""The node agent's loop: collect, batch, spool, ship; act on the service's directives.
+
+Logs are polled several times a second, so a critical event (a fatal Xid, a crash, a traceback) is
+shipped within a fraction of a second instead of waiting for the interval. GPU counters are read
+once per interval and the training processes every few seconds (they change slowly).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import queue
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+
+from agents.config import AgentConfig
+from agents.events import Event
+from agents.follow import GlobFollower, LineSource, Position, open_kernel_log
+from agents.gpu import DcgmExporter, GpuReading, GpuSource, open_nvml
+from agents.parsers.kernel import KernelLogParser
+from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
+from agents.procs import ProcessScanner, Worker
+from agents.shipper import Shipper
+from agents.spool import Spool
+from agents.stacks import dump_all
+
+log = logging.getLogger("faultline.agent")
+
+TICK = 0.2  # seconds between log polls
+IDLE_FLUSH = 1.0  # a multi-line block (traceback) with no new line for this long is complete
+EXIT_AUTH = 3
+
+try:
+    AGENT_VERSION = version("faultline")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    AGENT_VERSION = "dev"
+
+
+def _boot_time() -> datetime | None:
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return datetime.fromtimestamp(int(line.split()[1]), UTC)
+    except OSError:
+        pass
+    return None
+
+
+class _Stream:
+    """One followed log and its own parser (multi-line state is per stream)."""
+
+    def __init__(self, parser: KernelLogParser | TrainingLogParser) -> None:
+        self.parser = parser
+        self.last_line = 0.0
+        self.pending = False
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, out: TextIO | None = None) -> None:
+        self.config = config
+        self.out = out or sys.stdout
+        self.started = time.monotonic()
+        self.stopping = threading.Event()
+        self.events: list[Event] = []
+        self.stacks: queue.SimpleQueue[list[dict[str, Any]]] = queue.SimpleQueue()
+        self.workers: list[Worker] = []
+        self.inventory: list[dict[str, Any]] = []
+        self._seen_directives: set[str] = set()
+        self._streams: dict[str, _Stream] = {}
+        from_start = config.from_start or config.once
+        self.spool: Spool | None = None
+        positions: dict[str, Position] = {}
+        if not config.dry_run:
+            self.spool = Spool(
+                config.spool_path,
+                max_bytes=int(config.spool_max_mb * 2**20),
+                max_batches=config.spool_max_batches,
+            )
+            positions = self._load_positions()
+        self.kernel: LineSource | None = self._open_kernel(from_start, positions)
+        self.logs = GlobFollower(config.logs, from_start=from_start, positions=positions)
+        self.step_patterns = (*config.step_patterns, *DEFAULT_STEP_PATTERNS)
+        self.scanner = ProcessScanner(job_env=config.job_env, watch_pid=config.watch_pid)
+        self.gpus: GpuSource | None = DcgmExporter(config.dcgm_url) if config.dcgm_url else open_nvml()
+        self.shipper: Shipper | None = None
+        self._ship_thread: threading.Thread | None = None
+        if self.spool is not None:
+            assert config.server and config.token
+            self.shipper = Shipper(
+                self.spool, server=config.server, token=config.token, on_directives=self._on_directives
+            )
+
+    # -- sources ---------------------------------------------------------------------------------
+
+    def _open_kernel(self, from_start: bool, positions: dict[str, Position]) -> LineSource | None:
+        spec = self.config.kmsg
+        if spec == "none":
+            return None
+        if spec == "auto":
+            try:
+                return open_kernel_log("/dev/kmsg", from_start=from_start)
+            except OSError as exc:
+                log.info("not following the kernel log: /dev/kmsg is not readable (%s); use --kmsg", exc)
+                return None
+        try:
+            return open_kernel_log(spec, from_start=from_start, position=positions.get(spec))
+        except OSError as exc:
+            log.warning("cannot follow the kernel log %s: %s", spec, exc)
+            return None
+
+    def _stream(self, name: str, make: Callable[[], KernelLogParser | TrainingLogParser]) -> _Stream:
+        stream = self._streams.get(name)
+        if stream is None:
+            stream = self._streams[name] = _Stream(make())
+        return stream
+
+    def poll_logs(self, now: float) -> tuple[int, bool]:
+        """Read and parse new lines: (lines read, whether something critical arrived)."""
+        wall = datetime.now(UTC)
+        before = len(self.events)
+        read = 0
+        if self.kernel is not None:
+            lines = self.kernel.poll()
+            stream = self._stream("kernel", lambda: KernelLogParser(boot_time=_boot_time()))
+            read += self._feed(stream, lines, wall, now)
+        for path, lines in self.logs.poll().items():
+            stream = self._stream(
+                path, lambda path=path: TrainingLogParser(step_patterns=self.step_patterns, path=path)
+            )
+            read += self._feed(stream, lines, wall, now)
+        for stream in self._streams.values():
+            if stream.pending and now - stream.last_line >= IDLE_FLUSH:
+                self.events += stream.parser.flush(now=wall)
+                stream.pending = False
+        return read, any(e.critical for e in self.events[before:])
+
+    def _feed(self, stream: _Stream, lines: list[str], wall: datetime, now: float) -> int:
+        if lines:
+            for line in lines:
+                self.events += stream.parser.feed(line, now=wall)
+            stream.last_line = now
+            stream.pending = True
+        return len(lines)
+
+    def flush_parsers(self) -> None:
+        wall = datetime.now(UTC)
+        for stream in self._streams.values():
+            self.events += stream.parser.flush(now=wall)
+            stream.pending = False
+
+    def read_gpus(self) -> list[GpuReading]:
+        if self.gpus is None:
+            return []
+        readings = self.gpus.read()
+        if readings:
+            self.inventory = [r.inventory() for r in readings]
+        return readings
+
+    # -- directives ------------------------------------------------------------------------------
+
+    def _on_directives(self, directives: list[dict[str, Any]]) -> None:
+        for directive in directives:
+            directive_id = str(directive.get("id"))
+            if directive_id in self._seen_directives:
+                continue  # the service repeats a directive until it expires; act once
+            self._seen_directives.add(directive_id)
+            if directive.get("kind") != "dump_stacks":
+                log.warning("ignoring unknown directive %s", directive)
+                continue
+            threading.Thread(
+                target=self._dump_stacks, args=(directive_id, directive.get("job_id")), daemon=True
+            ).start()
+
+    def _dump_stacks(self, directive_id: str, job_id: str | None) -> None:
+        workers = self.scanner.scan(time.monotonic())
+        targets: list[dict[str, Any]] = []
+        for w in workers:
+            if job_id is not None and w.job_id != job_id:
+                continue
+            base = {"job_id": w.job_id, "rank": w.rank}
+            targets.append({"pid": w.pid, **base})
+            targets += [{"pid": child["pid"], **base} for child in w.children]
+        log.info("directive %s: dumping stacks of %d processes (job %s)", directive_id, len(targets), job_id)
+        if targets:
+            self.stacks.put(dump_all(targets, directive_id=directive_id, timeout=self.config.stack_timeout))
+
+    # -- batches ---------------------------------------------------------------------------------
+
+    def build_batch(self, *, gpus: list[GpuReading], processes: bool) -> dict[str, Any]:
+        now = datetime.now(UTC)
+        ts = now.isoformat()
+        stacks: list[dict[str, Any]] = []
+        while not self.stacks.empty():
+            stacks += self.stacks.get_nowait()
+        jobs = sorted({w.job_id for w in self.workers if w.job_id})
+        heartbeat: dict[str, Any] = {
+            "agent_version": AGENT_VERSION,
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "jobs": jobs,
+        }
+        if self.spool is not None:
+            heartbeat["spool_depth"] = len(self.spool)
+            heartbeat["dropped"] = dict(self.spool.dropped)
+        if processes:
+            heartbeat["gpus"] = self.inventory
+        batch: dict[str, Any] = {
+            "batch_id": str(uuid.uuid4()),
+            "node": self.config.node_name,
+            "sent_at": ts,
+            "heartbeat": heartbeat,
+            "metrics": [{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in gpus],
+            "logs": [e.to_wire() for e in self.events],
+            "stacks": stacks,
+            "processes": [w.snapshot(now) for w in self.workers] if processes else [],
+        }
+        if len(jobs) == 1:
+            batch["job_id"] = jobs[0]
+        self.events = []
+        return batch
+
+    def emit(self, batch: dict[str, Any]) -> None:
+        if self.config.dry_run:
+            self.out.write(orjson.dumps(batch).decode() + "\n")
+            self.out.flush()
+            return
+        assert self.spool is not None
+        counts = {kind: len(batch[kind]) for kind in ("metrics", "logs", "stacks", "processes")}
+        self.spool.put(gzip.compress(orjson.dumps(batch), compresslevel=5), counts)
+        self._save_positions()  # only now are the lines read so far safe on disk
+
+    def _positions_file(self) -> Path:
+        return self.config.spool_path.parent / f"{self.config.spool_path.name}.positions.json"
+
+    def _load_positions(self) -> dict[str, Position]:
+        try:
+            return orjson.loads(self._positions_file().read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+
+    def _save_positions(self) -> None:
+        positions = self.logs.positions()
+        kernel_position = getattr(self.kernel, "position", None)
+        if kernel_position is not None and (pos := kernel_position()) is not None:
+            positions[self.config.kmsg] = pos
+        path = self._positions_file()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(positions))
+        tmp.replace(path)
+
+    # -- loop ------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        if self.config.once:
+            return self._run_once()
+        if self.shipper is not None:
+            self._ship_thread = threading.Thread(target=self.shipper.run, name="shipper", daemon=True)
+            self._ship_thread.start()
+        log.info(
+            "agent %s for node %s: interval %gs, server %s, spool %s",
+            AGENT_VERSION,
+            self.config.node_name,
+            self.config.interval,
+            self.config.server or "(dry run)",
+            self.config.spool_path if self.spool else "-",
+        )
+        next_batch = next_procs = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                _, critical = self.poll_logs(now)
+                if self.shipper is not None and self.shipper.auth_error:
+                    return EXIT_AUTH
+                if now >= next_batch:
+                    processes = now >= next_procs
+                    if processes:
+                        self.workers = self.scanner.scan(now)
+                        next_procs = now + self.config.process_interval
+                    self.emit(self.build_batch(gpus=self.read_gpus(), processes=processes))
+                    next_batch += self.config.interval
+                    if next_batch < now:  # fell behind (suspended, slow disk): do not burst to catch up
+                        next_batch = now + self.config.interval
+                elif critical or not self.stacks.empty():
+                    self.emit(self.build_batch(gpus=[], processes=False))
+                self.stopping.wait(TICK)
+        finally:
+            self._shutdown()
+        return 0
+
+    def _run_once(self) -> int:
+        while self.poll_logs(time.monotonic())[0]:
+            pass  # a source holding more than one poll's worth (READ_LIMIT) needs several reads
+        self.flush_parsers()
+        self.workers = self.scanner.scan(time.monotonic())
+        self.emit(self.build_batch(gpus=self.read_gpus(), processes=True))
+        code = 0
+        if self.shipper is not None and not self.shipper.drain(timeout=30):
+            log.error(
+                "could not ship within 30 s; %d batches stay in the spool for the next run", len(self.spool or [])
+            )
+            code = EXIT_AUTH if self.shipper.auth_error else 1
+        if self.shipper is not None:
+            self.shipper.close()
+        self._close_sources()
+        return code
+
+    def _shutdown(self) -> None:
+        log.info("stopping: shipping what is left")
+        self.flush_parsers()
+        if self.events or not self.stacks.empty():
+            self.emit(self.build_batch(gpus=[], processes=False))
+        if self.shipper is not None:
+            self.shipper.stopping.set()
+            if self._ship_thread is not None:
+                self._ship_thread.join(timeout=15)
+            if self.shipper.auth_error is None:
+                self.shipper.drain(timeout=5)
+            self.shipper.close()
+            if self.spool is not None and len(self.spool):
+                log.info("%d batches stay in the spool for the next start", len(self.spool))
+        self._close_sources()
+
+    def _close_sources(self) -> None:
+        if self.kernel is not None:
+            self.kernel.close()
+        self.logs.close()
+        if self.gpus is not None:
+            self.gpus.close()
+
+
+def install_signal_handlers(agent: Agent) -> None:
+    def stop(signum: int, _frame: Any) -> None:
+        agent.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)

@@ -1,0 +1,98 @@
+"""`faultline agent`: flags, then the loop. Imports nothing from the server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from agents.config import ENV_PREFIX, ConfigError, load
+
+
+def add_parser(sub: Any) -> None:
+    agent = sub.add_parser(
+        "agent",
+        help="run the node agent: ship GPU counters, kernel and training logs, processes and stacks",
+        description="Settings come from these flags, then FAULTLINE_AGENT_<NAME> variables (e.g. "
+        f"{ENV_PREFIX}TOKEN), then the TOML file of --config, then defaults.",
+    )
+    agent.add_argument("--config", type=Path, help=f"TOML file of settings (or {ENV_PREFIX}CONFIG)")
+    agent.add_argument("--server", help="faultline service URL, e.g. https://faultline.example:8080")
+    agent.add_argument("--token", help=f"agent-scope API token (prefer {ENV_PREFIX}TOKEN: flags show in ps)")
+    agent.add_argument("--node-name", help="this node's name (default: the hostname)")
+    agent.add_argument("--interval", type=float, help="seconds between batches (default 5)")
+    agent.add_argument("--dcgm-url", help="dcgm-exporter endpoint, e.g. http://localhost:9400/metrics (default: NVML)")
+    agent.add_argument(
+        "--kmsg",
+        help="kernel log: /dev/kmsg, a file (dmesg or kern.log output), 'journald', or 'none' "
+        "(default: /dev/kmsg when readable)",
+    )
+    agent.add_argument(
+        "--log", dest="logs", action="append", metavar="GLOB", help="training log files to follow (repeatable)"
+    )
+    agent.add_argument("--watch-pid", type=int, help="only report processes below this one (one node of several)")
+    agent.add_argument(
+        "--job-env",
+        help="comma-separated environment variables naming the job, first set wins "
+        "(default FAULTLINE_JOB_ID,SLURM_JOB_ID,TORCHELASTIC_RUN_ID)",
+    )
+    agent.add_argument(
+        "--step-pattern",
+        dest="step_patterns",
+        action="append",
+        metavar="REGEX",
+        help="extra step-progress regex with a named group `step` (optional: loss, grad_norm, elapsed_ms, lr)",
+    )
+    agent.add_argument("--spool-dir", type=Path, help="disk spool (default ~/.local/state/faultline-agent/NODE)")
+    agent.add_argument("--spool-max-mb", type=float, help="spool bound in MiB (default 256); the oldest go first")
+    agent.add_argument("--from-start", action="store_true", default=None, help="read existing log files whole")
+    agent.add_argument(
+        "--dry-run", action="store_true", default=None, help="print batches as JSON lines instead of sending"
+    )
+    agent.add_argument("--once", action="store_true", default=None, help="collect one round (whole log files) and exit")
+    agent.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = {
+        name: getattr(args, name)
+        for name in (
+            "server",
+            "token",
+            "node_name",
+            "interval",
+            "dcgm_url",
+            "kmsg",
+            "logs",
+            "watch_pid",
+            "job_env",
+            "step_patterns",
+            "spool_dir",
+            "spool_max_mb",
+            "from_start",
+            "dry_run",
+            "once",
+            "log_level",
+        )
+    }
+    try:
+        config = load(flags, config_file=args.config)
+    except ConfigError as exc:
+        print(f"faultline agent: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s agent[" + config.node_name + "] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    from agents.agent import Agent, install_signal_handlers  # after the config: its errors come first
+
+    try:
+        agent = Agent(config)
+    except OSError as exc:
+        print(f"faultline agent: {exc}", file=sys.stderr)
+        return 2
+    install_signal_handlers(agent)
+    return agent.run()

@@ -1,0 +1,116 @@
+"""Agent configuration: command-line flags over FAULTLINE_AGENT_* variables over a TOML file over defaults."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from agents.procs import DEFAULT_JOB_ENV
+
+ENV_PREFIX = "FAULTLINE_AGENT_"
+
+
+class ConfigError(Exception):
+    """A configuration the agent cannot run with; the message says what to change."""
+
+
+def _default_spool_root() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "faultline-agent"
+
+
+@dataclass
+class AgentConfig:
+    server: str | None = None
+    token: str | None = None
+    node_name: str = field(default_factory=socket.gethostname)
+    interval: float = 5.0
+    dcgm_url: str | None = None
+    kmsg: str = "auto"  # "auto" (/dev/kmsg when readable), "none", "journald", a device or a file
+    logs: list[str] = field(default_factory=list)
+    watch_pid: int | None = None
+    job_env: list[str] = field(default_factory=lambda: list(DEFAULT_JOB_ENV))
+    step_patterns: list[str] = field(default_factory=list)  # extra regexes, tried before the defaults
+    process_interval: float = 5.0
+    stack_timeout: float = 10.0
+    spool_dir: Path | None = None  # default: ~/.local/state/faultline-agent/<node name>
+    spool_max_mb: float = 256.0
+    spool_max_batches: int = 100_000
+    from_start: bool = False
+    dry_run: bool = False
+    once: bool = False
+    log_level: str = "info"
+
+    @property
+    def spool_path(self) -> Path:
+        return self.spool_dir or _default_spool_root() / self.node_name
+
+    def check(self) -> None:
+        if not self.dry_run:
+            missing = [name for name in ("server", "token") if not getattr(self, name)]
+            if missing:
+                flags = " and ".join(f"--{name}" for name in missing)
+                envs = " / ".join(ENV_PREFIX + name.upper() for name in missing)
+                raise ConfigError(f"{flags} required (or {envs}, or the config file), unless --dry-run")
+            if not self.server.startswith(("http://", "https://")):  # type: ignore[union-attr]
+                raise ConfigError(f"--server must be an http(s) URL, not {self.server!r}")
+        if self.interval <= 0 or self.process_interval <= 0 or self.stack_timeout <= 0:
+            raise ConfigError("--interval, process_interval and stack_timeout must be positive")
+        if not self.node_name:
+            raise ConfigError("--node-name must not be empty")
+
+
+_LISTS = {"logs", "job_env", "step_patterns"}
+_NAMES = {f.name for f in fields(AgentConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = {f.name: f.type for f in fields(AgentConfig)}[name]
+    if name in _LISTS:
+        if isinstance(value, str):
+            return [part for part in value.split(",") if part]
+        return list(value)
+    if value is None:
+        return None
+    if "float" in str(kind):
+        return float(value)
+    if "int" in str(kind):
+        return int(value)
+    if "bool" in str(kind):
+        return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+    if "Path" in str(kind):
+        return Path(value)
+    return str(value)
+
+
+def load(flags: dict[str, Any], *, config_file: Path | None, environ: dict[str, str] | None = None) -> AgentConfig:
+    """Merge the sources; `flags` holds only what was given on the command line."""
+    environ = os.environ if environ is None else environ
+    merged: dict[str, Any] = {}
+    path = config_file or (Path(environ[ENV_PREFIX + "CONFIG"]) if environ.get(ENV_PREFIX + "CONFIG") else None)
+    if path is not None:
+        try:
+            table = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        table = table.get("agent", table)  # a bare file, or an [agent] table in a shared one
+        for key, value in table.items():
+            name = key.replace("-", "_")
+            if name not in _NAMES:
+                raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(_NAMES))})")
+            merged[name] = value
+    for name in _NAMES:
+        value = environ.get(ENV_PREFIX + name.upper())
+        if value is not None:
+            merged[name] = value
+    merged.update({k: v for k, v in flags.items() if v is not None and (v != [] or k not in _LISTS)})
+    try:
+        config = AgentConfig(**{name: _coerce(name, value) for name, value in merged.items()})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad setting: {exc}") from None
+    config.check()
+    return config

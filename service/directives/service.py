@@ -1,0 +1,87 @@
+"""Create directives and read what the agents sent back for them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.directives.schemas import DirectiveOut, StackDumpOut, StackDumpsOut
+from service.errors import NotFound
+from service.jobs.service import get_by_external_id
+from service.models import Directive, Job, Node, StackDump
+
+
+def request_stack_dump(session: Session, *, job: Job, requested_by: str, reason: str | None, ttl_s: int) -> Directive:
+    """Ask every agent of the job to dump stacks; agents receive it with their next ingest answer."""
+    directive = Directive(
+        job_id=job.id,
+        kind="dump_stacks",
+        reason=reason,
+        requested_by=requested_by,
+        expires_at=datetime.now(UTC) + timedelta(seconds=ttl_s),
+    )
+    session.add(directive)
+    session.flush()
+    return directive
+
+
+def active_by_job(session: Session) -> dict[str, list[dict[str, Any]]]:
+    """Unexpired directives as ingest answers carry them, keyed by the job's external id."""
+    rows = session.execute(
+        select(Directive.id, Directive.kind, Job.external_id)
+        .join(Job, Job.id == Directive.job_id)
+        .where(Directive.expires_at > datetime.now(UTC))
+        .order_by(Directive.created_at)
+    )
+    out: dict[str, list[dict[str, Any]]] = {}
+    for directive_id, kind, job_id in rows:
+        out.setdefault(job_id, []).append({"id": str(directive_id), "kind": kind, "job_id": job_id})
+    return out
+
+
+def describe(directive: Directive, *, job_id: str) -> DirectiveOut:
+    return DirectiveOut(
+        id=directive.id,
+        job_id=job_id,
+        kind=directive.kind,
+        reason=directive.reason,
+        requested_by=directive.requested_by,
+        created_at=directive.created_at,
+        expires_at=directive.expires_at,
+    )
+
+
+def _main_frames(threads: list[dict[str, Any]] | None) -> tuple[int, list[str]]:
+    if not threads:
+        return 0, []
+    thread = next((t for t in threads if t.get("thread_name") == "MainThread"), threads[0])
+    frames = [
+        f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
+        for f in thread.get("frames", [])
+    ]
+    return len(threads), frames
+
+
+def stack_dumps(session: Session, *, job_id: str, directive_id: uuid.UUID) -> StackDumpsOut:
+    """A stack-dump request and the dumps the agents sent for it, by rank."""
+    job = get_by_external_id(session, job_id=job_id)
+    directive = session.get(Directive, directive_id)
+    if directive is None or directive.job_id != job.id:
+        raise NotFound(f"no stack-dump request {directive_id} for job {job_id!r}")
+    rows = session.execute(
+        select(Node.name, StackDump.rank, StackDump.pid, StackDump.ts, StackDump.error, StackDump.threads)
+        .join(Node, Node.id == StackDump.node_id)
+        .where(StackDump.directive_id == str(directive_id))
+        .order_by(StackDump.rank, StackDump.pid)
+    ).all()
+    dumps = []
+    for node, rank, pid, ts, error, threads in rows:
+        count, frames = _main_frames(threads)
+        dumps.append(StackDumpOut(node=node, rank=rank, pid=pid, ts=ts, error=error, threads=count, frames=frames))
+    return StackDumpsOut(
+        directive=describe(directive, job_id=job_id), nodes_reporting=len({d.node for d in dumps}), dumps=dumps
+    )

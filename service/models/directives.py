@@ -1,0 +1,32 @@
+"""Requests from the service to agents, delivered in ingest answers (e.g. "dump the stacks of job X")."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Index, Text, Uuid
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.models.base import Base, created_at_column, in_check
+
+DIRECTIVE_KINDS = ("dump_stacks",)
+
+
+class Directive(Base):
+    """Every agent of the job receives it with each ingest answer until it expires; agents act once per id."""
+
+    __tablename__ = "directives"
+    __table_args__ = (
+        CheckConstraint(in_check("kind", DIRECTIVE_KINDS), name="kind"),
+        Index("ix_directives_expires_at", "expires_at"),
+        Index("ix_directives_job_id", "job_id"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    job_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
+    requested_by: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = created_at_column()
+    expires_at: Mapped[datetime]

@@ -1,0 +1,63 @@
+"""A local HTTP receiver standing in for a remote service: scripted answers, recorded requests."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+
+
+@dataclass
+class Receiver:
+    url: str
+    # Answers to give, in order: (status, json body, headers); then `default` for everything else.
+    script: list[tuple[int, dict[str, Any], dict[str, str]]] = field(default_factory=list)
+    default: tuple[int, dict[str, Any], dict[str, str]] = (200, {"directives": []}, {})
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r["body"] for r in self.requests]
+
+
+@contextmanager
+def receiver() -> Iterator[Receiver]:
+    state = Receiver(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.headers.get("Content-Encoding") == "gzip":
+                raw = gzip.decompress(raw)
+            with state.lock:
+                state.requests.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": orjson.loads(raw) if raw else None}
+                )
+                status, body, headers = state.script.pop(0) if state.script else state.default
+            payload = orjson.dumps(body)
+            self.send_response(status)
+            for key, value in {"Content-Type": "application/json", **headers}.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,155 @@
+"""A small real DDP training job (PyTorch CPU, gloo) with fault injection, run by torchrun.
+
+Every rank prints one progress line per step in a common format, which torchrun prefixes with the rank
+(`--tee 3` and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${rank}]:"), e.g.
+
+    [rank2]:step=12 loss=0.4312 grad_norm=1.2300 elapsed_ms=105.2
+
+Faults, each named after what it looks like from outside:
+- `--hang-rank R --hang-at-step S`: rank R blocks forever in `_stuck_in_data_loading` before step S's
+  collectives, so every other rank waits in the step's first collective, `dist.all_reduce` of the global batch
+  size (a real hang, visible to py-spy).
+- `--crash-rank R --crash-at-step S`: rank R raises in `_injected_crash`, a real traceback; torchrun then
+  prints its ChildFailedError summary and the job ends.
+- `--slow-rank R --slow-factor F [--slow-at-step S]`: rank R's per-step work takes F times longer (from step
+  S on), so the step time of every rank rises (synchronous training waits for the slowest rank).
+- `--nan-at-step S`: the inputs of step S are NaN on every rank, so loss and grad_norm become NaN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+
+FEATURES = 16
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10**9, help="steps to run (default: effectively forever)")
+    parser.add_argument(
+        "--step-time",
+        type=float,
+        default=0.1,
+        help="seconds of simulated compute per step; keeps the job at about 5-10 steps/s on a small machine",
+    )
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
+    parser.add_argument("--timeout", type=float, default=300.0, help="collective timeout in seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hang-rank", type=int)
+    parser.add_argument("--hang-at-step", type=int, default=5)
+    parser.add_argument("--crash-rank", type=int)
+    parser.add_argument("--crash-at-step", type=int, default=5)
+    parser.add_argument("--slow-rank", type=int)
+    parser.add_argument("--slow-factor", type=float, default=3.0)
+    parser.add_argument("--slow-at-step", type=int, default=1)
+    parser.add_argument("--nan-at-step", type=int)
+    return parser.parse_args(argv)
+
+
+def _stuck_in_data_loading(rank: int, step: int) -> None:
+    """Injected hang: never return, so the peers block in their next collective."""
+    print(f"injected fault: rank {rank} stuck in data loading at step {step}", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def _injected_crash(rank: int, step: int) -> None:
+    raise RuntimeError(f"injected fault: rank {rank} crashed at step {step}")
+
+
+def _simulate_compute(seconds: float) -> None:
+    # Sleep rather than burn CPU: the test machine may have 2 cores for 4 ranks plus 2 launchers.
+    time.sleep(seconds)
+
+
+def _batches(dataset: TensorDataset, args: argparse.Namespace, rank: int) -> Iterator[list[torch.Tensor]]:
+    """Endless batches; with --workers > 0 the DataLoader's worker processes stay alive between epochs."""
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+        generator=torch.Generator().manual_seed(args.seed + rank),
+    )
+    while True:
+        yield from loader
+
+
+@record  # so torchrun's ChildFailedError summary carries this rank's traceback
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(
+        f"started rank={rank} local_rank={os.environ.get('LOCAL_RANK')} group_rank={os.environ.get('GROUP_RANK')}"
+        f" world_size={world} pid={os.getpid()}",
+        flush=True,
+    )
+
+    torch.manual_seed(args.seed)  # the same data and initial weights on every rank
+    x = torch.randn(args.batch_size * 16, FEATURES)
+    y = x @ torch.randn(FEATURES, 1) + 0.1 * torch.randn(x.shape[0], 1)
+    batches = _batches(TensorDataset(x, y), args, rank)
+
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1))
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.MSELoss()
+
+    for step in range(1, args.steps + 1):
+        started = time.perf_counter()
+        if rank == args.hang_rank and step == args.hang_at_step:
+            _stuck_in_data_loading(rank, step)
+        inputs, targets = next(batches)
+        # The global batch size, counted across ranks before the forward as LLM trainers count tokens to
+        # normalize the loss: a collective at the start of every step, where the peers of a stuck rank wait.
+        global_batch = torch.tensor(float(len(inputs)))
+        dist.all_reduce(global_batch)
+        work = args.step_time
+        if rank == args.slow_rank and step >= args.slow_at_step:
+            work *= args.slow_factor
+        _simulate_compute(work)
+        if rank == args.crash_rank and step == args.crash_at_step:
+            _injected_crash(rank, step)
+        if step == args.nan_at_step:
+            inputs = inputs * float("nan")
+
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()  # DDP all-reduces the gradients here
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+        optimizer.step()
+        # Log the mean loss over all samples of all ranks, as real jobs do (one more collective per step).
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)
+        mean_loss *= len(inputs) / global_batch
+
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        print(
+            f"step={step} loss={mean_loss.item():.4f} grad_norm={grad_norm.item():.4f} elapsed_ms={elapsed_ms:.1f}",
+            flush=True,
+        )
+
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
