@@ -39,6 +39,9 @@ log = logging.getLogger("faultline.agent")
 TICK = 0.2  # seconds between log polls
 IDLE_FLUSH = 1.0  # a multi-line block (traceback) with no new line for this long is complete
 EXIT_AUTH = 3
+# A job's log lines outlive its processes (the traceback of a crash is written as they die): events are
+# attributed to a job seen on the node this recently.
+JOB_LINGER_S = 600.0
 
 try:
     AGENT_VERSION = version("faultline")
@@ -74,6 +77,7 @@ class Agent:
         self.events: list[Event] = []
         self.stacks: queue.SimpleQueue[list[dict[str, Any]]] = queue.SimpleQueue()
         self.workers: list[Worker] = []
+        self._jobs_seen: dict[str, float] = {}  # job id -> when its processes were last seen here
         self.inventory: list[dict[str, Any]] = []
         self._seen_directives: set[str] = set()
         self._streams: dict[str, _Stream] = {}
@@ -203,6 +207,9 @@ class Agent:
         while not self.stacks.empty():
             stacks += self.stacks.get_nowait()
         jobs = sorted({w.job_id for w in self.workers if w.job_id})
+        now_mono = time.monotonic()
+        self._jobs_seen.update(dict.fromkeys(jobs, now_mono))
+        recent = [job for job, seen in self._jobs_seen.items() if now_mono - seen < JOB_LINGER_S]
         heartbeat: dict[str, Any] = {
             "agent_version": AGENT_VERSION,
             "uptime_s": round(time.monotonic() - self.started, 1),
@@ -223,8 +230,8 @@ class Agent:
             "stacks": stacks,
             "processes": [w.snapshot(now) for w in self.workers] if processes else [],
         }
-        if len(jobs) == 1:
-            batch["job_id"] = jobs[0]
+        if len(recent) == 1:
+            batch["job_id"] = recent[0]
         self.events = []
         return batch
 

@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
         metavar="REGEX",
         help="extra step-progress regex with a named group `step` (optional: loss, grad_norm, elapsed_ms, lr)",
     )
+    agent.add_argument("--stack-timeout", type=float, help="seconds py-spy may take per process (default 10)")
     agent.add_argument("--spool-dir", type=Path, help="disk spool (default ~/.local/state/faultline-agent/NODE)")
     agent.add_argument("--spool-max-mb", type=float, help="spool bound in MiB (default 256); the oldest go first")
     agent.add_argument("--from-start", action="store_true", default=None, help="read existing log files whole")
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             "watch_pid",
             "job_env",
             "step_patterns",
+            "stack_timeout",
             "spool_dir",
             "spool_max_mb",
             "from_start",

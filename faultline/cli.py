@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from agents import bench as agent_bench
 from agents import cli as agent_cli
 
 SCOPES = ("agent", "scheduler", "operator", "admin")
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--no-worker", action="store_true", help="do not run a Celery worker alongside")
     ingest.add_argument("--json", type=Path, help="also write the figures to this file")
     _data_dir_option(ingest)
+    agent_bench.add_parser(bench_sub)
     return parser
 
 
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "agent":
         return agent_cli.run(args)
+    if args.command == "bench" and args.bench_command == "agent":
+        return agent_bench.run(args)
     try:
         from service import cli as server_cli
     except ImportError as exc:

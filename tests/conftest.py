@@ -79,6 +79,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _state["pg"].stop()
 
 
+TORCH_MISSING = "PyTorch CPU not installed"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say loudly when the real torchrun tests did not run: a plain `make test` has no PyTorch."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if TORCH_MISSING in str(r.longrepr)]
+    if skipped:
+        terminalreporter.write_sep("!", f"{len(skipped)} REAL TORCHRUN TESTS SKIPPED", red=True, bold=True)
+        terminalreporter.write_line(
+            "PyTorch is not a dependency of faultline. To run them: .venv/bin/pip install torch==2.13.0 "
+            "(the CPU build; CI does this)",
+            red=True,
+        )
+
+
 @pytest.fixture(scope="session")
 def database_url() -> str:
     return os.environ["FAULTLINE_DATABASE_URL"]

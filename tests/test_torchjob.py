@@ -53,11 +53,12 @@ def _stopped(cluster: TorchCluster) -> None:
     assert not leftovers, f"processes left after stop: {[(p.pid, p.name()) for p in leftovers]}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchCluster]:
     """A job that trains normally, then rank 2 (node 1) turns slow at step 10, as a fail-slow machine would.
 
-    Shared by the tests that only observe it: every launch costs 6 torch imports on a 2-core machine.
+    Shared by the tests of TestRunningJob, which only observe it (every launch costs 6 torch imports, seconds
+    on a 2-core machine); class-scoped so it is stopped before the other tests start their own jobs.
     """
     cluster = launch(
         NODES,
@@ -96,54 +97,61 @@ def new_job(tmp_path: Path) -> Iterator[Any]:
             _stopped(cluster)
 
 
-def test_job_progresses_on_both_nodes(job: TorchCluster) -> None:
-    job.wait_for_step(3, timeout=60)
+class TestRunningJob:
+    """Progress, rank discovery and fail-slow, observed on one job."""
 
-    for node in range(NODES):
-        steps = [s for s in job.steps() if s.node == node]
-        # Each node's log carries the progress of its own ranks, in the common format.
-        assert {s.rank for s in steps} == {node * PROCS + i for i in range(PROCS)}, job.logs()
-        assert all(s.elapsed_ms > 0 and s.loss == s.loss for s in steps)  # loss == loss: not NaN
-    assert all(p.poll() is None for p in job.launchers)
+    def test_job_progresses_on_both_nodes(self, job: TorchCluster) -> None:
+        job.wait_for_step(3, timeout=60)
 
+        for node in range(NODES):
+            steps = [s for s in job.steps() if s.node == node]
+            # Each node's log carries the progress of its own ranks, in the common format.
+            assert {s.rank for s in steps} == {node * PROCS + i for i in range(PROCS)}, job.logs()
+            assert all(s.elapsed_ms > 0 and s.loss == s.loss for s in steps)  # loss == loss: not NaN
+        assert all(p.poll() is None for p in job.launchers)
 
-def test_rank_pids_match_torchrun_environment(job: TorchCluster) -> None:
-    job.wait_for_step(1, timeout=60)
-    procs = job.rank_procs()
+    def test_rank_pids_match_torchrun_environment(self, job: TorchCluster) -> None:
+        job.wait_for_step(1, timeout=60)
+        procs = job.rank_procs()
 
-    assert sorted(procs) == list(range(WORLD))
-    for rank, proc in procs.items():
-        assert proc.group_rank == rank // PROCS
-        assert proc.local_rank == rank % PROCS
-        assert proc.world_size == WORLD
-        assert proc.node == proc.group_rank
-        # The rank is a child of its node's launcher (the pid `faultline agent --watch-pid` is given)...
-        assert psutil.Process(proc.pid).ppid() == job.launchers[proc.node].pid
-        # ...and has a DataLoader worker (--workers=1) that shares its environment but is not a rank.
-        children = psutil.Process(proc.pid).children()
-        assert children, f"rank {rank} has no DataLoader worker"
-        assert not {c.pid for c in children} & set(job.rank_pids().values())
+        assert sorted(procs) == list(range(WORLD))
+        for rank, proc in procs.items():
+            assert proc.group_rank == rank // PROCS
+            assert proc.local_rank == rank % PROCS
+            assert proc.world_size == WORLD
+            assert proc.node == proc.group_rank
+            # The rank is a child of its node's launcher (the pid `faultline agent --watch-pid` is given)...
+            assert psutil.Process(proc.pid).ppid() == job.launchers[proc.node].pid
+            # ...and has a DataLoader worker (--workers=1) that shares its environment but is not a rank.
+            children = psutil.Process(proc.pid).children()
+            assert children, f"rank {rank} has no DataLoader worker"
+            assert not {c.pid for c in children} & set(job.rank_pids().values())
 
+    def test_slow_rank_raises_every_ranks_step_time(self, job: TorchCluster) -> None:
+        job.wait_for_step(SLOW_AT_STEP + 5, timeout=90)
+        steps = job.steps()
 
-def test_slow_rank_raises_every_ranks_step_time(job: TorchCluster) -> None:
-    job.wait_for_step(SLOW_AT_STEP + 5, timeout=90)
-    steps = job.steps()
+        def median_ms(rank: int, first: int, last: int) -> float:
+            return statistics.median(s.elapsed_ms for s in steps if s.rank == rank and first <= s.step <= last)
 
-    def median_ms(rank: int, first: int, last: int) -> float:
-        return statistics.median(s.elapsed_ms for s in steps if s.rank == rank and first <= s.step <= last)
-
-    # Step 1 includes warm-up and the step at the switch is partly slow: compare the steps around them.
-    for rank in range(WORLD):
-        before = median_ms(rank, 2, SLOW_AT_STEP - 1)
-        after = median_ms(rank, SLOW_AT_STEP + 1, SLOW_AT_STEP + 5)
-        # Synchronous training: a rank on the other node waits for the slow one, so its steps slow too.
-        assert after / before > 1.5, f"rank {rank}: {before:.1f} ms -> {after:.1f} ms\n{job.logs()}"
+        # Step 1 includes warm-up and the step at the switch is partly slow: compare the steps around them.
+        for rank in range(WORLD):
+            before = median_ms(rank, 2, SLOW_AT_STEP - 1)
+            after = median_ms(rank, SLOW_AT_STEP + 1, SLOW_AT_STEP + 5)
+            # Synchronous training: a rank on the other node waits for the slow one, so its steps slow too.
+            assert after / before > 1.5, f"rank {rank}: {before:.1f} ms -> {after:.1f} ms\n{job.logs()}"
 
 
 def _dump(pid: int) -> list[dict[str, Any]]:
-    out = subprocess.run([_py_spy(), "dump", "--json", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, f"py-spy dump --pid {pid} failed: {out.stderr}"
-    return json.loads(out.stdout)
+    # py-spy reads another process's memory; on a loaded machine a read can fail once, so try again.
+    for _ in range(3):
+        out = subprocess.run(
+            [_py_spy(), "dump", "--json", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+        )
+        if out.returncode == 0:
+            return json.loads(out.stdout)
+        time.sleep(0.5)
+    raise AssertionError(f"py-spy dump --pid {pid} failed: {out.stderr}")
 
 
 def _main_frames(pid: int) -> list[tuple[str, str]]:
@@ -157,7 +165,7 @@ def _wait_for_top_frame(pid: int, name: str, timeout: float = 20.0) -> list[tupl
     deadline = time.monotonic() + timeout
     while True:
         frames = _main_frames(pid)
-        if frames and frames[0][0] == name or time.monotonic() > deadline:
+        if (frames and frames[0][0] == name) or time.monotonic() > deadline:
             return frames
         time.sleep(0.5)
 

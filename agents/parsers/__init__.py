@@ -27,7 +27,10 @@ class LineParser(Protocol):
 def parse_text(parser: LineParser, text: str, *, now: datetime) -> list[Event]:
     """Feed every line of `text` to `parser`, then flush: handy for tests and --dry-run."""
     events: list[Event] = []
-    for line in text.splitlines():
+    lines = text.split("\n")  # as the followers split: a lone \r is a progress bar redrawing, not a line end
+    if lines and not lines[-1]:
+        lines.pop()
+    for line in lines:
         events.extend(parser.feed(line, now=now))
     events.extend(parser.flush(now=now))
     return events

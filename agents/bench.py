@@ -1,0 +1,228 @@
+"""`faultline bench agent`: the agent's CPU and memory on a busy node.
+
+A real agent process follows two growing training logs, scrapes an 8-GPU dcgm-exporter page every
+second, scans /proc (with eight torchrun-like workers on it) and ships gzip batches to a local
+receiver. The agent's own CPU time (utime + stime from /proc) and RSS are sampled from outside.
+Target: at most 2% of one core and 80 MB RSS at a 1-second interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+CPU_TARGET_PCT = 2.0
+RSS_TARGET_MB = 80.0
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+# dcgm-exporter's default counters plus the profiling ones: 36 fields, as a 4.x exporter labels them.
+_FIELDS = [
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", 1980), ("DCGM_FI_DEV_MEM_CLOCK", "gauge", 2619),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", 9223372036854775794), ("DCGM_FI_DEV_GPU_TEMP", "gauge", 61),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", 640.5), ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", 4.1e9),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", 0), ("DCGM_FI_DEV_GPU_UTIL", "gauge", 97),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", 44), ("DCGM_FI_DEV_ENC_UTIL", "gauge", 0),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge", 0), ("DCGM_FI_DEV_XID_ERRORS", "gauge", 0),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", 11000), ("DCGM_FI_DEV_FB_USED", "gauge", 70000),
+    ("DCGM_FI_DEV_FB_RESERVED", "gauge", 500), ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", 0),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", 0), ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", 3),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", 0), ("DCGM_FI_DEV_RETIRED_SBE", "counter", 0),
+    ("DCGM_FI_DEV_RETIRED_DBE", "counter", 0), ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", 0),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", 0), ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", 0),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", 0),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", 8.1e12), ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", 0),
+    ("DCGM_FI_DEV_POWER_VIOLATION", "counter", 0), ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", 0),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", 0.95), ("DCGM_FI_PROF_SM_ACTIVE", "gauge", 0.88),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", 0.52), ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", 0.61),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", 0.47), ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", 1.1e9),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "gauge", 2.1e11),
+]  # fmt: skip
+
+_LOG_LINES = [
+    "step={step} loss={loss:.4f} grad_norm={gn:.3f} elapsed_ms={ms:.1f}",
+    "node-07:12345:12399 [3] NCCL INFO Channel 04/0 : 3[3] -> 11[3] [send] via NET/IB/1/GDRDMA",
+    "[rank3]: iteration {step}: samples/s 812.4 tokens/s 3.3e6",
+    "Saving checkpoint shard to /ckpt/step_{step}/rank3.pt",
+]
+
+
+def exporter_page(gpus: int, rng: random.Random) -> bytes:
+    lines = []
+    for name, kind, base in _FIELDS:
+        lines.append(f"# HELP {name} {name}.\n# TYPE {name} {kind}")
+        for g in range(gpus):
+            value = base if base >= 9e18 or not base else base * (1 + rng.gauss(0, 0.01))
+            labels = (
+                f'gpu="{g}",UUID="GPU-0d6f4c1e-9a51-4c2b-8f7e-{g:012x}",pci_bus_id="00000000:{0x18 + g:02X}:00.0",'
+                f'device="nvidia{g}",modelName="NVIDIA H100 80GB HBM3",Hostname="bench-node"'
+            )
+            lines.append(f"{name}{{{labels}}} {value:g}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+@contextmanager
+def local_endpoints(gpus: int) -> Iterator[dict[str, Any]]:
+    """A dcgm-exporter page and an ingest receiver on one loopback port."""
+    stats: dict[str, Any] = {"batches": 0, "bytes": 0, "items": 0}
+    rng = random.Random(7)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as a real service behind a proxy would
+
+        def do_GET(self) -> None:
+            self._answer(exporter_page(gpus, rng), "text/plain; version=0.0.4")
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            batch = orjson.loads(gzip.decompress(raw))
+            stats["batches"] += 1
+            stats["bytes"] += len(raw)
+            stats["items"] += sum(len(batch[k]) for k in ("metrics", "logs", "stacks", "processes"))
+            self._answer(b'{"status":"accepted","directives":[]}', "application/json")
+
+        def _answer(self, body: bytes, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    stats["url"] = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield stats
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _write_logs(paths: list[Path], rate: float, stop: threading.Event) -> None:
+    rng = random.Random(3)
+    files = [p.open("a", buffering=1) for p in paths]
+    step = 0
+    try:
+        while not stop.wait(1.0 / rate):
+            step += 1
+            for f in files:
+                template = _LOG_LINES[0] if step % 2 else rng.choice(_LOG_LINES)
+                f.write(template.format(step=step, loss=2.5 - step * 1e-4, gn=1 + rng.random() / 10, ms=980.0) + "\n")
+    finally:
+        for f in files:
+            f.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _rss_mb(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE / 2**20
+
+
+def run_bench(*, duration: float, warmup: float, interval: float, gpus: int, logs: int, rate: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="faultline-bench-agent-") as tmp, local_endpoints(gpus) as endpoints:
+        root = Path(tmp)
+        paths = [root / f"rank{i}.log" for i in range(logs)]
+        for p in paths:
+            p.touch()
+        # Eight torchrun-like workers for the /proc scan to find (sleeping: they cost the agent, not the box).
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(3600)"],
+                env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "8", "FAULTLINE_JOB_ID": "b"},
+            )
+            for r in range(8)
+        ]
+        stop = threading.Event()
+        writer = threading.Thread(target=_write_logs, args=(paths, rate, stop), daemon=True)
+        writer.start()
+        command = [
+            sys.executable, "-m", "faultline", "agent", "--server", endpoints["url"], "--token", "bench",
+            "--node-name", "bench-node", "--interval", str(interval), "--dcgm-url", endpoints["url"] + "/metrics",
+            "--kmsg", "none", "--spool-dir", str(root / "spool"), *[a for p in paths for a in ("--log", str(p))],
+        ]  # fmt: skip
+        agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "wb"))  # noqa: SIM115
+        try:
+            print(
+                f"agent started (pid {agent.pid}); warming up {warmup:g} s, then measuring {duration:g} s", flush=True
+            )
+            time.sleep(warmup)
+            if agent.poll() is not None:
+                raise SystemExit("the agent exited: " + (root / "agent.log").read_text()[-2000:])
+            cpu0, t0, batches0 = _cpu_seconds(agent.pid), time.monotonic(), endpoints["batches"]
+            rss = []
+            while time.monotonic() - t0 < duration:
+                time.sleep(1.0)
+                rss.append(_rss_mb(agent.pid))
+            cpu_pct = 100 * (_cpu_seconds(agent.pid) - cpu0) / (time.monotonic() - t0)
+            batches = endpoints["batches"] - batches0
+        finally:
+            stop.set()
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=30)
+            for w in workers:
+                w.kill()
+                w.wait()
+    return {
+        "interval_s": interval,
+        "gpus": gpus,
+        "followed_logs": logs,
+        "log_lines_per_s": rate * logs,
+        "measured_s": duration,
+        "cpu_pct_of_one_core": round(cpu_pct, 2),
+        "rss_mb_max": round(max(rss), 1),
+        "rss_mb_mean": round(sum(rss) / len(rss), 1),
+        "batches_shipped": batches,
+        "bytes_per_batch_gzip": round(endpoints["bytes"] / max(1, endpoints["batches"])),
+        "cpu_target_met": cpu_pct <= CPU_TARGET_PCT,
+        "rss_target_met": max(rss) <= RSS_TARGET_MB,
+    }
+
+
+def add_parser(bench_sub: Any) -> None:
+    agent = bench_sub.add_parser("agent", help="the agent's CPU and RSS on a busy 8-GPU node (target: 2%%, 80 MB)")
+    agent.add_argument("--duration", type=float, default=60.0, help="seconds measured (default 60)")
+    agent.add_argument("--warmup", type=float, default=10.0)
+    agent.add_argument("--interval", type=float, default=1.0)
+    agent.add_argument("--gpus", type=int, default=8)
+    agent.add_argument("--logs", type=int, default=2, help="followed training logs (default 2)")
+    agent.add_argument("--lines-per-second", type=float, default=5.0, help="per log (default 5)")
+    agent.add_argument("--json", type=Path, help="also write the figures to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    figures = run_bench(
+        duration=args.duration,
+        warmup=args.warmup,
+        interval=args.interval,
+        gpus=args.gpus,
+        logs=args.logs,
+        rate=args.lines_per_second,
+    )
+    width = max(map(len, figures))
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value}")
+    if args.json:
+        args.json.write_text(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode())
+    return 0

@@ -1,0 +1,483 @@
+"""Kernel log parser: NVIDIA Xid / SXid / NVRM lines and PCIe AER errors.
+
+Accepts every way the kernel log reaches the agent: raw /dev/kmsg records, `dmesg` ([sec.usec] since
+boot, -T wall clock, -H/--reltime deltas, -x facility:level), journald `short` and `short-iso`,
+syslog files, and bare lines. Lines about anything else are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from agents.events import Event
+from agents.parsers import MONTHS, as_utc, clip, infer_year, match_window
+from agents.parsers.xid import lookup
+
+log = logging.getLogger(__name__)
+
+SOURCE = "kmsg"
+
+# -- prefixes --------------------------------------------------------------------------------------
+
+# /dev/kmsg: "prio,seq,usec,flags[,more];message"; its continuation lines (" KEY=value") carry
+# the record's dictionary (SUBSYSTEM=, DEVICE=), which says nothing we need.
+_KMSG = re.compile(r"(\d{1,4}),(\d+),(\d+),[^;]{0,32};")
+_KMSG_DICT = re.compile(r"\s+[A-Z_][A-Z0-9_]*=")
+# dmesg -x: "kern  :warn  : "
+_DMESG_X = re.compile(r"[a-z]{2,8}\s*:[a-z]{3,6}\s*: ")
+# dmesg: "[ 1234.567890] "
+_DMESG_MONO = re.compile(r"\[\s*(\d{1,10})\.(\d{1,9})\]\s?")
+# dmesg -T: "[Sat Nov 22 10:00:00 2026] "
+_DMESG_T = re.compile(r"\[[A-Z][a-z]{2} ([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?")
+# dmesg -H / --reltime: "[Nov22 10:00]", "[  +0.000316]", "[<    0.000316>]": no usable wall time.
+_DMESG_REL = re.compile(r"(?:\[\s*\+[\d.]+\]|\[<[\s\d.+]+>\]|\[[A-Z][a-z]{2}\s?\d{1,2} \d\d:\d\d\])\s?")
+# journald/syslog short: "Nov 22 10:00:00[.123456] host kernel: "
+_SYSLOG = re.compile(
+    r"([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? \S+ [\w.@/-]{1,64}(?:\[\d+\])?: "
+)
+# journald short-iso / rsyslog RFC 3339: "2026-11-22T10:00:00[.123][+0000|+00:00|Z] host kernel: "
+_ISO = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)? \S+ [\w.@/-]{1,64}(?:\[\d+\])?: "
+)
+_BARE_KERNEL = re.compile(r"kernel: ")
+_KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+# -- messages --------------------------------------------------------------------------------------
+
+_PCI = r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?"
+_XID = re.compile(r"NVRM: Xid \(([^)]{0,80})\): (\d{1,5}),\s*(.*)")
+_XID_ATTR_PCI = re.compile(rf"(?:PCI:)?({_PCI})")
+_XID_ATTR_MIG = re.compile(r"GPU-I:(\d+)(?: GPU-CI:(\d+))?")
+# "pid=1234, name=python, msg", "pid='<unknown>', name=<unknown>, msg", "pid=1234, msg"
+_XID_PID = re.compile(r"pid=('?<unknown>'?|\d+),\s*(?:name=([^,]{0,64}),\s*)?")
+_XID_CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
+_XID_LINK = re.compile(r"\b[Ll]ink\s*(-?\d{1,3})\b")
+_XID_CODES = re.compile(r"\(\s*(0x[0-9a-fA-F]+(?:[,\s]+0x[0-9a-fA-F]+)*)\s*\)")
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+# NVLink5 (Xid 144-150): "NETIR_LINK_EVT  Fatal   XC0 i0 Link 14 (0x0215c5c6 0x00000000 ...)"
+_NVLINK5 = re.compile(r"([A-Z][A-Z0-9_]*(?:/[A-Z0-9_]+)?)\s+(Nonfatal|Non-fatal|Fatal)\b")
+# Xid 154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+_XID154 = re.compile(r"to (0x[0-9a-fA-F]+) \(([^)]*)\)")
+_FELL_START = re.compile(rf"NVRM: The NVIDIA GPU ({_PCI})")
+_PCI_ID = re.compile(r"PCI ID: ([0-9a-fA-F]{4}:[0-9a-fA-F]{4})")
+_NVRM_PCI = re.compile(rf"\b({_PCI})\b")
+_NVRM_BAD = re.compile(r"(?i)fail|error|timeout|timed out|unable|not responding|cannot|invalid|lost")
+_SXID = re.compile(rf"(nvidia-nvswitch\d*): SXid \((?:PCI:)?({_PCI})\): (\d{{1,6}}),\s*(.*)")
+_SXID_DETAIL = re.compile(r"(?:Data \{|Severity \d)")
+
+# PCIe AER. Each message line is "<driver> <bdf>: [AER: ]body".
+_AER_LINE = re.compile(rf"(\S+) ({_PCI}): (?:AER: )?(.*)")
+_AER_HEADER = re.compile(
+    r"(?:Multiple )?(Corrected|Correctable|Uncorrected|Uncorrectable)(?: \((Fatal|Non-Fatal)\))? "
+    r"error(?: message)? received(?: from)?:? (\S+)"
+)
+_AER_BUS = re.compile(r"PCIe Bus Error: severity=([^,]+), type=([^,]+)(?:, \(([^)]*)\))?")
+_AER_STATUS = re.compile(r"device \[([0-9a-fA-F]{4}:[0-9a-fA-F]{4})\] error status/mask=([0-9a-fA-F]+)/([0-9a-fA-F]+)")
+_AER_BIT = re.compile(r"\[\s*(\d{1,2})\]\s*([A-Za-z][\w ]*?)\s*(?:\(First\))?\s*$")
+_AER_SEVERITY = {
+    "corrected": "warning",
+    "uncorrected_nonfatal": "error",
+    "uncorrected_fatal": "critical",
+}
+
+
+def _aer_severity(word: str, fatal: str | None) -> str:
+    word = word.lower()
+    if word.startswith("correct"):
+        return "corrected"
+    if fatal is None:
+        fatal = "Fatal" if "(fatal)" in word else "Non-Fatal" if "non-fatal" in word else None
+    return "uncorrected_fatal" if fatal == "Fatal" else "uncorrected_nonfatal"
+
+
+@dataclass(slots=True)
+class _Block:
+    """A multi-line message being collected: its first line's time and its raw lines."""
+
+    ts: datetime
+    lines: list[str]
+    fields: dict[str, Any] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)  # the messages without prefixes
+
+
+class KernelLogParser:
+    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer` and `nvrm` events."""
+
+    def __init__(self, *, boot_time: datetime | None = None) -> None:
+        self.boot_time = as_utc(boot_time) if boot_time is not None else None
+        self.parse_errors = 0  # lines the parser choked on (a bug, counted rather than raised)
+        self._fell: _Block | None = None  # "The NVIDIA GPU ... has fallen off the bus" in progress
+        self._aer: _Block | None = None  # an AER error and its detail lines
+
+    def feed(self, line: str, *, now: datetime) -> list[Event]:
+        try:
+            return self._feed(line, as_utc(now))
+        except Exception:  # a log line must never take the agent down
+            self.parse_errors += 1
+            log.debug("kernel parser failed on %r", line[:200], exc_info=True)
+            return []
+
+    def flush(self, *, now: datetime) -> list[Event]:
+        events: list[Event] = []
+        try:
+            events += self._finish_fell()
+            events += self._finish_aer()
+        except Exception:
+            self.parse_errors += 1
+            log.debug("kernel parser failed to flush", exc_info=True)
+        return events
+
+    # -- prefix handling ---------------------------------------------------------------------------
+
+    def _feed(self, raw: str, now: datetime) -> list[Event]:
+        raw = raw.rstrip("\r\n")
+        if not raw or _KMSG_DICT.match(raw):
+            return []
+        text = match_window(raw)
+        m = _KMSG.match(text)
+        if m:
+            ts = self._since_boot(int(m.group(3)) / 1_000_000, now)
+            message = text[m.end() :]
+            if "\\x" in message:  # kmsg escapes newlines and control characters as \xNN
+                message = _KMSG_ESCAPE.sub(lambda e: chr(int(e.group(1), 16)), message)
+            return self._parts(raw, message.split("\n"), ts, now)
+        ts, message = self._strip_prefix(text.strip(), now)
+        if "#012" in message:  # rsyslog writes a record's newlines as #012
+            return self._parts(raw, message.split("#012"), ts, now)
+        return self._message(raw, message, ts, now)
+
+    def _parts(self, raw: str, parts: list[str], ts: datetime, now: datetime) -> list[Event]:
+        """One record holding several lines: the first keeps the raw record as its line, the rest their text."""
+        events: list[Event] = []
+        for i, part in enumerate(parts):
+            part = part.strip()
+            events += self._message(raw if i == 0 else part, part, ts, now)
+        return events
+
+    def _strip_prefix(self, text: str, now: datetime) -> tuple[datetime, str]:
+        wall: datetime | None = None  # a syslog/journald wall-clock stamp, which beats dmesg's
+        m = _ISO.match(text)
+        if m:
+            wall = _iso_ts(m)
+            text = text[m.end() :]
+        else:
+            m = _SYSLOG.match(text)
+            if m:
+                wall = _syslog_ts(m, now)
+                text = text[m.end() :]
+            else:
+                m = _BARE_KERNEL.match(text) or _DMESG_X.match(text)
+                if m:
+                    text = text[m.end() :]
+        # dmesg stamps, alone or inside a syslog line (kern.log keeps them); the outer wall time wins.
+        m = _DMESG_MONO.match(text)
+        if m:
+            if wall is None:
+                wall = self._since_boot(int(m.group(1)) + _frac_us(m.group(2)) / 1_000_000, now)
+            return wall or now, text[m.end() :].strip()
+        m = _DMESG_T.match(text)
+        if m:
+            return wall or _dmesg_t_ts(m) or now, text[m.end() :].strip()
+        m = _DMESG_REL.match(text)
+        if m:
+            return wall or now, text[m.end() :].strip()
+        return wall or now, text
+
+    def _since_boot(self, seconds: float, now: datetime) -> datetime:
+        if self.boot_time is None:
+            return now  # no boot time: when we read it is the best we know
+        return self.boot_time + timedelta(seconds=seconds)
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def _message(self, raw: str, msg: str, ts: datetime, now: datetime) -> list[Event]:
+        events: list[Event] = []
+        if self._fell is not None:
+            if self._continues_fell(msg):
+                self._fell.lines.append(raw)
+                self._fell.texts.append(msg)
+                if "fallen off the bus" in msg or msg.rstrip().endswith("."):
+                    return self._finish_fell()  # the driver's sentence is over
+                return []
+            events += self._finish_fell()
+        if self._aer is not None:
+            if self._continues_aer(raw, msg):
+                return []
+            events += self._finish_aer()
+        if "NVRM" in msg:
+            events += self._nvrm(raw, msg, ts)
+        elif "SXid" in msg:
+            events += self._sxid(raw, msg, ts)
+        elif "AER" in msg or "PCIe Bus Error" in msg:
+            events += self._aer_start(raw, msg, ts)
+        return events
+
+    def _nvrm(self, raw: str, msg: str, ts: datetime) -> list[Event]:
+        m = _XID.search(msg)
+        if m:
+            return [self._xid(raw, m, ts)]
+        m = _FELL_START.search(msg)
+        if m:
+            self._fell = _Block(ts, [raw], {"pci": m.group(1).lower()}, [msg])
+            if "fallen off the bus" in msg:  # the whole message on one line
+                return self._finish_fell()
+            return []
+        message = msg[msg.index("NVRM") :].removeprefix("NVRM:").strip()
+        fields: dict[str, Any] = {"message": message}
+        pci = _NVRM_PCI.search(message)
+        if pci:
+            fields["pci"] = pci.group(1).lower()
+        severity = "warning" if _NVRM_BAD.search(message) else "info"
+        return [Event(ts=ts, source=SOURCE, kind="nvrm", line=clip(raw), severity=severity, fields=fields)]
+
+    def _xid(self, raw: str, m: re.Match[str], ts: datetime) -> Event:
+        attr, code, rest = m.group(1), int(m.group(2)), m.group(3).strip()
+        fields: dict[str, Any] = {"xid": code, "pci": None, "pid": None, "process": None}
+        pci = _XID_ATTR_PCI.search(attr)
+        if pci:
+            fields["pci"] = pci.group(1).lower()
+        mig = _XID_ATTR_MIG.search(attr)
+        if mig:
+            fields["gpu_instance"] = int(mig.group(1))
+            if mig.group(2) is not None:
+                fields["compute_instance"] = int(mig.group(2))
+        pid = _XID_PID.match(rest)
+        if pid:
+            fields["pid"] = int(pid.group(1)) if pid.group(1).isdigit() else None
+            name = (pid.group(2) or "").strip().strip("'")
+            fields["process"] = name if name and name != "<unknown>" else None
+            rest = rest[pid.end() :]
+        fields["message"] = rest
+        info = lookup(code)
+        fields["mnemonic"] = info.mnemonic
+        fields["action"] = info.action
+        severity = info.severity
+        caused = _XID_CAUSED_BY.search(rest)
+        if caused:
+            fields["caused_by_xid"] = int(caused.group(1))
+        link = _XID_LINK.search(rest)
+        if link:
+            fields["link"] = int(link.group(1))
+        # NVLink Xids end in "(0x... 0x...)" register words; other messages use hex for addresses.
+        codes = _XID_CODES.search(rest) if code == 74 or 144 <= code <= 150 else None
+        if codes:
+            fields["codes"] = [h.lower() for h in _HEX.findall(codes.group(1))]
+        if 144 <= code <= 150:
+            nl5 = _NVLINK5.search(rest)
+            if nl5:
+                fields["subcode_name"] = nl5.group(1)
+                fields["fatal"] = nl5.group(2) == "Fatal"
+                if not fields["fatal"]:
+                    severity = "error"  # a non-fatal NVLink event (BER, say) is worth a look, not a drain
+            if fields.get("codes"):
+                # First word is the interrupt info; bits 20-25 are the subcode (NVIDIA Xid catalog, NVLink5).
+                fields["intrinfo"] = fields["codes"][0]
+                fields["subcode"] = (int(fields["codes"][0], 16) >> 20) & 0x3F
+                if len(fields["codes"]) > 1:
+                    fields["error_status"] = fields["codes"][1]
+        elif code == 154:
+            rec = _XID154.search(rest)
+            if rec:
+                fields["recovery_action"] = rec.group(2)
+                # The driver is saying what the GPU now needs; anything but "None" means act.
+                severity = "warning" if rec.group(2).strip().lower() == "none" else "critical"
+        return Event(
+            ts=ts,
+            source=SOURCE,
+            kind="xid",
+            line=clip(raw),
+            severity=severity,
+            fields=fields,
+            critical=severity == "critical",
+        )
+
+    def _continues_fell(self, msg: str) -> bool:
+        assert self._fell is not None
+        return (
+            msg.startswith("NVRM:") and len(self._fell.lines) < 5 and "Xid" not in msg and not _FELL_START.search(msg)
+        )
+
+    def _finish_fell(self) -> list[Event]:
+        block, self._fell = self._fell, None
+        if block is None:
+            return []
+        text = " ".join(t.removeprefix("NVRM:").strip() for t in block.texts)
+        fields = dict(block.fields)
+        pci_id = _PCI_ID.search(text)
+        if pci_id:
+            fields["pci_id"] = pci_id.group(1).lower()
+        line = clip("\n".join(block.lines))
+        if "fallen off the bus" not in text:
+            # Same opening, other news ("... is not supported by the NVIDIA 535 driver"): plain NVRM.
+            fields["message"] = text
+            severity = "warning" if _NVRM_BAD.search(text) else "info"
+            return [Event(ts=block.ts, source=SOURCE, kind="nvrm", line=line, severity=severity, fields=fields)]
+        info = lookup(79)
+        # Newer drivers print only this message, no "Xid 79" line: it is the same event (NVSentinel #155).
+        fields.update(
+            {
+                "xid": 79,
+                "pid": None,
+                "process": None,
+                "message": text,
+                "mnemonic": info.mnemonic,
+                "action": info.action,
+                "from_multiline": True,
+            }
+        )
+        # The block names the function (0000:b3:00.0); Xid lines name the device (0000:b3:00): match them.
+        fields["pci"] = fields["pci"].rsplit(".", 1)[0]
+        return [
+            Event(ts=block.ts, source=SOURCE, kind="xid", line=line, severity="critical", fields=fields, critical=True)
+        ]
+
+    def _sxid(self, raw: str, msg: str, ts: datetime) -> list[Event]:
+        m = _SXID.search(msg)
+        if not m:
+            return []
+        rest = m.group(4).strip()
+        if _SXID_DETAIL.match(rest):
+            return []  # "Severity N ..." / "Data {...}" lines after the header: decoded only by NVIDIA
+        head = rest.split(",", 1)
+        fatal = head[0].strip().lower() == "fatal"
+        fields: dict[str, Any] = {
+            "sxid": int(m.group(3)),
+            "pci": m.group(2).lower(),
+            "switch": m.group(1),
+            "fatal": fatal,
+            "message": head[1].strip() if len(head) > 1 and head[0].strip().lower() in ("fatal", "non-fatal") else rest,
+        }
+        link = _XID_LINK.search(rest)
+        if link:
+            fields["link"] = int(link.group(1))
+        severity = "critical" if fatal else "warning"
+        return [
+            Event(ts=ts, source=SOURCE, kind="sxid", line=clip(raw), severity=severity, fields=fields, critical=fatal)
+        ]
+
+    # -- PCIe AER: a header ("AER: Corrected error received: <bdf>") and detail lines, one event ------
+
+    def _aer_start(self, raw: str, msg: str, ts: datetime) -> list[Event]:
+        m = _AER_LINE.match(msg)
+        if not m:
+            return []
+        port, body = m.group(2).lower(), m.group(3)
+        header = _AER_HEADER.search(body)
+        if header:
+            source = header.group(3).lower().rstrip(",")
+            fields: dict[str, Any] = {
+                "device": source if re.fullmatch(_PCI, source) else port,
+                "port": port,
+                "severity": _aer_severity(header.group(1), header.group(2)),
+            }
+            self._aer = _Block(ts, [raw], fields)
+            return []
+        bus = _AER_BUS.search(body)
+        if bus:
+            self._aer = _Block(ts, [raw], {"device": port, "port": port})
+            self._aer_details(body)
+            return []
+        return []
+
+    def _continues_aer(self, raw: str, msg: str) -> bool:
+        block = self._aer
+        assert block is not None
+        m = _AER_LINE.match(msg)
+        if not m or len(block.lines) >= 40:
+            return False
+        device = m.group(2).lower()
+        if device not in (block.fields["device"], block.fields["port"]):
+            return False
+        body = m.group(3)
+        if _AER_HEADER.search(body):
+            return False  # the next error: its own event
+        if not self._aer_details(body):
+            return False
+        block.lines.append(raw)
+        return True
+
+    def _aer_details(self, body: str) -> bool:
+        """Merge one detail line into the pending AER block; False when it is not a detail line."""
+        fields = self._aer.fields if self._aer is not None else {}
+        bus = _AER_BUS.search(body)
+        if bus:
+            fields.setdefault("severity", _aer_severity(bus.group(1), None))
+            fields["type"] = bus.group(2).strip()
+            if bus.group(3):
+                fields["agent"] = bus.group(3).strip()
+            return True
+        status = _AER_STATUS.search(body)
+        if status:
+            fields["vendor_device"] = status.group(1).lower()
+            fields["status"] = status.group(2).lower()
+            fields["mask"] = status.group(3).lower()
+            return True
+        bit = _AER_BIT.search(body)
+        if bit and body.lstrip().startswith("["):
+            fields.setdefault("errors", []).append(bit.group(2).strip())
+            return True
+        return body.lstrip().startswith(("aer_status:", "aer_layer=", "TLP Header:", "Error of this Agent"))
+
+    def _finish_aer(self) -> list[Event]:
+        block, self._aer = self._aer, None
+        if block is None:
+            return []
+        fields = block.fields
+        fields.setdefault("severity", "corrected")
+        severity = _AER_SEVERITY[fields["severity"]]
+        return [
+            Event(
+                ts=block.ts,
+                source=SOURCE,
+                kind="pcie_aer",
+                line=clip("\n".join(block.lines)),
+                severity=severity,
+                fields=fields,
+                critical=severity == "critical",
+            )
+        ]
+
+
+def _frac_us(frac: str | None) -> int:
+    return int(frac.ljust(6, "0")[:6]) if frac else 0
+
+
+def _iso_ts(m: re.Match[str]) -> datetime | None:
+    y, mo, d, h, mi, s, frac, tz = m.groups()
+    try:
+        ts = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), _frac_us(frac), tzinfo=UTC)
+    except ValueError:
+        return None
+    if tz and tz != "Z":
+        sign = -1 if tz[0] == "-" else 1
+        digits = tz[1:].replace(":", "")
+        ts -= sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
+    return ts
+
+
+def _syslog_ts(m: re.Match[str], now: datetime) -> datetime | None:
+    mon, d, h, mi, s, frac = m.groups()
+    month = MONTHS.get(mon)
+    if month is None:
+        return None
+    try:
+        return datetime(
+            infer_year(month, int(d), now), month, int(d), int(h), int(mi), int(s), _frac_us(frac), tzinfo=UTC
+        )
+    except ValueError:
+        return None
+
+
+def _dmesg_t_ts(m: re.Match[str]) -> datetime | None:
+    mon, d, h, mi, s, y = m.groups()
+    month = MONTHS.get(mon)
+    if month is None:
+        return None
+    try:
+        return datetime(int(y), month, int(d), int(h), int(mi), int(s), tzinfo=UTC)
+    except ValueError:
+        return None

@@ -1,0 +1,98 @@
+"""`faultline sim`: the simulated cluster from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from agents.sim.config import SimConfig
+from agents.sim.scenarios import SCENARIOS, describe
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "sim",
+        help="run a simulated GPU cluster (exporters, logs, rank processes, agents) and inject faults",
+        description="Simulate a synchronous training job on N nodes and inject a fault scenario. "
+        "Ground truth goes to DIR/ground_truth.json.",
+    )
+    p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs (ranks) per node (default 8)")
+    p.add_argument("--scenario", default="healthy", help=f"one of: {', '.join(SCENARIOS)} (default healthy)")
+    p.add_argument("--server", help="faultline API URL the agents ship to")
+    p.add_argument("--token", help="agent token (default: env FAULTLINE_AGENT_TOKEN)")
+    p.add_argument("--interval", type=_positive, default=1.0, help="agent shipping interval, seconds (default 1)")
+    p.add_argument("--fault-after", type=float, default=30.0, help="inject the fault after this many seconds (30)")
+    p.add_argument("--fault-every", type=_positive, default=120.0, help="demo: seconds between faults (120)")
+    p.add_argument("--duration", type=_positive, help="stop after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--dir", type=Path, default=Path(".faultline/sim"), help="working folder (.faultline/sim)")
+    p.add_argument("--seed", type=int, help="random seed (default: random, printed)")
+    p.add_argument("--job-id", help="job id (default sim-<scenario>-<random>)")
+    p.add_argument("--step-seconds", type=float, default=1.0, help="seconds per training step (default 1)")
+    p.add_argument("--watchdog-seconds", type=_positive, default=20.0, help="scaled NCCL watchdog timeout (20)")
+    p.add_argument("--port", type=int, default=0, help="exporter port (default: any free port)")
+    p.add_argument("--no-agents", action="store_true", help="endpoints, logs and processes only; no agents")
+    p.add_argument(
+        "--agent-command",
+        help="agent program to run per node, before the per-node flags (default: this Python's `faultline agent`)",
+    )
+    p.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    defaults = SimConfig()
+    return SimConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        scenario=args.scenario,
+        seed=args.seed,
+        job_id=args.job_id,
+        step_seconds=args.step_seconds,
+        fault_after=args.fault_after,
+        fault_every=args.fault_every,
+        watchdog_seconds=args.watchdog_seconds,
+        duration=args.duration,
+        dir=args.dir,
+        server=args.server,
+        token=args.token or os.environ.get("FAULTLINE_AGENT_TOKEN"),
+        interval=args.interval,
+        agents=not args.no_agents,
+        agent_command=tuple(shlex.split(args.agent_command)) if args.agent_command else defaults.agent_command,
+        port=args.port,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_scenarios:
+        print(describe())
+        return 0
+    problems = []
+    if args.scenario not in SCENARIOS:
+        problems.append(f"unknown scenario {args.scenario!r}; see --list-scenarios")
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        problems.append("--nodes and --gpus-per-node must be at least 1")
+    if args.step_seconds < 0.2:
+        problems.append("--step-seconds must be at least 0.2")
+    if args.fault_after < 0:
+        problems.append("--fault-after must be >= 0")
+    config = config_from_args(args)
+    if config.agents and not (config.server and config.token):
+        problems.append("agents need --server and --token (or FAULTLINE_AGENT_TOKEN); or pass --no-agents")
+    if problems:
+        for problem in problems:
+            print(f"faultline sim: {problem}", file=sys.stderr)
+        return 2
+    from agents.sim.runner import run_sim  # the runner pulls in the model; --list-scenarios stays light
+
+    return run_sim(config)

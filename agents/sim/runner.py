@@ -1,0 +1,288 @@
+"""Runs a simulated cluster for real: the exporter endpoint, the log files, the launcher and rank
+processes, the agents, the scenario timeline, and a clean shutdown.
+
+Layout under `--dir`:
+    ground_truth.json
+    node-000/kern.log  train.log  control  ranks.pids  launcher.log  agent.log  spool/
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, TextIO
+
+import agents
+from agents.sim.config import SimConfig
+from agents.sim.exporter import MetricsServer
+from agents.sim.model import Cluster, LogLine
+from agents.sim.procs import spawn, stop_all
+
+LOOP_SECONDS = 0.2
+_NODE_FILES = ("kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class SimRunner:
+    def __init__(self, config: SimConfig, *, out: TextIO | None = None, stop: threading.Event | None = None) -> None:
+        self.config = config
+        self.out = out or sys.stdout
+        self.stop = stop or threading.Event()
+        self.dir = Path(config.dir)
+        self.cluster: Cluster | None = None
+        self.server: MetricsServer | None = None
+        self.launchers: dict[int, subprocess.Popen[bytes]] = {}
+        self.agents: dict[int, subprocess.Popen[bytes]] = {}
+        self._logs: dict[tuple[str, str], IO[str]] = {}
+        self._proc_logs: list[IO[bytes]] = []
+        self._pid_keys: dict[int, tuple[int, int, int]] = {}
+        self._control_version = -1
+        self._faults_version = -1
+        self._faults_reported = 0
+        self._repairs_reported: set[int] = set()
+        self._agents_reported: set[int] = set()
+        self._first_step = 0
+        self._t0 = 0.0
+
+    # --- lifecycle ---
+
+    def run(self, *, handle_signals: bool = True) -> int:
+        restore = self._install_signals() if handle_signals else {}
+        started = time.monotonic()
+        try:
+            self._start()
+            self._loop()
+        finally:
+            self._shutdown()
+            for sig, handler in restore.items():
+                signal.signal(sig, handler)
+        self._summary(time.monotonic() - started)
+        return 0
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.stop.set()
+
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # Model time 0 is now: log timestamps then match the wall clock the agents see.
+        config = replace(self.config.resolved(), start=datetime.now().astimezone())
+        self.config = config
+        self._t0 = time.monotonic()
+        cluster = self.cluster = Cluster(config)
+        self._first_step = cluster.job.step
+        self._say(
+            f"scenario {config.scenario}, job {config.job_id}, {config.nodes} nodes x {config.gpus_per_node} GPUs, "
+            f"seed {config.seed}, files in {self.dir}"
+        )
+        for name in cluster.node_names:
+            node_dir = self.dir / name
+            (node_dir / "spool").mkdir(parents=True, exist_ok=True)
+            for fname in _NODE_FILES:
+                (node_dir / fname).unlink(missing_ok=True)  # a fresh run: agents must not read an old one
+            for stream in ("kern", "train"):
+                self._logs[(name, stream)] = open(node_dir / f"{stream}.log", "a", encoding="utf-8")  # noqa: SIM115
+        self._write_ground_truth()
+        self._sync_control()
+        self.server = MetricsServer(config.host, config.port)
+        self.server.publish(cluster.snapshot())
+        self.server.start()
+
+        env = dict(os.environ)
+        root = str(Path(agents.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        master_port = 29500 + (config.seed or 0) % 1000
+        for n, name in enumerate(cluster.node_names):
+            node_dir = self.dir / name
+            log = open(node_dir / "launcher.log", "ab")  # noqa: SIM115
+            self._proc_logs.append(log)
+            # The launcher's own environment is torchrun's: no RANK, only the workers get it.
+            self.launchers[n] = spawn(
+                [
+                    sys.executable, "-m", "agents.sim.launcher",
+                    "--node-rank", str(n), "--nnodes", str(config.nodes),
+                    "--nproc-per-node", str(config.gpus_per_node), "--job-id", str(config.job_id),
+                    "--master-port", str(master_port), "--control", str((node_dir / "control").resolve()),
+                    "--pids", str((node_dir / "ranks.pids").resolve()), "--step-seconds", str(config.step_seconds),
+                ],
+                env=env,
+                stdout=log,
+            )  # fmt: skip
+            cluster.launcher_pids[n] = self.launchers[n].pid
+        for n, name in enumerate(cluster.node_names):
+            if config.agents:
+                self._start_agent(n, name)
+            agent = f", agent pid {self.agents[n].pid}" if n in self.agents else ""
+            first = n * config.gpus_per_node
+            self._say(
+                f"{name} up: {self.server.url(name)}, launcher pid {self.launchers[n].pid} "
+                f"(ranks {first}-{first + config.gpus_per_node - 1}){agent}"
+            )
+
+    def _start_agent(self, n: int, name: str) -> None:
+        config = self.config
+        node_dir = (self.dir / name).resolve()
+        assert self.server is not None
+        command = [
+            *config.agent_command,
+            "--server", str(config.server), "--token", str(config.token), "--node-name", name,
+            "--interval", str(config.interval), "--dcgm-url", self.server.url(name),
+            "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
+            "--watch-pid", str(self.launchers[n].pid), "--spool-dir", str(node_dir / "spool"),
+        ]  # fmt: skip
+        log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
+        self._proc_logs.append(log)
+        self.agents[n] = spawn(command, env=dict(os.environ), stdout=log)
+
+    def _loop(self) -> None:
+        duration = self.config.duration
+        while not self.stop.is_set():
+            elapsed = time.monotonic() - self._t0
+            self._tick(elapsed)
+            if duration is not None and elapsed >= duration:
+                break
+            self.stop.wait(LOOP_SECONDS)
+
+    def _tick(self, elapsed: float) -> None:
+        cluster = self.cluster
+        assert cluster is not None and self.server is not None
+        self._read_pids()
+        self._write_lines(cluster.advance(elapsed))
+        self._sync_control()
+        self.server.publish(cluster.snapshot())
+        if cluster.faults_version != self._faults_version:
+            self._faults_version = cluster.faults_version
+            self._write_ground_truth()
+            self._report_faults()
+        self._check_agents()
+
+    def _shutdown(self) -> None:
+        # Agents first (they may want to flush), then the launchers with their ranks, in parallel within each.
+        stop_all(self.agents.values(), timeout=5.0)
+        stop_all(self.launchers.values(), timeout=5.0)
+        if self.server is not None:
+            self.server.stop()
+        for f in [*self._logs.values(), *self._proc_logs]:
+            with contextlib.suppress(OSError):
+                f.close()
+
+    # --- files ---
+
+    def _write_lines(self, lines: list[LogLine]) -> None:
+        touched = set()
+        for line in lines:
+            f = self._logs[(line.node, line.stream)]
+            f.write(line.text + "\n")
+            touched.add(f)
+        for f in touched:
+            f.flush()
+
+    def _sync_control(self) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        if cluster.control_version == self._control_version:
+            return
+        self._control_version = cluster.control_version
+        for n, name in enumerate(cluster.node_names):
+            _write_atomic(self.dir / name / "control", cluster.control_text(n))
+
+    def _read_pids(self) -> None:
+        """Tell the model the real rank pids (they appear in NCCL lines and torchrun summaries)."""
+        cluster = self.cluster
+        assert cluster is not None
+        for n, name in enumerate(cluster.node_names):
+            path = self.dir / name / "ranks.pids"
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if self._pid_keys.get(n) == key:
+                continue
+            self._pid_keys[n] = key
+            pids = {}
+            for line in path.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[0].isdigit():
+                    pids[int(parts[0])] = int(parts[1])
+            cluster.set_pids(n, pids)
+
+    def _write_ground_truth(self) -> None:
+        assert self.cluster is not None
+        _write_atomic(self.dir / "ground_truth.json", json.dumps(self.cluster.ground_truth(), indent=2) + "\n")
+
+    # --- reporting ---
+
+    def _say(self, message: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"sim: {message}", file=self.out, flush=True)
+
+    def _report_faults(self) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        for i, fault in enumerate(cluster.faults):
+            if i >= self._faults_reported:
+                where = ", ".join(f"{n} gpu {','.join(map(str, g))}" for n, g in fault.gpus.items()) or "all ranks"
+                ranks = f" (rank {', '.join(map(str, fault.ranks))})" if fault.ranks else ""
+                evict = "expect eviction" if fault.expect_eviction else "no eviction"
+                self._say(f"t={fault.t:.1f}s injected {fault.kind} on {where}{ranks}; blame {fault.blame}, {evict}")
+            if fault.repaired_at is not None and i not in self._repairs_reported:
+                self._repairs_reported.add(i)
+                self._say(f"repaired {fault.kind} on {', '.join(fault.nodes) or 'the job'}; job restarted")
+        self._faults_reported = len(cluster.faults)
+
+    def _check_agents(self) -> None:
+        for n, p in self.agents.items():
+            code = p.poll()
+            if code is not None and n not in self._agents_reported:
+                self._agents_reported.add(n)
+                name = self.cluster.node_names[n] if self.cluster else str(n)
+                self._say(f"agent of {name} exited with code {code}; see {self.dir / name / 'agent.log'}")
+
+    def _summary(self, seconds: float) -> None:
+        cluster = self.cluster
+        if cluster is None:
+            return
+        faults = ", ".join(f"{f.kind}@{','.join(f.nodes) or 'job'}" for f in cluster.faults) or "none"
+        self._say(
+            f"stopped after {seconds:.1f} s: job {cluster.job.state} at step {cluster.job.step} "
+            f"({cluster.job.step - self._first_step} steps), faults: {faults}; "
+            f"ground truth in {self.dir / 'ground_truth.json'}"
+        )
+
+
+def run_sim(
+    config: SimConfig,
+    *,
+    stop: threading.Event | None = None,
+    out: TextIO | None = None,
+    handle_signals: bool | None = None,
+) -> int:
+    """Run a simulated cluster until `config.duration`, SIGINT/SIGTERM, or `stop` is set. Returns 0.
+
+    With a `stop` event the caller owns shutdown and signal handlers are left alone (unless asked).
+    """
+    if config.agents and not (config.server and config.token):
+        raise ValueError("agents need --server and --token (or FAULTLINE_AGENT_TOKEN); or pass --no-agents")
+    runner = SimRunner(config, out=out, stop=stop)
+    return runner.run(handle_signals=stop is None if handle_signals is None else handle_signals)
