@@ -9,6 +9,7 @@ from pathlib import Path
 
 from agents import bench as agent_bench
 from agents import cli as agent_cli
+from agents.sim import cli as sim_cli
 
 SCOPES = ("agent", "scheduler", "operator", "admin")
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_dir_option(revoke)
 
     agent_cli.add_parser(sub)
+    sim_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "agent":
         return agent_cli.run(args)
+    if args.command == "sim":
+        return sim_cli.run(args)
     if args.command == "bench" and args.bench_command == "agent":
         return agent_bench.run(args)
     try:

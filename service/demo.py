@@ -1,4 +1,4 @@
-"""`faultline demo`: embedded PostgreSQL and Redis, the API, a worker, beat, and demo traffic in one command."""
+"""`faultline demo`: embedded PostgreSQL and Redis, the API, a worker, beat and a simulated cluster in one command."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from pathlib import Path
 from service.config import get_settings
 from service.embedded import EmbeddedPostgres, EmbeddedRedis, port_is_free, start_postgres, start_redis
 from service.processes import spawn, stop, wait_healthy
+
+DEMO_JOB = "demo-job"
+FIRST_FAULT_S = 60
+FAULT_EVERY_S = 180
 
 
 def _say(message: str) -> None:
@@ -90,16 +94,24 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
         children.append(("beat", spawn(["faultline", "work", "--beat-only"], env=env, log=logs / "beat.log")))
         wait_healthy(url, api, log=logs / "api.log")
         if simulate:
-            traffic = [
-                "service.synthetic_main",
-                "--server", url,
-                "--token", tokens["agent"],
-                "--nodes", str(nodes),
-                "--gpus-per-node", str(gpus_per_node),
+            # A simulated cluster: per node a dcgm-exporter endpoint, kernel and training logs, rank
+            # processes and a real agent; a fault every FAULT_EVERY seconds, repaired before the next.
+            sim = [
+                "faultline", "sim", "--scenario", "demo", "--server", url,
+                "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node), "--dir", str(data_dir / "sim"),
+                "--fault-after", str(FIRST_FAULT_S), "--fault-every", str(FAULT_EVERY_S), "--job-id", DEMO_JOB,
             ]  # fmt: skip
-            children.append(("traffic", spawn(traffic, env=env, log=logs / "traffic.log")))
+            sim_env = {**env, "FAULTLINE_AGENT_TOKEN": tokens["agent"]}
+            children.append(("sim", spawn(sim, env=sim_env, log=logs / "sim.log")))
 
         _say(f"ready in {time.monotonic() - started:.1f} s")
+        cluster = (
+            f"{nodes} simulated nodes x {gpus_per_node} GPUs running job {DEMO_JOB}, one agent each; "
+            f"a fault after {FIRST_FAULT_S} s, then every {FAULT_EVERY_S} s\n"
+            f"               (injections: {logs / 'sim.log'}; ground truth: {data_dir / 'sim' / 'ground_truth.json'})"
+            if simulate
+            else "none (--no-sim): point agents at the API with the agent token"
+        )
         _print(
             f"""
   API          {url}   (OpenAPI docs: {url}/docs, health: {url}/healthz)
@@ -107,8 +119,8 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
   operator token  {tokens["operator"]}
   scheduler token {tokens["scheduler"]}
   admin token     {tokens["admin"]}
-  logs         {logs}/ (api, worker, beat{", traffic" if simulate else ""})
-  traffic      {f"{nodes} synthetic nodes x {gpus_per_node} GPUs, job demo-job" if simulate else "none (--no-sim)"}
+  logs         {logs}/ (api, worker, beat{", sim" if simulate else ""})
+  cluster      {cluster}
 
   Other commands reach this database with --data-dir {data_dir}
   Press Ctrl-C to stop.

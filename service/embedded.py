@@ -41,7 +41,10 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server could listen on the port now (as uvicorn does: connections of a previous run
+    lingering in TIME_WAIT do not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

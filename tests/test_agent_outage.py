@@ -120,9 +120,7 @@ def test_service_down_for_a_minute_and_agent_killed_loses_and_duplicates_nothing
             text("SELECT (fields->>'step')::int FROM log_events WHERE kind = 'step' ORDER BY 1")
         ).scalars()
         assert list(steps) == list(range(1, written[0] + 1))  # every line once, none lost, none twice
-        rows, distinct = conn.execute(
-            text("SELECT count(*), count(DISTINCT (ts, gpu)) FROM metric_samples")
-        ).one()
+        rows, distinct = conn.execute(text("SELECT count(*), count(DISTINCT (ts, gpu)) FROM metric_samples")).one()
         assert rows == distinct  # no sample stored twice
         # Every scrape's samples are stored, except at most the one the killed agent held unspooled.
         assert GPUS * (dcgm["scrapes"] - 1) <= rows <= GPUS * dcgm["scrapes"]

@@ -83,11 +83,16 @@ def test_demo_runs_the_readme_examples_and_stops_cleanly(tmp_path):
         assert outputs[1]["status"] in ("accepted", "duplicate")
         assert outputs[2]["ranks"][0] == {"rank": 0, "node": "gpu-node-001", "local_rank": 0, "gpu": 0, "pid": 4242}
 
-        # The synthetic cluster's traffic arrives.
+        # The simulated cluster's agents report its job: 2 nodes x 8 ranks, placed by the agents.
         scheduler = {"Authorization": f"Bearer {tokens['scheduler']}"}
-        wait_for(
-            lambda: httpx.get(f"{url}/api/v1/jobs/demo-job", headers=scheduler).status_code == 200, what="demo traffic"
-        )
+
+        def demo_job_mapped() -> bool:
+            got = httpx.get(f"{url}/api/v1/jobs/demo-job", headers=scheduler)
+            return got.status_code == 200 and len(got.json()["ranks"]) == 16
+
+        wait_for(demo_job_mapped, timeout=90, what="the simulated cluster's ranks")
+        ranks = httpx.get(f"{url}/api/v1/jobs/demo-job", headers=scheduler).json()["ranks"]
+        assert {(r["rank"], r["node"]) for r in ranks} == {(r, f"node-{r // 8:03d}") for r in range(16)}
         token = subprocess.run(
             [sys.executable, "-m", "faultline", "token", "create", "--scope", "operator", "--data-dir", str(data_dir)],
             capture_output=True,

@@ -540,7 +540,12 @@ def test_child_failed_with_torchrun_traceback_is_one_event():
     assert event.line == CHILD_FAILED
     f = event.fields
     assert (f["root_rank"], f["local_rank"], f["exitcode"], f["pid"], f["signal"]) == (11, 3, -6, 1234, "SIGABRT")
-    assert f["host"] == "gpu-node-7" and f["failures"] == [11, 9]
+    assert f["host"] == "gpu-node-7" and f["failures"] == [9, 11]  # sorted ranks, not the "[N]:" indices
+    assert f["error_file"] is None and f["traceback"] == "Signal 6 (SIGABRT) received by PID 1234"
+    assert f["entries"] == [
+        {"rank": 9, "local_rank": 1, "exitcode": 1, "pid": 4321, "signal": None},
+        {"rank": 11, "local_rank": 3, "exitcode": -6, "pid": 1234, "signal": "SIGABRT"},
+    ]
     assert event.rank == 11 and event.ts == datetime(2026, 11, 22, 10, 0, 4, tzinfo=UTC)
     assert f["frames"][-1]["function"] == "launch_agent"
 
@@ -577,6 +582,110 @@ def test_child_failed_signal_from_exitcode_and_no_other_failures():
     )
     [event] = parse(text)
     assert event.fields["signal"] == "SIGKILL" and event.fields["failures"] == [0] and event.fields["exitcode"] == -9
+    assert event.fields["entries"] == [{"rank": 0, "local_rank": 0, "exitcode": -9, "pid": 77, "signal": "SIGKILL"}]
+
+
+# A real run (PyTorch 2.13, torchrun, 2 nodes x 2 ranks, node 0's launcher): rank 1 raised, rank 0 was
+# then SIGTERMed. torchrun lists rank 0 as "[1]:" under Failures and rank 1 as "[0]:" under Root Cause,
+# each with the worker's traceback (from its error file) indented inside the table.
+REAL_CRASH = "torchrun_crash_rank1_real.txt"
+
+
+def test_real_torchrun_crash_events():
+    events = parse(corpus(REAL_CRASH))
+    assert kinds(events) == ["step"] * 8 + ["elastic_error", "elastic_error", "child_failed", "traceback", "traceback"]
+    closing, worker = events[8:10]
+    assert closing.fields == {"category": "closing_signal", "pid": 15977, "signal": "SIGTERM"}
+    assert worker.fields["category"] == "worker_failed" and worker.fields["exitcode"] == 1
+    assert worker.fields["local_rank"] == 1  # "no error file defined for parent ..." after it: no event
+    assert not [e for e in events if e.kind == "unmatched_error"]
+
+
+def test_real_torchrun_child_failed_root_cause_is_rank_1():
+    [event] = [e for e in parse(corpus(REAL_CRASH)) if e.kind == "child_failed"]
+    assert event.critical and event.severity == "critical" and event.rank == 1
+    f = event.fields
+    assert (f["root_rank"], f["local_rank"], f["exitcode"], f["pid"], f["signal"]) == (1, 1, 1, 15979, None)
+    assert f["failures"] == [0, 1]
+    assert f["entries"] == [
+        {"rank": 0, "local_rank": 0, "exitcode": -15, "pid": 15977, "signal": "SIGTERM"},
+        {"rank": 1, "local_rank": 1, "exitcode": 1, "pid": 15979, "signal": None},
+    ]
+    assert f["host"] == "localhost" and f["time"] == "2026-11-22_15:17:08"
+    assert event.ts == datetime(2026, 11, 22, 15, 17, 8, tzinfo=UTC)
+    assert f["error_file"].endswith("/attempt_0/1/error.json")  # rank 1's, not rank 0's
+    # The root rank's own traceback, read from the table.
+    assert f["traceback"].startswith("Traceback (most recent call last):\n  File ")
+    assert f["traceback"].endswith("\nRuntimeError: injected fault: rank 1 crashed at step 5")
+    assert (f["exc_type"], f["exc_message"]) == ("RuntimeError", "injected fault: rank 1 crashed at step 5")
+    assert f["last_frame"] == {"file": "/work/main/tests/torchjob/train.py", "line": 71, "function": "_injected_crash"}
+    # torchrun's own stack, then the whole table through the closing rule: one event.
+    assert event.line.startswith('Traceback (most recent call last):\n  File "/work/main/.venv/bin/torchrun"')
+    assert f["frames"][-1]["function"] == "launch_agent"
+    lines = event.line.split("\n")
+    assert "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: " in lines
+    assert lines[-1] == "=" * 60 and len(lines) == 62
+    assert "  RuntimeError: injected fault: rank 1 crashed at step 5" in lines
+    assert any(line.startswith("  RuntimeError: [/__w/pytorch") for line in lines)
+
+
+def test_real_torchrun_rank_tracebacks_with_double_prefix():
+    events = parse(corpus(REAL_CRASH))
+    tracebacks = [e for e in events if e.kind == "traceback"]
+    assert [(e.rank, e.fields["exc_type"]) for e in tracebacks] == [(1, "RuntimeError"), (0, "RuntimeError")]
+    rank1 = tracebacks[0]
+    assert rank1.fields["exc_message"] == "injected fault: rank 1 crashed at step 5" and rank1.fields["complete"]
+    assert rank1.fields["n_frames"] == 4 and rank1.fields["last_frame"]["function"] == "_injected_crash"
+    assert rank1.line.count("\n") == 10 and all(line.startswith("[rank1]:[rank1]: ") for line in rank1.line.split("\n"))
+    assert "Connection closed by peer" in tracebacks[1].fields["exc_message"]
+    # The exception lines are told once, inside their blocks; no launcher traceback blamed on the user.
+    assert not [e for e in events if e.kind == "unmatched_error" and "injected fault" in e.line]
+    assert not [e for e in events if e.kind == "unmatched_error" and "Connection closed" in e.line]
+    assert not [e for e in tracebacks if "bin/torchrun" in e.line or "ChildFailedError" in e.line]
+    assert [e.fields["step"] for e in events if e.kind == "step"] == [1, 1, 2, 2, 3, 3, 4, 4]  # not "at step 5"
+
+
+def test_child_failed_older_format_root_cause_first_and_quoted_multiline_msg():
+    # PyTorch 1.9-1.10: "Root Cause:" before "Other Failures:", "msg" instead of "traceback".
+    text = "\n".join(
+        [
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+            "============================================================",
+            "train.py FAILED",
+            "------------------------------------------------------------",
+            "Root Cause:",
+            "[0]:",
+            "  time: 2021-09-13_22:18:20",
+            "  rank: 5 (local_rank: 1)",
+            "  exitcode: 1 (pid: 900)",
+            "  error_file: /tmp/torchelastic_x/1/error.json",
+            '  msg: "Traceback (most recent call last):',
+            '    File "/app/train.py", line 3, in main',
+            "      step()",
+            '  ValueError: bad batch"',
+            "------------------------------------------------------------",
+            "Other Failures:",
+            "[1]:",
+            "  time: 2021-09-13_22:18:21",
+            "  rank: 4 (local_rank: 0)",
+            "  exitcode: -15 (pid: 899)",
+            "  error_file: <N/A>",
+            '  msg: "Signal 15 (SIGTERM) received by PID 899"',
+            "============================================================",
+        ]
+    )
+    [event] = parse(text)
+    f = event.fields
+    assert event.kind == "child_failed" and event.rank == 5 and event.line == text
+    assert (f["root_rank"], f["local_rank"], f["exitcode"], f["pid"], f["signal"]) == (5, 1, 1, 900, None)
+    assert f["failures"] == [4, 5] and f["entries"][0]["signal"] == "SIGTERM"
+    assert (f["exc_type"], f["exc_message"]) == ("ValueError", "bad batch")
+
+
+def test_child_failed_only_failures_section_takes_the_first_as_root():
+    [event] = parse(corpus("elastic_childfailed_sigabrt_vlmevalkit_1131.txt"))
+    assert [e["rank"] for e in event.fields["entries"]] == [1, 3]
+    assert event.fields["error_file"] is None and event.fields["traceback"].startswith("Signal 6 (SIGABRT)")
 
 
 # -- other kinds -----------------------------------------------------------------------------------

@@ -16,8 +16,11 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,26 +29,28 @@ from agents.sim import cli
 from agents.sim.config import SimConfig
 from agents.sim.dcgm_fields import FIELDS, INT64_NOT_SUPPORTED
 from agents.sim.exporter import MetricsServer, render
+from agents.sim.gpu import GpuSample
 from agents.sim.model import CRASH_USER, CULPRIT_DATA, VICTIM, Cluster
 from agents.sim.scenarios import HARDWARE_FAULTS, SCENARIOS
 
+Snapshot = dict[str, list[GpuSample]]
+OnSample = Callable[[float, Snapshot], None]
+T_ = TypeVar("T_")
 START = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 T = 10.0  # fault_after in the model tests
 W = 20.0  # default watchdog
 ERROR_WORDS = ("Xid", "WARN", "Error", "error", "Traceback", "Watchdog", "FAILED")
-STEP_RE = re.compile(r"step=(\d+) loss=(\S+)|iteration\s+(\d+)/")
 
 
 class Recorder:
     """Advances a cluster in small increments, keeping every line with the time it was written."""
 
-    def __init__(self, scenario: str, *, nodes: int = 3, gpus: int = 4, seed: int = 11, **kw: object) -> None:
-        self.c = Cluster(
-            SimConfig(nodes=nodes, gpus_per_node=gpus, scenario=scenario, seed=seed, fault_after=T, start=START, **kw)  # type: ignore[arg-type]
-        )
+    def __init__(self, scenario: str, *, nodes: int = 3, gpus: int = 4, seed: int = 11, fault_every: float = 120.0):
+        config = SimConfig(nodes=nodes, gpus_per_node=gpus, scenario=scenario, seed=seed, fault_after=T, start=START)
+        self.c = Cluster(replace(config, fault_every=fault_every))
         self.lines: list[tuple[float, str, str, str]] = []  # (t, node, stream, text)
 
-    def run(self, until: float, every: float = 0.5, on_sample=None) -> None:  # type: ignore[no-untyped-def]
+    def run(self, until: float, every: float = 0.5, on_sample: OnSample | None = None) -> None:
         t = self.c.t
         while t < until - 1e-9:
             t = min(until, t + every)
@@ -63,10 +68,16 @@ class Recorder:
         return [t for t, n, s, x in self.lines if s == "train" and n == "node-000" and "step=" in x]
 
     def values(self, node: str, gpu: int) -> dict[str, float] | None:
+        """The GPU's current DCGM values; None once its series have vanished."""
         for g in self.c.snapshot()[node]:
             if g.index == gpu:
                 return g.values
         return None
+
+    def value(self, node: str, gpu: int, field: str) -> float:
+        values = self.values(node, gpu)
+        assert values is not None, f"{node} gpu {gpu} has no series"
+        return values[field]
 
     def fault(self) -> tuple[str, int]:
         """Node and GPU of the first fault, injected or still planned."""
@@ -158,7 +169,7 @@ def test_the_job_breathes_together_and_counters_move() -> None:
     rec = Recorder("healthy", nodes=2, gpus=4)
     series: dict[str, list[float]] = defaultdict(list)
 
-    def sample(t: float, snap: dict) -> None:  # type: ignore[type-arg]
+    def sample(t: float, snap: Snapshot) -> None:
         for node in ("node-000", "node-001"):
             tensors = [g.values["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] for g in snap[node]]
             series[f"{node} tensor"].append(statistics.mean(tensors))
@@ -222,7 +233,7 @@ def test_ecc_dbe() -> None:
     rec = Recorder("ecc_dbe")
     rec.run(T - 0.5)
     node, gpu = rec.fault()
-    assert rec.values(node, gpu)["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] == 0  # type: ignore[index]
+    assert rec.value(node, gpu, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 0
     rec.run(T + 2)
     values = rec.values(node, gpu)
     assert values is not None and values["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] == 1
@@ -243,12 +254,11 @@ def test_nvlink() -> None:
     rec = Recorder("nvlink")
     rec.run(T)
     node, gpu = rec.fault()
-    crc0 = rec.values(node, gpu)["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"]  # type: ignore[index]
+    crc0 = rec.value(node, gpu, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL")
     rec.run(T + 20)
-    crc1 = rec.values(node, gpu)["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"]  # type: ignore[index]
+    crc1 = rec.value(node, gpu, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL")
     assert crc1 > crc0 + 100
-    other = rec.values(node, (gpu + 1) % 4)
-    assert other is not None and other["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] == 0
+    assert rec.value(node, (gpu + 1) % 4, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL") == 0
     assert re.search(r"NVRM: Xid \(PCI:0000:[0-9a-f]{2}:00\): 74, .*NVLink", rec.text(node, "kern"))
     assert mean_step(rec.c, T + 2, T + 20) > 1.15 * mean_step(rec.c, 0, T)
 
@@ -279,7 +289,7 @@ def test_straggler_is_silent_but_slow() -> None:
     assert before is not None and before["DCGM_FI_DEV_SM_CLOCK"] == 1980
     peer_tensor: dict[str, list[float]] = defaultdict(list)
 
-    def sample(t: float, snap: dict) -> None:  # type: ignore[type-arg]
+    def sample(t: float, snap: Snapshot) -> None:
         key = "before" if t <= T else "after"
         peer_tensor[key] += [
             g.values["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] for n in snap for g in snap[n] if (n, g.index) != (node, gpu)
@@ -311,10 +321,9 @@ def test_hang_stops_progress_silently() -> None:
     control = rec.c.control_text(rec.c.node_names.index(node))
     assert f"{gpu} hang_culprit:data" in control
     # Victims spin in NCCL (utilization 100%, SMs idle); the culprit's GPU is idle.
-    spin = rec.values(node, (gpu + 1) % 4)
-    idle = rec.values(node, gpu)
-    assert spin["DCGM_FI_DEV_GPU_UTIL"] == 100 and spin["DCGM_FI_PROF_SM_ACTIVE"] < 0.1  # type: ignore[index]
-    assert idle["DCGM_FI_DEV_GPU_UTIL"] == 0  # type: ignore[index]
+    assert rec.value(node, (gpu + 1) % 4, "DCGM_FI_DEV_GPU_UTIL") == 100
+    assert rec.value(node, (gpu + 1) % 4, "DCGM_FI_PROF_SM_ACTIVE") < 0.1
+    assert rec.value(node, gpu, "DCGM_FI_DEV_GPU_UTIL") == 0
 
 
 def test_user_bug_same_traceback_everywhere() -> None:
@@ -427,7 +436,7 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], T_], timeout: float, what: str) -> T_:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -531,7 +540,10 @@ def test_real_run_ranks_stacks_and_ctrl_c(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_real_run_agents_crash_and_sigkill(tmp_path: Path) -> None:
-    fake_agent = f"{sys.executable} -c 'import sys, time; print(*sys.argv[1:], flush=True); time.sleep(600)'"
+    fake_agent = (
+        f"{sys.executable} -c 'import os, sys, time; "
+        'print(os.environ.get("FAULTLINE_AGENT_TOKEN"), *sys.argv[1:], flush=True); time.sleep(600)\''
+    )
     sim = start_sim(
         tmp_path, "--nodes", "1", "--gpus-per-node", "2", "--scenario", "user_bug", "--fault-after", "3",
         "--server", "http://127.0.0.1:9", "--token", "t0k", "--agent-command", fake_agent, "--job-id", "sim-e2e-kill",
@@ -542,12 +554,13 @@ def test_real_run_agents_crash_and_sigkill(tmp_path: Path) -> None:
         launcher = int(Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
         argv = wait_for(lambda: (node_dir / "agent.log").read_text().strip(), 10, "the agent's command line")
         assert re.fullmatch(
-            rf"--server http://127\.0\.0\.1:9 --token t0k --node-name node-000 --interval 1\.0 "
+            # The token travels in the environment, not on the command line (which `ps` shows to everyone).
+            rf"t0k --server http://127\.0\.0\.1:9 --node-name node-000 --interval 1\.0 "
             rf"--dcgm-url http://127\.0\.0\.1:\d+/node-000/metrics --kmsg {node_dir.resolve()}/kern\.log "
             rf"--log {node_dir.resolve()}/train\.log --watch-pid {launcher} --spool-dir {node_dir.resolve()}/spool",
             argv,
         )
-        port = re.search(r":(\d+)/node-000/metrics", argv).group(1)  # type: ignore[union-attr]
+        port = argv.split("/node-000/metrics")[0].rsplit(":", 1)[1]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/node-000/metrics", timeout=5) as r:
             families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
         assert len(families["DCGM_FI_DEV_GPU_UTIL"].samples) == 2

@@ -293,6 +293,8 @@ _BOILERPLATE = (
     "To avoid data inconsistency, we are taking the entire process down",
     "To enable traceback see:",
     "Details are lost due to multiprocessing",
+    # torchrun's agent, copying a worker's error file: the ChildFailedError summary reports the failure.
+    "no error file defined for parent, to copy child error file",
 )
 
 # -- blocks ----------------------------------------------------------------------------------------
@@ -310,6 +312,12 @@ _CF_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _CF_RANK = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _CF_EXIT = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 _CF_SIGNAL = re.compile(r"Signal (\d+) \((\w+)\)")
+_CF_EXIT_SIGNAL = re.compile(r"\((SIG[A-Z0-9]+)\)")  # "-15 (pid: 15977)  (SIGTERM)" (PyTorch 2.x)
+# Keys of a failure entry (PyTorch 1.9-1.10 wrote "msg", later ones "traceback"); the message, always
+# last, may go on over indented lines (the worker's traceback from its error file): those are its own.
+_CF_KEYS = frozenset({"time", "host", "rank", "exitcode", "error_file", "traceback", "msg"})
+_CF_MULTILINE = frozenset({"traceback", "msg"})
+_CF_NA = "<N/A>"
 _DESYNC_START = re.compile(r"Timeout at collective: (\w+), #(\d+)|the lagging/dead/mismatched ranks")
 _DESYNC_REPORTER = re.compile(r"\[(\d+)\] Timeout at collective")
 _DESYNC_RANKS = re.compile(r"\[(\d+)\]")
@@ -440,7 +448,13 @@ class _Traceback(_Block):
 
 
 class _ChildFailed(_Block):
-    """torchrun's failure table, from "...ChildFailedError:" to the closing "=====" line."""
+    """torchrun's failure table, from "...ChildFailedError:" to the closing "=====" line.
+
+    Sections: "Failures:" (PyTorch >= 1.11; "Other Failures:" before) and "Root Cause ...", each a
+    list of "[N]:" entries (N is the index in the section, not the rank) of "key : value" lines. An
+    entry's message (its last key) may be a whole traceback, indented by two spaces, ending with the
+    exception line and a line of spaces: it belongs to the entry.
+    """
 
     kind = "child_failed"
 
@@ -449,29 +463,46 @@ class _ChildFailed(_Block):
         self.rules = 0
         self.section = "failures"
         self.entries: list[tuple[str, dict[str, str]]] = []
+        self.last_key: str | None = None  # the entry's key the next indented line may continue
         self.traceback: _Traceback | None = None  # the torchrun stack printed before the table
 
     def offer(self, body: str) -> int:
         stripped = body.strip()
+        continuing = self.last_key in _CF_MULTILINE and bool(self.entries)
+        indented = not stripped or body[0].isspace()
         if stripped and set(stripped) == {"="}:
             self.rules += 1
+            self.last_key = None
             return TAKE_DONE if self.rules >= 2 else TAKE
         if stripped and set(stripped) == {"-"}:
+            self.last_key = None
             return TAKE
-        if stripped.startswith("Failures:"):
-            self.section = "failures"
-            return TAKE
-        if stripped.startswith("Root Cause"):
-            self.section = "root"
-            return TAKE
-        if stripped.startswith("<NO_OTHER_FAILURES>"):
-            return TAKE
-        if _CF_ENTRY.match(stripped):
-            self.entries.append((self.section, {}))
-            return TAKE
+        if not (continuing and indented):
+            if stripped.startswith(("Failures:", "Other Failures:")):
+                self.section, self.last_key = "failures", None
+                return TAKE
+            if stripped.startswith("Root Cause"):
+                self.section, self.last_key = "root", None
+                return TAKE
+            if stripped.startswith("<NO_OTHER_FAILURES>"):
+                self.last_key = None
+                return TAKE
+            if _CF_ENTRY.match(stripped):
+                self.entries.append((self.section, {}))
+                self.last_key = None
+                return TAKE
         kv = _CF_KV.match(body)
         if kv and self.entries:
-            self.entries[-1][1][kv.group(1).strip()] = kv.group(2).strip()
+            key = kv.group(1).strip()
+            if not continuing or key in _CF_KEYS:
+                self.entries[-1][1][key] = kv.group(2).strip()
+                self.last_key = key
+                return TAKE
+        if continuing and indented:
+            assert self.last_key is not None
+            entry = self.entries[-1][1]
+            line = body.rstrip()
+            entry[self.last_key] += "\n" + (line[2:] if line.startswith("  ") else line.lstrip())
             return TAKE
         if self.rules == 1 and not self.entries and stripped.endswith("FAILED"):
             return TAKE  # the title: "run.py FAILED"
@@ -569,6 +600,53 @@ class _Desync(_Block):
             self.details.append(stripped)
             return TAKE
         return REJECT
+
+
+def _cf_value(text: str | None) -> str | None:
+    text = (text or "").strip().strip('"').strip()
+    return None if not text or text == _CF_NA else text
+
+
+def _cf_message(entry: dict[str, str]) -> str | None:
+    return _cf_value(entry.get("traceback", entry.get("msg")))
+
+
+def _cf_entry(entry: dict[str, str]) -> dict[str, Any]:
+    """One failure of the ChildFailedError table: rank, local_rank, exitcode, pid, signal."""
+    info: dict[str, Any] = {"rank": None, "local_rank": None, "exitcode": None, "pid": None, "signal": None}
+    m = _CF_RANK.match(entry.get("rank", ""))
+    if m:
+        info["rank"] = int(m.group(1))
+        info["local_rank"] = int(m.group(2)) if m.group(2) else None
+    exitcode = entry.get("exitcode", "")
+    m = _CF_EXIT.match(exitcode)
+    if m:
+        info["exitcode"] = int(m.group(1))
+        info["pid"] = int(m.group(2)) if m.group(2) else None
+    message = _cf_message(entry) or ""
+    sig = _CF_SIGNAL.search(message.split("\n", 1)[0])  # "Signal 6 (SIGABRT) received by PID 32051"
+    named = _CF_EXIT_SIGNAL.search(exitcode)
+    if sig:
+        info["signal"] = sig.group(2)
+    elif named:
+        info["signal"] = named.group(1)
+    elif info["exitcode"] is not None and info["exitcode"] < 0:
+        info["signal"] = _signal_name(-info["exitcode"])  # torchrun reports "killed by N" as -N
+    return info
+
+
+def _read_traceback(text: str, ts: datetime) -> _Traceback | None:
+    """A Python traceback given as text (a worker's error file in the ChildFailedError table)."""
+    lines = text.split("\n")
+    if not lines[0].strip().startswith(_TB_START):
+        return None
+    tb = _Traceback(ts, None, 0, ts)
+    tb.add(lines[0])
+    for line in lines[1:]:
+        if tb.offer(line) == REJECT:
+            break
+        tb.add(line)
+    return tb
 
 
 def _is_exception_line(text: str) -> bool:
@@ -848,44 +926,47 @@ class TrainingLogParser:
         return self._event(block.ts, "traceback", block.text, "error", fields, rank, critical=True)
 
     def _child_failed_event(self, block: _ChildFailed) -> Event:
+        """root_rank: the rank under "Root Cause" (else the first failure), with its details;
+        failures: every rank listed, sorted; entries: rank, local rank, exit code, pid and signal of each."""
         roots = [e for section, e in block.entries if section == "root"]
         others = [e for section, e in block.entries if section != "root"]
-        ordered = roots + others
-        root = ordered[0] if ordered else {}
+        root = (roots or others or [{}])[0]
+        entries: list[dict[str, Any]] = []
+        ranks: set[int] = set()
+        for entry in roots + others:
+            info = _cf_entry(entry)
+            if info["rank"] is not None:
+                if info["rank"] in ranks:
+                    continue  # listed twice (the root cause among the failures): the first says it
+                ranks.add(info["rank"])
+            entries.append(info)
+        entries.sort(key=lambda e: (e["rank"] is None, e["rank"] or 0))
+        info = _cf_entry(root)
         fields: dict[str, Any] = {
-            "root_rank": None,
-            "local_rank": None,
-            "host": root.get("host"),
-            "exitcode": None,
-            "pid": None,
-            "signal": None,
-            "time": root.get("time"),
-            "error_file": root.get("error_file"),
-            "failures": [],
+            "root_rank": info["rank"],
+            "local_rank": info["local_rank"],
+            "host": _cf_value(root.get("host")),
+            "exitcode": info["exitcode"],
+            "pid": info["pid"],
+            "signal": info["signal"],
+            "time": _cf_value(root.get("time")),
+            "error_file": _cf_value(root.get("error_file")),
+            "failures": sorted(ranks),
+            "entries": entries,
         }
-        for entry in ordered:
-            m = _CF_RANK.match(entry.get("rank", ""))
-            if m and int(m.group(1)) not in fields["failures"]:
-                fields["failures"].append(int(m.group(1)))
-        m = _CF_RANK.match(root.get("rank", ""))
-        if m:
-            fields["root_rank"] = int(m.group(1))
-            fields["local_rank"] = int(m.group(2)) if m.group(2) else None
-        m = _CF_EXIT.match(root.get("exitcode", ""))
-        if m:
-            fields["exitcode"] = int(m.group(1))
-            fields["pid"] = int(m.group(2)) if m.group(2) else None
-        sig = _CF_SIGNAL.search(root.get("traceback", ""))
-        if sig:
-            fields["signal"] = sig.group(2)
-        elif fields["exitcode"] is not None and fields["exitcode"] < 0:
-            fields["signal"] = _signal_name(-fields["exitcode"])  # torchrun reports "killed by N" as -N
-        if root.get("traceback"):
-            fields["traceback"] = root["traceback"][:2000]
+        message = _cf_message(root)
+        if message:
+            fields["traceback"] = message if len(message) <= 2000 else "..." + message[-2000:]
+            tb = _read_traceback(message, block.ts)
+            if tb is not None:
+                event = self._traceback_event(tb)  # the root rank's own exception, from its error file
+                for name in ("exc_type", "exc_message", "error", "error_kind", "last_frame"):
+                    if event.fields.get(name) is not None:
+                        fields[name] = event.fields[name]
         if block.traceback is not None and block.traceback.frames:
-            fields["frames"] = list(block.traceback.frames)
+            fields["frames"] = list(block.traceback.frames)  # torchrun's own stack
         ts = block.ts
-        when = root.get("time")
+        when = fields["time"]
         if when:
             with contextlib.suppress(ValueError):  # torchrun's own format; anything else keeps the block's time
                 ts = datetime.strptime(when, "%Y-%m-%d_%H:%M:%S").replace(tzinfo=UTC)

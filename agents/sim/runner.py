@@ -145,14 +145,15 @@ class SimRunner:
         assert self.server is not None
         command = [
             *config.agent_command,
-            "--server", str(config.server), "--token", str(config.token), "--node-name", name,
+            "--server", str(config.server), "--node-name", name,
             "--interval", str(config.interval), "--dcgm-url", self.server.url(name),
             "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
             "--watch-pid", str(self.launchers[n].pid), "--spool-dir", str(node_dir / "spool"),
         ]  # fmt: skip
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
-        self.agents[n] = spawn(command, env=dict(os.environ), stdout=log)
+        # The token goes in the environment: command lines are visible to every user in `ps`.
+        self.agents[n] = spawn(command, env={**os.environ, "FAULTLINE_AGENT_TOKEN": str(config.token)}, stdout=log)
 
     def _loop(self) -> None:
         duration = self.config.duration
