@@ -322,6 +322,7 @@ class Agent:
 
     def _shutdown(self) -> None:
         log.info("stopping: shipping what is left")
+        self.poll_logs(time.monotonic())  # lines written since the last tick
         self.flush_parsers()
         if self.events or not self.stacks.empty():
             self.emit(self.build_batch(gpus=[], processes=False))

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s agent[" + config.node_name + "] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would drown the agent's own
     from agents.agent import Agent, install_signal_handlers  # after the config: its errors come first
 
     try:

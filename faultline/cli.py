@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-sim", action="store_true", help="services only, for pointing real agents at it")
     demo.add_argument("--nodes", type=int, default=8, help="simulated nodes (default 8)")
     demo.add_argument("--gpus-per-node", type=int, default=8)
+    demo.add_argument("--fault-after", type=float, default=60.0, help="first simulated fault after this many s (60)")
+    demo.add_argument("--fault-every", type=float, default=180.0, help="then a fault every this many s (180)")
 
     serve = sub.add_parser("serve", help="run the API (uvicorn)")
     serve.add_argument("--host", default="127.0.0.1")

@@ -55,6 +55,8 @@ def _demo(args: argparse.Namespace) -> int:
         simulate=not args.no_sim,
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
+        fault_after=args.fault_after,
+        fault_every=args.fault_every,
     )
 
 

@@ -15,8 +15,6 @@ from service.embedded import EmbeddedPostgres, EmbeddedRedis, port_is_free, star
 from service.processes import spawn, stop, wait_healthy
 
 DEMO_JOB = "demo-job"
-FIRST_FAULT_S = 60
-FAULT_EVERY_S = 180
 
 
 def _say(message: str) -> None:
@@ -46,7 +44,16 @@ def _demo_tokens(data_dir: Path) -> dict[str, str]:
     return saved
 
 
-def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_node: int) -> int:
+def run_demo(
+    *,
+    data_dir: Path,
+    port: int,
+    simulate: bool,
+    nodes: int,
+    gpus_per_node: int,
+    fault_after: float = 60.0,
+    fault_every: float = 180.0,
+) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -99,7 +106,7 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
             sim = [
                 "faultline", "sim", "--scenario", "demo", "--server", url,
                 "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node), "--dir", str(data_dir / "sim"),
-                "--fault-after", str(FIRST_FAULT_S), "--fault-every", str(FAULT_EVERY_S), "--job-id", DEMO_JOB,
+                "--fault-after", str(fault_after), "--fault-every", str(fault_every), "--job-id", DEMO_JOB,
             ]  # fmt: skip
             sim_env = {**env, "FAULTLINE_AGENT_TOKEN": tokens["agent"]}
             children.append(("sim", spawn(sim, env=sim_env, log=logs / "sim.log")))
@@ -107,7 +114,7 @@ def run_demo(*, data_dir: Path, port: int, simulate: bool, nodes: int, gpus_per_
         _say(f"ready in {time.monotonic() - started:.1f} s")
         cluster = (
             f"{nodes} simulated nodes x {gpus_per_node} GPUs running job {DEMO_JOB}, one agent each; "
-            f"a fault after {FIRST_FAULT_S} s, then every {FAULT_EVERY_S} s\n"
+            f"a fault after {fault_after:g} s, then every {fault_every:g} s\n"
             f"               (injections: {logs / 'sim.log'}; ground truth: {data_dir / 'sim' / 'ground_truth.json'})"
             if simulate
             else "none (--no-sim): point agents at the API with the agent token"

@@ -30,13 +30,46 @@ def _curl_examples() -> list[str]:
 
 def _start_demo(data_dir: Path, port: int) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
+    options = f"--data-dir {data_dir} --port {port} --nodes 2 --fault-after 10".split()
     return subprocess.Popen(
-        [sys.executable, "-m", "faultline", "demo", "--data-dir", str(data_dir), "--port", str(port), "--nodes", "2"],
+        [sys.executable, "-m", "faultline", "demo", *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
     )
+
+
+# Run in a child process, as `faultline token create --data-dir` does: it reaches the demo's embedded
+# PostgreSQL through the data folder, without touching this test process's settings.
+_COUNT_FAULT_EVENTS = """
+import sys
+from pathlib import Path
+from sqlalchemy import text
+from service.db import session_scope
+from service.embedded import use_data_dir
+
+use_data_dir(Path(sys.argv[1]))
+with session_scope() as session:
+    print(session.execute(text(
+        "SELECT count(*) FROM log_events e JOIN nodes n ON n.id = e.node_id "
+        "WHERE e.severity IN ('error', 'critical') AND n.name = ANY(:nodes)"
+    ), {"nodes": sys.argv[2:]}).scalar_one())
+"""
+
+
+def _fault_events(data_dir: Path, nodes: list[str]) -> bool:
+    """Whether error or critical events from the faulty nodes are stored."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _COUNT_FAULT_EVENTS, str(data_dir), *nodes],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip()) > 0
 
 
 def _stop(demo: subprocess.Popen[str]) -> str:
@@ -93,6 +126,13 @@ def test_demo_runs_the_readme_examples_and_stops_cleanly(tmp_path):
         wait_for(demo_job_mapped, timeout=90, what="the simulated cluster's ranks")
         ranks = httpx.get(f"{url}/api/v1/jobs/demo-job", headers=scheduler).json()["ranks"]
         assert {(r["rank"], r["node"]) for r in ranks} == {(r, f"node-{r // 8:03d}") for r in range(16)}
+
+        # A fault arrives: the simulator injects one, and its evidence reaches the service.
+        truth_path = data_dir / "sim" / "ground_truth.json"
+        wait_for(lambda: bool(json.loads(truth_path.read_text())["faults"]), timeout=60, what="the first fault")
+        fault = json.loads(truth_path.read_text())["faults"][0]
+        if fault["kind"] != "straggler":  # a throttled GPU writes no log line; its counters show it
+            wait_for(lambda: _fault_events(data_dir, fault["nodes"]), timeout=60, what=f"evidence of {fault['kind']}")
         token = subprocess.run(
             [sys.executable, "-m", "faultline", "token", "create", "--scope", "operator", "--data-dir", str(data_dir)],
             capture_output=True,

@@ -69,7 +69,7 @@ def _events(committed: Any, job_id: str, kind: str) -> list[Any]:
             conn.execute(
                 text(
                     "SELECT e.rank, n.name, e.fields, e.line FROM log_events e JOIN nodes n ON n.id = e.node_id "
-                    "JOIN jobs j ON j.id = e.job_id WHERE j.external_id = :job AND e.kind = :kind ORDER BY e.ts"
+                    "JOIN jobs j ON j.id = e.job_id WHERE j.external_id = :job AND e.kind = :kind ORDER BY e.id"
                 ),
                 {"job": job_id, "kind": kind},
             )
@@ -135,8 +135,11 @@ def test_crashed_rank_traceback_and_torchrun_summary_are_events(committed, tmp_p
     with watched_job(committed, tmp_path, ["--crash-rank", "1", "--crash-at-step", "5"]) as w:
         w["cluster"].wait_exited(timeout=120)
         wait_for(lambda: bool(_events(committed, w["job_id"], "child_failed")), timeout=30, what="the ChildFailedError")
-        tracebacks = _events(committed, w["job_id"], "traceback")
-        crashed = [t for t in tracebacks if t[0] == 1]
+        # A traceback is complete once its stream goes quiet (a chained exception could still follow).
+        wait_for(
+            lambda: any(t[0] == 1 for t in _events(committed, w["job_id"], "traceback")), timeout=30, what="traceback"
+        )
+        crashed = [t for t in _events(committed, w["job_id"], "traceback") if t[0] == 1]
         assert crashed and crashed[0][1] == "vnode-0"
         assert "RuntimeError" in crashed[0][2]["exc_type"] and "Traceback" in crashed[0][3]
         summary = _events(committed, w["job_id"], "child_failed")

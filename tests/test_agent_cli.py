@@ -1,0 +1,73 @@
+"""`faultline agent` as an operator runs it on a node: a dry run over real log files, and bad flags."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def _agent(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_AGENT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "faultline", "agent", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def _without_header(source: Path, tmp: Path) -> Path:
+    # The fixtures carry a provenance header; a node's log starts at the log text.
+    out = tmp / source.name
+    out.write_text(source.read_text().split("\n---\n", 1)[1])
+    return out
+
+
+def test_dry_run_once_prints_the_events_of_real_logs(tmp_path: Path) -> None:
+    kmsg = _without_header(LOGS / "xid79_fallen_off_bus_multiline_nvsentinel_155.txt", tmp_path)
+    xid48 = _without_header(LOGS / "xid48_dbe_xid64_gpuoperator_1146.txt", tmp_path)
+    train = _without_header(LOGS / "ib_status12_nccl_1814.txt", tmp_path)
+    timeout = _without_header(LOGS / "nccl_timeout_seqnum_skew_pytorch_118369.txt", tmp_path)
+    kernel = tmp_path / "kern.log"
+    kernel.write_text(kmsg.read_text() + xid48.read_text())
+    done = _agent(
+        "--dry-run", "--once", "--node-name", "gpu-17", "--kmsg", str(kernel), "--log", str(train),
+        "--log", str(tmp_path / "nccl_timeout_*.txt"), "--spool-dir", str(tmp_path / "unused"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "no GPU counters" in done.stderr  # said once, and the agent carries on
+    (line,) = done.stdout.splitlines()  # --once: one batch, one JSON line
+    batch = orjson.loads(line)
+    assert batch["node"] == "gpu-17" and batch["metrics"] == [] and batch["heartbeat"]["agent_version"]
+    events: list[dict[str, Any]] = batch["logs"]
+
+    xids = [e for e in events if e["kind"] == "xid"]
+    assert [e["fields"]["xid"] for e in xids if e["fields"]["xid"] == 79] == [79]
+    assert {48, 64} <= {e["fields"]["xid"] for e in xids}
+    lost = next(e for e in xids if e["fields"]["xid"] == 79)
+    assert lost["severity"] == "critical" and lost["source"] == "kmsg" and "fallen off the bus" in lost["line"]
+
+    ib = [e for e in events if e["kind"] == "ib_error"]
+    assert [e["fields"]["status"] for e in ib] == [12, 5]
+    assert ib[0]["fields"]["peer"] == "172.36.143.59" and ib[0]["path"] == str(train)
+
+    watchdog = [e for e in events if e["kind"] == "watchdog_timeout"]
+    assert watchdog and all(e["fields"]["op"] and e["fields"]["timeout_ms"] for e in watchdog)
+    assert {e["path"] for e in watchdog} == {str(timeout)}
+    assert not (tmp_path / "unused").exists()  # a dry run sends nothing and spools nothing
+
+
+def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
+    missing = _agent("--once")
+    assert missing.returncode == 2
+    assert "--server and --token required" in missing.stderr
+    bad_url = _agent("--server", "faultline:8080", "--token", "t", "--once")
+    assert bad_url.returncode == 2 and "http(s) URL" in bad_url.stderr
+    config = tmp_path / "agent.toml"
+    config.write_text("interval = [")
+    broken = _agent("--config", str(config), "--dry-run")
+    assert broken.returncode == 2 and "cannot read config file" in broken.stderr
