@@ -7,7 +7,8 @@ traceback, the "fallen off the bus" message, a torchrun failure table) are held 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from agents.events import Event
@@ -68,6 +69,26 @@ def infer_year(month: int, day: int, now: datetime) -> int:
     except ValueError:
         return now.year
     return now.year - 1 if (candidate - now).days > 2 else now.year
+
+
+def frac_us(frac: str | None) -> int:
+    """Microseconds from a stamp's fraction digits: "5" -> 500000, "123456789" -> 123456."""
+    return int(frac.ljust(6, "0")[:6]) if frac else 0
+
+
+def iso_datetime(m: re.Match[str]) -> datetime | None:
+    """UTC time from an ISO 8601 match whose groups are year, month, day, hour, minute, second,
+    fraction and zone ("Z", "+0100" or "-01:00"; none is UTC); None for an impossible date."""
+    y, mo, d, h, mi, s, frac, tz = m.groups()
+    try:
+        ts = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), frac_us(frac), tzinfo=UTC)
+    except ValueError:
+        return None
+    if tz and tz != "Z":
+        sign = -1 if tz[0] == "-" else 1
+        digits = tz[1:].replace(":", "")
+        ts -= sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:4]))
+    return ts
 
 
 __all__ = ["MAX_EVENT_LINE", "LineParser", "as_utc", "clip", "parse_text"]

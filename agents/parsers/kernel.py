@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agents.events import Event
-from agents.parsers import MONTHS, as_utc, clip, infer_year, match_window
+from agents.parsers import MONTHS, as_utc, clip, frac_us, infer_year, iso_datetime, match_window
 from agents.parsers.xid import lookup
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class KernelLogParser:
         wall: datetime | None = None  # a syslog/journald wall-clock stamp, which beats dmesg's
         m = _ISO.match(text)
         if m:
-            wall = _iso_ts(m)
+            wall = iso_datetime(m)
             text = text[m.end() :]
         else:
             m = _SYSLOG.match(text)
@@ -177,7 +177,7 @@ class KernelLogParser:
         m = _DMESG_MONO.match(text)
         if m:
             if wall is None:
-                wall = self._since_boot(int(m.group(1)) + _frac_us(m.group(2)) / 1_000_000, now)
+                wall = self._since_boot(int(m.group(1)) + frac_us(m.group(2)) / 1_000_000, now)
             return wall or now, text[m.end() :].strip()
         m = _DMESG_T.match(text)
         if m:
@@ -442,23 +442,6 @@ class KernelLogParser:
         ]
 
 
-def _frac_us(frac: str | None) -> int:
-    return int(frac.ljust(6, "0")[:6]) if frac else 0
-
-
-def _iso_ts(m: re.Match[str]) -> datetime | None:
-    y, mo, d, h, mi, s, frac, tz = m.groups()
-    try:
-        ts = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), _frac_us(frac), tzinfo=UTC)
-    except ValueError:
-        return None
-    if tz and tz != "Z":
-        sign = -1 if tz[0] == "-" else 1
-        digits = tz[1:].replace(":", "")
-        ts -= sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
-    return ts
-
-
 def _syslog_ts(m: re.Match[str], now: datetime) -> datetime | None:
     mon, d, h, mi, s, frac = m.groups()
     month = MONTHS.get(mon)
@@ -466,7 +449,7 @@ def _syslog_ts(m: re.Match[str], now: datetime) -> datetime | None:
         return None
     try:
         return datetime(
-            infer_year(month, int(d), now), month, int(d), int(h), int(mi), int(s), _frac_us(frac), tzinfo=UTC
+            infer_year(month, int(d), now), month, int(d), int(h), int(mi), int(s), frac_us(frac), tzinfo=UTC
         )
     except ValueError:
         return None

@@ -1,0 +1,66 @@
+"""torchrun's elastic agent: rendezvous and store failures, workers failing, signals sent to them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from agents.parsers.training.common import MAX_MESSAGE, Emit
+
+_HEARTBEAT = re.compile(
+    r"The node '([^']+)' has failed to send a keep-alive heartbeat to the rendezvous '([^']+)'"
+    r"(?: due to an error of type (\w+))?"
+)
+_SHUTDOWN = re.compile(r"The node '([^']+)' has failed to shutdown the rendezvous '([^']*)")
+_ERROR_TYPE = re.compile(r"\b(Rendezvous\w*Error|DistStoreError|DistNetworkError|RendezvousGracefulExitError)\b")
+_CLOSING = re.compile(r"Sending process (\d+) closing signal (\w+)")
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary: (\S+)")
+_GROUP_FAILED = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
+# Substrings one of which every message above contains: a C-speed test before the regexes.
+_HINTS = (
+    "endezvous",
+    "DistStoreError",
+    "DistNetworkError",
+    "10d store",
+    "closing signal",
+    "Worker group FAILED",
+    "local_rank: ",
+)
+
+
+def rule_elastic(body: str, low: str, emit: Emit, rank: int | None) -> bool:
+    if not any(hint in body for hint in _HINTS):
+        return False
+    severity = "error"
+    fields: dict[str, Any]
+    if m := _HEARTBEAT.search(body):
+        fields = {"category": "heartbeat", "node": m.group(1), "rendezvous": m.group(2), "error_type": m.group(3)}
+    elif m := _SHUTDOWN.search(body):
+        fields = {"category": "rendezvous_shutdown", "node": m.group(1), "rendezvous": m.group(2)}
+    elif m := _CLOSING.search(body):
+        severity = "warning"
+        fields = {"category": "closing_signal", "pid": int(m.group(1)), "signal": m.group(2)}
+    elif m := _WORKER_FAILED.search(body):
+        fields = {
+            "category": "worker_failed",
+            "exitcode": int(m.group(1)),
+            "local_rank": int(m.group(2)),
+            "pid": int(m.group(3)),
+            "binary": m.group(4),
+        }
+    elif m := _GROUP_FAILED.search(body):
+        severity = "warning"
+        fields = {"category": "worker_group_restart", "attempts_left": int(m.group(1))}
+    else:
+        error_type = _ERROR_TYPE.search(body)
+        if not error_type and "store has failed" not in low:
+            return False
+        store = "store" in low or (error_type is not None and "Store" in error_type.group(1))
+        message = body[error_type.start() if error_type else 0 :].strip().rstrip('",')
+        fields = {
+            "category": "store" if store else "rendezvous",
+            "error_type": error_type.group(1) if error_type else None,
+            "message": message[:MAX_MESSAGE],
+        }
+    emit("elastic_error", severity, fields)
+    return True

@@ -1,0 +1,156 @@
+"""Training progress: step lines (loss, grad norm, lr, time per step), their NaNs and spikes."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from agents.events import Event
+from agents.parsers.training.common import MAX_MESSAGE, Emit, make_event, rank_in
+
+# Each pattern needs a named group `step`; optional groups: loss, grad_norm, elapsed_ms, lr, total.
+# A pattern whose `step` group did not take part in the match (the Trainer's log dict has no step)
+# gets the last step seen. Lookaheads of the form (?=(?:.*?X(?P<g>...))?) pick up fields in any order.
+DEFAULT_STEP_PATTERNS: tuple[str, ...] = (
+    # Megatron-LM / Megatron-DeepSpeed:
+    # " iteration      100/  500000 | consumed samples: ... | elapsed time per iteration (ms): 1234.5 |
+    #   learning rate: 3.0E-04 | ... | lm loss: 2.345E+00 | loss scale: 1.0 | grad norm: 1.23 | ..."
+    r"iteration\s+(?P<step>\d+)\s*/\s*(?P<total>\d+)\s*\|"
+    r"(?=(?:.*?elapsed time per iteration \(ms\):\s*(?P<elapsed_ms>[^\s|]+))?)"
+    r"(?=(?:.*?learning rate:\s*(?P<lr>[^\s|]+))?)"
+    r"(?=(?:.*?\|\s*(?:lm )?loss:\s*(?P<loss>[^\s|]+))?)"
+    r"(?=(?:.*?grad norm:\s*(?P<grad_norm>[^\s|]+))?)",
+    # Hugging Face Trainer: {'loss': 2.345, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.5}
+    r"\{'loss': (?P<loss>[^,}]+)"
+    r"(?=(?:.*?'grad_norm': (?P<grad_norm>[^,}]+))?)"
+    r"(?=(?:.*?'learning_rate': (?P<lr>[^,}]+))?)"
+    r"(?=(?:.*?'step': (?P<step>\d+))?)",
+    # tqdm training bars (Trainer, Lightning "Epoch 0: ..."), not dataset/eval bars:
+    # "  5%|▌         | 50/1000 [00:10<03:10,  5.00it/s, loss=2.6]"
+    r"^(?:\s*|Epoch \d+:\s*|(?:Training|Train|Steps?|Iteration)s?:?\s*)"
+    r"\d{1,3}%\|[^|]{0,200}\|\s*(?P<step>\d+)/(?P<total>\d+)\b"
+    r"(?=(?:[^\]]*?\bloss=(?P<loss>[^\s,\]]+))?)",
+    # generic: "step=100 loss=2.3 grad_norm=1.1", "step 100 | loss 2.3", "Step 100/1000, loss: 2.3"
+    r"(?i)\bstep[\s=:]+(?P<step>\d+)(?:\s*/\s*(?P<total>\d+))?"
+    r"(?=(?:.*?\bloss[\s=:]+(?P<loss>[-+\w.]+))?)"
+    r"(?=(?:.*?\bgrad[_ ]norm[\s=:]+(?P<grad_norm>[-+\w.]+))?)"
+    r"(?=(?:.*?\b(?:lr|learning[_ ]rate)[\s=:]+(?P<lr>[-+\w.]+))?)",
+)
+# Cheap literal hints for the default step patterns (tested against the lowercased line).
+_STEP_HINTS = dict(zip(DEFAULT_STEP_PATTERNS, ("iteration", "{'loss'", "%|", "step"), strict=True))
+_VALUES = ("loss", "grad_norm", "elapsed_ms", "lr")  # numeric groups a step pattern may have
+_JUDGED = ("loss", "grad_norm")  # values checked for NaN and spikes
+
+_WINDOW = 20  # recent values the spike check compares with
+_MIN_HISTORY = 5  # values needed before judging a spike
+
+# NaN/inf reported in words, not on a step line: "loss is nan", "grad norm is inf at rank 3".
+_NAN_LOSS = re.compile(r"(?i)\bloss\b[^|\n]{0,40}?\b(?:nan|inf)\b|\b(?:nan|inf)\b[^|\n]{0,20}?\bloss\b")
+_NAN_GRAD = re.compile(
+    r"(?i)\bgrad(?:ient)?s?[ _-]?norm\b[^|\n]{0,40}?\b(?:nan|inf)\b"
+    r"|\b(?:nan|inf)\b[^|\n]{0,40}?\bgrad(?:ient)?s?[ _-]?norm\b"
+)
+_DEVICE = re.compile(r"\bDevice:? (\d+)")
+
+
+class Progress:
+    """Reads step lines and keeps what judging the next one needs: the last step, recent values."""
+
+    def __init__(self, step_patterns: Sequence[str], spike_factor: float, path: str | None) -> None:
+        self.spike_factor = spike_factor
+        self.path = path
+        # (regex, literal the lowercased line must contain or None): user patterns get no hint.
+        self.step_patterns: list[tuple[re.Pattern[str], str | None]] = []
+        for pattern in step_patterns:
+            compiled = re.compile(pattern)
+            if "step" not in compiled.groupindex:
+                raise ValueError(f"step pattern has no named group 'step': {pattern!r}")
+            self.step_patterns.append((compiled, _STEP_HINTS.get(pattern)))
+        self.last_step: int | None = None
+        self._history: dict[str, deque[float]] = {name: deque(maxlen=_WINDOW) for name in _JUDGED}
+
+    def read(self, raw: str, body: str, low: str, ts: datetime, rank: int | None) -> list[Event]:
+        """A `step` event for a progress line (the first pattern that matches), and any anomaly in it."""
+        for pattern, hint in self.step_patterns:
+            if hint is not None and hint not in low:
+                continue
+            m = pattern.search(body)
+            if m is None:
+                continue
+            groups = m.groupdict()
+            step = int(groups["step"]) if groups.get("step") else self.last_step
+            if step is not None:
+                self.last_step = step
+            fields: dict[str, Any] = {"step": step}
+            if groups.get("total"):
+                fields["total"] = int(groups["total"])
+            values: dict[str, float] = {}
+            for name in _VALUES:
+                value = _num(groups.get(name))
+                if value is not None:
+                    values[name] = value
+                    fields[name] = _wire(value)
+            rank = rank_in(body, rank)  # "rank=3 step=5 ..." from a plain logging line
+            events = [make_event(ts, "step", raw, "debug", fields, rank, path=self.path)]
+            for name in _JUDGED:
+                if name in values:
+                    events += self._judge(name, values[name], step, raw, ts, rank)
+            return events
+        return []
+
+    def _judge(
+        self, name: str, value: float, step: int | None, raw: str, ts: datetime, rank: int | None
+    ) -> list[Event]:
+        """NaN/inf, or a jump past spike_factor x the recent median: an anomaly event besides the step."""
+        history = self._history[name]
+        if not math.isfinite(value):
+            kind = "nan_loss" if name == "loss" else "grad_norm_nan"
+            return [make_event(ts, kind, raw, "error", {"step": step, name: _wire(value)}, rank, path=self.path)]
+        events: list[Event] = []
+        if len(history) >= _MIN_HISTORY:
+            median = statistics.median(history)
+            if median > 0 and value > self.spike_factor * median:
+                kind = "loss_spike" if name == "loss" else "grad_norm_spike"
+                fields = {"step": step, name: value, "median": median, "factor": round(value / median, 2)}
+                events.append(make_event(ts, kind, raw, "warning", fields, rank, path=self.path))
+        history.append(value)
+        return events
+
+
+def rule_nan(body: str, low: str, emit: Emit, rank: int | None) -> bool:
+    """A NaN/inf loss or grad norm reported in words (step lines are judged by `Progress`)."""
+    if not (("loss" in low or "norm" in low) and ("nan" in low or "inf" in low)):
+        return False
+    if _NAN_GRAD.search(body):
+        kind = "grad_norm_nan"
+    elif _NAN_LOSS.search(body):
+        kind = "nan_loss"
+    else:
+        return False
+    fields: dict[str, Any] = {"message": body.strip()[:MAX_MESSAGE]}
+    device = _DEVICE.search(body)
+    if device:
+        fields["device"] = int(device.group(1))
+    emit(kind, "error", fields, rank_in(body, rank))
+    return True
+
+
+def _num(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text.strip().rstrip(",|;)]}'\""))
+    except ValueError:
+        return None
+
+
+def _wire(value: float) -> float | str:
+    """JSON has no NaN or infinity: non-finite values travel as "nan", "inf", "-inf"."""
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
