@@ -86,7 +86,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Say loudly when the real torchrun tests did not run: a plain `make test` has no PyTorch."""
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if TORCH_MISSING in str(r.longrepr)]
     if skipped:
-        terminalreporter.write_sep("!", f"{len(skipped)} REAL TORCHRUN TESTS SKIPPED", red=True, bold=True)
+        terminalreporter.write_sep("!", f"REAL TORCHRUN TESTS SKIPPED ({len(skipped)} modules)", red=True, bold=True)
         terminalreporter.write_line(
             "PyTorch is not a dependency of faultline. To run them: .venv/bin/pip install torch==2.13.0 "
             "(the CPU build; CI does this)",
