@@ -95,6 +95,7 @@ class Agent:
         self.logs = GlobFollower(config.logs, from_start=from_start, positions=positions)
         self.step_patterns = (*config.step_patterns, *DEFAULT_STEP_PATTERNS)
         self.scanner = ProcessScanner(job_env=config.job_env, watch_pid=config.watch_pid)
+        self._scan_lock = threading.Lock()  # the loop and a stack-dump thread both scan
         self.gpus: GpuSource | None = DcgmExporter(config.dcgm_url) if config.dcgm_url else open_nvml()
         self.shipper: Shipper | None = None
         self._ship_thread: threading.Thread | None = None
@@ -162,6 +163,10 @@ class Agent:
             self.events += stream.parser.flush(now=wall)
             stream.pending = False
 
+    def scan(self) -> list[Worker]:
+        with self._scan_lock:
+            return self.scanner.scan(time.monotonic())
+
     def read_gpus(self) -> list[GpuReading]:
         if self.gpus is None:
             return []
@@ -186,7 +191,7 @@ class Agent:
             ).start()
 
     def _dump_stacks(self, directive_id: str, job_id: str | None) -> None:
-        workers = self.scanner.scan(time.monotonic())
+        workers = self.scan()
         targets: list[dict[str, Any]] = []
         for w in workers:
             if job_id is not None and w.job_id != job_id:
@@ -290,7 +295,7 @@ class Agent:
                 if now >= next_batch:
                     processes = now >= next_procs
                     if processes:
-                        self.workers = self.scanner.scan(now)
+                        self.workers = self.scan()
                         next_procs = now + self.config.process_interval
                     self.emit(self.build_batch(gpus=self.read_gpus(), processes=processes))
                     next_batch += self.config.interval
@@ -307,7 +312,7 @@ class Agent:
         while self.poll_logs(time.monotonic())[0]:
             pass  # a source holding more than one poll's worth (READ_LIMIT) needs several reads
         self.flush_parsers()
-        self.workers = self.scanner.scan(time.monotonic())
+        self.workers = self.scan()
         self.emit(self.build_batch(gpus=self.read_gpus(), processes=True))
         code = 0
         if self.shipper is not None and not self.shipper.drain(timeout=30):
