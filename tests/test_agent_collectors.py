@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -277,3 +278,30 @@ def test_no_gpu_is_said_once_and_the_agent_carries_on(monkeypatch: pytest.Monkey
     with caplog.at_level("INFO"):
         assert open_nvml() is None
     assert "NVML sees no GPU" in caplog.text and fake.shutdown
+
+
+@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs read and write access to /dev/kmsg")
+def test_kmsg_device_delivers_new_kernel_records_to_the_parser() -> None:
+    from agents.follow import KmsgDevice
+    from agents.parsers.kernel import KernelLogParser
+
+    device = KmsgDevice()  # starts at the end of the ring buffer: history is not shipped
+    lines: list[str] = []
+
+    def arrived() -> bool:
+        lines.extend(device.poll())
+        return any(marker in line for line in lines)
+
+    try:
+        device.poll()
+        # A record written to /dev/kmsg goes into the kernel's ring buffer like any driver's message.
+        marker = f"faultline-test-{uuid.uuid4().hex[:8]}"
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(f"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name={marker}, GPU has fallen off the bus.\n")
+        wait_for(arrived, timeout=5, what="the record in /dev/kmsg")
+    finally:
+        device.close()
+    record = next(line for line in lines if marker in line)
+    assert record.split(";", 1)[0].count(",") >= 3  # the raw /dev/kmsg header: priority,seq,usec,flags
+    (event,) = KernelLogParser(boot_time=datetime.now(UTC)).feed(record, now=datetime.now(UTC))
+    assert event.kind == "xid" and event.fields["xid"] == 79 and event.critical
