@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from tests.procs import wait_for
+from tests.receiver import receiver
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
@@ -71,3 +76,31 @@ def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
     config.write_text("interval = [")
     broken = _agent("--config", str(config), "--dry-run")
     assert broken.returncode == 2 and "cannot read config file" in broken.stderr
+
+
+def test_critical_events_are_shipped_at_once_not_at_the_interval(tmp_path: Path) -> None:
+    kernel = tmp_path / "kern.log"
+    kernel.touch()
+    with receiver() as rx:
+        args = [
+            sys.executable, "-m", "faultline", "agent", "--server", rx.url, "--node-name", "n1",
+            "--interval", "60", "--kmsg", str(kernel), "--spool-dir", str(tmp_path / "spool"),
+        ]  # fmt: skip
+        env = {**os.environ, "FAULTLINE_AGENT_TOKEN": "fl_t"}
+        with subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True) as agent:
+            try:
+                wait_for(lambda: len(rx.requests) == 1, timeout=20, what="the first batch")  # sent at start
+                with kernel.open("a") as f:
+                    f.write(
+                        "[Sat Nov 22 10:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.\n"
+                    )  # noqa: E501
+                written = time.monotonic()
+                wait_for(lambda: len(rx.requests) == 2, timeout=10, what="the critical batch")
+                latency = time.monotonic() - written
+            finally:
+                agent.send_signal(signal.SIGTERM)
+                agent.wait(timeout=30)
+    (event,) = rx.bodies()[1]["logs"]
+    assert event["kind"] == "xid" and event["fields"]["xid"] == 48
+    assert latency < 5  # well before the 60 s interval
+    assert rx.requests[1]["headers"]["Content-Encoding"] == "gzip"
