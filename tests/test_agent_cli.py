@@ -16,6 +16,10 @@ from tests.procs import wait_for
 from tests.receiver import receiver
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
+XID48 = (
+    "[Sat Nov 22 10:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit "
+    "error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.\n"
+)
 
 
 def _agent(*args: str) -> subprocess.CompletedProcess[str]:
@@ -91,9 +95,7 @@ def test_critical_events_are_shipped_at_once_not_at_the_interval(tmp_path: Path)
             try:
                 wait_for(lambda: len(rx.requests) == 1, timeout=20, what="the first batch")  # sent at start
                 with kernel.open("a") as f:
-                    f.write(
-                        "[Sat Nov 22 10:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.\n"
-                    )  # noqa: E501
+                    f.write(XID48)
                 written = time.monotonic()
                 wait_for(lambda: len(rx.requests) == 2, timeout=10, what="the critical batch")
                 latency = time.monotonic() - written
