@@ -7,11 +7,13 @@ traceback, the "fallen off the bus" message, a torchrun failure table) are held 
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
 
 from agents.events import Event
+
+_log = logging.getLogger(__name__)
 
 # The wire protocol caps an event's line at 65,536 characters; stay under it with room to spare.
 MAX_EVENT_LINE = 60_000
@@ -19,10 +21,42 @@ MAX_EVENT_LINE = 60_000
 MAX_MATCH_CHARS = 16_384
 
 
-class LineParser(Protocol):
-    def feed(self, line: str, *, now: datetime) -> list[Event]: ...
+class LineParser:
+    """Base of the parsers: `feed` and `flush` never raise, because a log line must never take the agent
+    down. What fails is a bug: counted in `parse_errors` and logged at debug level."""
 
-    def flush(self, *, now: datetime) -> list[Event]: ...
+    name = "log"
+
+    def __init__(self) -> None:
+        self.parse_errors = 0
+
+    def feed(self, line: str, *, now: datetime) -> list[Event]:
+        try:
+            return self._feed(line, as_utc(now))
+        except Exception:
+            self.parse_errors += 1
+            _log.debug("%s parser failed on %r", self.name, line[:200], exc_info=True)
+            return []
+
+    def flush(self, *, now: datetime) -> list[Event]:
+        """Emit what is still pending; events finished before a failure are kept."""
+        events: list[Event] = []
+        try:
+            self._flush(events)
+        except Exception:
+            self.parse_errors += 1
+            self._abandon_pending()
+            _log.debug("%s parser failed to flush", self.name, exc_info=True)
+        return events
+
+    def _feed(self, line: str, now: datetime) -> list[Event]:
+        raise NotImplementedError
+
+    def _flush(self, out: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _abandon_pending(self) -> None:
+        """Drop pending state that failed to flush, so it cannot fail again."""
 
 
 def parse_text(parser: LineParser, text: str, *, now: datetime) -> list[Event]:

@@ -7,17 +7,14 @@ syslog files, and bare lines. Lines about anything else are ignored.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agents.events import Event
-from agents.parsers import MONTHS, as_utc, clip, frac_us, infer_year, iso_datetime, match_window
+from agents.parsers import MONTHS, LineParser, as_utc, clip, frac_us, infer_year, iso_datetime, match_window
 from agents.parsers.xid import lookup
-
-log = logging.getLogger(__name__)
 
 SOURCE = "kmsg"
 
@@ -104,32 +101,20 @@ class _Block:
     texts: list[str] = field(default_factory=list)  # the messages without prefixes
 
 
-class KernelLogParser:
+class KernelLogParser(LineParser):
     """Turns kernel log lines into `xid`, `sxid`, `pcie_aer` and `nvrm` events."""
 
+    name = "kernel"
+
     def __init__(self, *, boot_time: datetime | None = None) -> None:
+        super().__init__()
         self.boot_time = as_utc(boot_time) if boot_time is not None else None
-        self.parse_errors = 0  # lines the parser choked on (a bug, counted rather than raised)
         self._fell: _Block | None = None  # "The NVIDIA GPU ... has fallen off the bus" in progress
         self._aer: _Block | None = None  # an AER error and its detail lines
 
-    def feed(self, line: str, *, now: datetime) -> list[Event]:
-        try:
-            return self._feed(line, as_utc(now))
-        except Exception:  # a log line must never take the agent down
-            self.parse_errors += 1
-            log.debug("kernel parser failed on %r", line[:200], exc_info=True)
-            return []
-
-    def flush(self, *, now: datetime) -> list[Event]:
-        events: list[Event] = []
-        try:
-            events += self._finish_fell()
-            events += self._finish_aer()
-        except Exception:
-            self.parse_errors += 1
-            log.debug("kernel parser failed to flush", exc_info=True)
-        return events
+    def _flush(self, out: list[Event]) -> None:
+        out += self._finish_fell()
+        out += self._finish_aer()
 
     # -- prefix handling ---------------------------------------------------------------------------
 

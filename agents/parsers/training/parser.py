@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from agents.events import Event
-from agents.parsers import as_utc, match_window
+from agents.parsers import LineParser, match_window
 from agents.parsers.training.blocks import REJECT, TAKE_DONE, Block
 from agents.parsers.training.child_failed import ChildFailed
 from agents.parsers.training.classify import classify
@@ -20,15 +19,15 @@ from agents.parsers.training.progress import DEFAULT_STEP_PATTERNS, Progress
 from agents.parsers.training.tracebacks import TB_START, Traceback
 from agents.parsers.training.watchdog import Desync
 
-log = logging.getLogger(__name__)
-
 _STALE_LINES = 200  # a block that saw no line of its own for this many lines is finished
 _STALE_SECONDS = 10.0  # ... or for this long (the agent flushes only when the whole file goes idle)
 _MAX_TIMEOUTS = 1024  # watchdog timeouts remembered to drop repeats
 
 
-class TrainingLogParser:
+class TrainingLogParser(LineParser):
     """Turns training log lines into events; see the package docstring."""
+
+    name = "training"
 
     def __init__(
         self,
@@ -37,8 +36,8 @@ class TrainingLogParser:
         spike_factor: float = 5.0,
         path: str | None = None,
     ) -> None:
+        super().__init__()
         self.path = path
-        self.parse_errors = 0  # lines the parser choked on (a bug, counted rather than raised)
         self.progress = Progress(step_patterns, spike_factor, path)
         self._blocks: dict[str, Block] = {}  # pending multi-line blocks by line prefix (one per rank)
         self._ib: tuple[datetime, int | None, str, str] | None = None  # an IB error line cut in two
@@ -59,26 +58,14 @@ class TrainingLogParser:
 
     # -- public ------------------------------------------------------------------------------------
 
-    def feed(self, line: str, *, now: datetime) -> list[Event]:
-        try:
-            return self._feed(line, as_utc(now))
-        except Exception:  # a log line must never take the agent down
-            self.parse_errors += 1
-            log.debug("training parser failed on %r", line[:200], exc_info=True)
-            return []
+    def _flush(self, out: list[Event]) -> None:
+        out += self._finish_ib()
+        for _ in range(2):  # a traceback ending in ChildFailedError hands over to its table once
+            for key in list(self._blocks):
+                out += self._finish(key)
 
-    def flush(self, *, now: datetime) -> list[Event]:
-        events: list[Event] = []
-        try:
-            events += self._finish_ib()
-            for _ in range(2):  # a traceback ending in ChildFailedError hands over to its table once
-                for key in list(self._blocks):
-                    events += self._finish(key)
-        except Exception:
-            self.parse_errors += 1
-            self._blocks.clear()
-            log.debug("training parser failed to flush", exc_info=True)
-        return events
+    def _abandon_pending(self) -> None:
+        self._blocks.clear()
 
     # -- per line ----------------------------------------------------------------------------------
 
