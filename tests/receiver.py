@@ -1,10 +1,11 @@
-"""A local HTTP receiver standing in for a remote service: scripted answers, recorded requests."""
+"""A local HTTP receiver standing in for a remote service: scripted answers to POSTs, recorded requests,
+and an optional page served to GETs (a dcgm-exporter stand-in)."""
 
 from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,9 @@ class Receiver:
     script: list[tuple[int, dict[str, Any], dict[str, str]]] = field(default_factory=list)
     default: tuple[int, dict[str, Any], dict[str, str]] = (200, {"directives": []}, {})
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # GET answers with page(n) for the n-th GET (from 1); 404 without a page.
+    page: Callable[[int], bytes] | None = None
+    gets: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def bodies(self) -> list[dict[str, Any]]:
@@ -41,9 +45,20 @@ def receiver() -> Iterator[Receiver]:
                     {"path": self.path, "headers": dict(self.headers), "body": orjson.loads(raw) if raw else None}
                 )
                 status, body, headers = state.script.pop(0) if state.script else state.default
-            payload = orjson.dumps(body)
+            self._answer(status, orjson.dumps(body), {"Content-Type": "application/json", **headers})
+
+        def do_GET(self) -> None:
+            with state.lock:
+                state.gets += 1
+                n = state.gets
+            if state.page is None:
+                self._answer(404, b"", {})
+            else:
+                self._answer(200, state.page(n), {"Content-Type": "text/plain; version=0.0.4"})
+
+        def _answer(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
             self.send_response(status)
-            for key, value in {"Content-Type": "application/json", **headers}.items():
+            for key, value in headers.items():
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()

@@ -10,9 +10,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,41 +21,20 @@ from service.embedded import free_port
 from service.processes import healthy
 from service.tokens import service as tokens
 from tests.procs import running, wait_for
+from tests.receiver import receiver
 
 pytestmark = pytest.mark.slow
 OUTAGE_S = float(os.environ.get("FAULTLINE_TEST_OUTAGE_S", "60"))
 GPUS = 8
 
 
-@contextmanager
-def exporter() -> Iterator[dict[str, Any]]:
-    """A dcgm-exporter stand-in that counts its scrapes."""
-    state: dict[str, Any] = {"scrapes": 0}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            state["scrapes"] += 1
-            n = state["scrapes"]
-            body = "".join(
-                f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="GPU-{g}",Hostname="n1"}} {90 + g}\n'
-                f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="{g}",UUID="GPU-{g}",Hostname="n1"}} {n * 1000}\n'
-                for g in range(GPUS)
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state["url"] = f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield state
-    finally:
-        server.shutdown()
+def _exporter_page(scrape: int) -> bytes:
+    """A dcgm-exporter page: the scrape count in a counter, so each scrape's samples differ."""
+    return "".join(
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="GPU-{g}",Hostname="n1"}} {90 + g}\n'
+        f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="{g}",UUID="GPU-{g}",Hostname="n1"}} {scrape * 1000}\n'
+        for g in range(GPUS)
+    ).encode()
 
 
 def _write_steps(path: Path, stop: threading.Event, written: list[int]) -> None:
@@ -80,10 +56,11 @@ def test_service_down_for_a_minute_and_agent_killed_loses_and_duplicates_nothing
     stop, written = threading.Event(), [0]
     writer = threading.Thread(target=_write_steps, args=(log, stop, written))
     serve = ["faultline", "serve", "--port", str(port)]
-    with exporter() as dcgm:
+    with receiver() as dcgm:
+        dcgm.page = _exporter_page
         agent_args = [
             "faultline", "agent", "--server", url, "--node-name", "n1", "--interval", "1",
-            "--dcgm-url", dcgm["url"], "--kmsg", "none", "--log", str(log), "--spool-dir", str(spool),
+            "--dcgm-url", f"{dcgm.url}/metrics", "--kmsg", "none", "--log", str(log), "--spool-dir", str(spool),
         ]  # fmt: skip
         env = {"FAULTLINE_AGENT_TOKEN": token}
         with running(serve, log=tmp_path / "api-1.log") as api:
@@ -123,8 +100,8 @@ def test_service_down_for_a_minute_and_agent_killed_loses_and_duplicates_nothing
         rows, distinct = conn.execute(text("SELECT count(*), count(DISTINCT (ts, gpu)) FROM metric_samples")).one()
         assert rows == distinct  # no sample stored twice
         # Every scrape's samples are stored, except at most the one the killed agent held unspooled.
-        assert GPUS * (dcgm["scrapes"] - 1) <= rows <= GPUS * dcgm["scrapes"]
-        assert dcgm["scrapes"] >= OUTAGE_S  # the agent went on collecting while the service was down
+        assert GPUS * (dcgm.gets - 1) <= rows <= GPUS * dcgm.gets
+        assert dcgm.gets >= OUTAGE_S  # the agent went on collecting while the service was down
 
 
 def _count(engine: Any, table: str) -> int:
