@@ -4,6 +4,7 @@ install can still run `faultline --help` and, later, `faultline agent`."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -88,10 +89,46 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--json", type=Path, help="also write the figures to this file")
     _data_dir_option(ingest)
     agent_bench.add_parser(bench_sub)
+    # Commands with their own argument parsers; listed here for --help, dispatched by `main` (see _PASSTHROUGH).
+    bench_sub.add_parser("stacks", help="stack aggregation over 16,384 synthetic ranks (see --help)", add_help=False)
+    ml = sub.add_parser("ml", help="detection models: `faultline ml train` trains the log classifier")
+    ml.add_subparsers(dest="ml_command", required=True, metavar="ACTION").add_parser(
+        "train", help="train the log classifier and write a versioned artifact", add_help=False
+    )
+    sub.add_parser("eval", help="run the scenario suite: precision, recall, time to decision", add_help=False)
     return parser
 
 
+# Prefix of argv -> "module:function" taking the rest of argv: commands that parse their own options.
+_PASSTHROUGH: dict[tuple[str, ...], str] = {
+    ("ml", "train"): "ml.classifier.cli:main",
+    ("bench", "stacks"): "ml.bench_stacks:main",
+    ("eval",): "service.evaluation.cli:main",
+}
+
+
+def _passthrough(argv: list[str]) -> int | None:
+    for prefix, target in _PASSTHROUGH.items():
+        if tuple(argv[: len(prefix)]) == prefix:
+            module_name, function = target.split(":")
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                print(
+                    f"faultline {' '.join(prefix)} needs the server stack ({exc.name} is missing): "
+                    "pip install 'faultline[server]'",
+                    file=sys.stderr,
+                )
+                return 2
+            return int(getattr(module, function)(argv[len(prefix) :]))
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    passed = _passthrough(argv)
+    if passed is not None:
+        return passed
     args = build_parser().parse_args(argv)
     if args.command == "agent":
         return agent_cli.run(args)

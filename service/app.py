@@ -18,9 +18,12 @@ import faultline
 from service import health
 from service.config import Settings, get_settings
 from service.db import get_engine, make_sessionmaker
+from service.decisions import routes as decisions_routes
+from service.diagnosis.trigger import DiagnosisTrigger
 from service.directives import routes as directives_routes
 from service.directives.cache import DirectiveCache
 from service.errors import ErrorBody, FaultlineError, error_response
+from service.incidents import routes as incidents_routes
 from service.ingest import routes as ingest_routes
 from service.ingest.schemas import IngestBatch, IngestResult
 from service.ingest.writer import IngestWriter
@@ -61,11 +64,14 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.state.ingest_writer = writer
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
     app.state.directives = DirectiveCache(factory)
+    app.state.diagnosis_trigger = DiagnosisTrigger(settings.broker_url)
 
     app.include_router(health.router)
     app.add_middleware(ingest_routes.IngestFastPath)
     app.include_router(jobs_routes.router)
     app.include_router(directives_routes.router)
+    app.include_router(incidents_routes.router)
+    app.include_router(decisions_routes.router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,6 +29,37 @@ class Settings(BaseSettings):
     metric_retention_hours: float = Field(default=72.0, gt=0)
     log_retention_days: float = Field(default=30.0, gt=0)
     log_level: str = "INFO"
+
+    # Diagnosis: how often every active job is examined, over how much recent data.
+    diagnosis_interval_s: float = Field(default=5.0, gt=0)
+    diagnosis_window_s: float = Field(default=300.0, ge=30)
+    # A job whose agents reported within this long is active.
+    active_job_s: float = Field(default=120.0, gt=0)
+    # After a stack-dump request, aggregate what arrived by this deadline even if some ranks never answer.
+    stack_dump_deadline_s: float = Field(default=15.0, gt=0)
+    # Fail-slow localization: this many stack-dump rounds, this far apart (ByteRobust: 5 rounds, 10 s).
+    failslow_rounds: int = Field(default=5, ge=1, le=20)
+    failslow_round_s: float = Field(default=5.0, gt=0)
+
+    # Policy guard rails. `act`: decisions go to schedulers; `shadow`: decided and recorded, never acted on;
+    # `approval`: every decision waits for a person.
+    policy_mode: Literal["act", "shadow", "approval"] = "act"
+    # Actions that always wait for a person, even in `act` mode (e.g. ["evict"]).
+    policy_approval_required_for: list[Literal["evict", "restart", "rollback", "diagnose"]] = []
+    policy_evict_min_confidence: float = Field(default=0.8, ge=0, le=1)
+    policy_diagnose_min_confidence: float = Field(default=0.5, ge=0, le=1)
+    policy_rollback_min_confidence: float = Field(default=0.7, ge=0, le=1)
+    policy_restart_min_confidence: float = Field(default=0.5, ge=0, le=1)
+    # Blast radius: never more than this share of a job's nodes evicted per hour (at least one node).
+    policy_max_evict_share_per_hour: float = Field(default=0.25, gt=0, le=1)
+    # Network signals flap: evict only after this many occurrences on one node within the window.
+    policy_network_flap_count: int = Field(default=2, ge=1)
+    policy_network_flap_window_s: float = Field(default=300.0, gt=0)
+    # No second eviction of a node, nor a second restart/rollback of a job, within these.
+    policy_node_cooldown_s: float = Field(default=1800.0, ge=0)
+    policy_job_cooldown_s: float = Field(default=600.0, ge=0)
+    # A decision nobody acknowledged by then expires.
+    decision_ttl_s: float = Field(default=1800.0, gt=0)
 
     @model_validator(mode="after")
     def _require_connections(self) -> Settings:

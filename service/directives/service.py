@@ -15,9 +15,22 @@ from service.jobs.service import get_by_external_id
 from service.models import Directive, Job, Node, StackDump
 
 
-def request_stack_dump(session: Session, *, job: Job, requested_by: str, reason: str | None, ttl_s: int) -> Directive:
+def request_stack_dump(
+    session: Session,
+    *,
+    job: Job,
+    requested_by: str,
+    reason: str | None,
+    ttl_s: int,
+    purpose: str | None = None,
+    round: int | None = None,
+    campaign_id: uuid.UUID | None = None,
+) -> Directive:
     """Ask every agent of the job to dump stacks; agents receive it with their next ingest answer."""
     directive = Directive(
+        purpose=purpose,
+        round=round,
+        campaign_id=campaign_id,
         job_id=job.id,
         kind="dump_stacks",
         reason=reason,

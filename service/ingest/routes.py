@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import orjson
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.diagnosis.trigger import jobs_to_diagnose
 from service.errors import Forbidden, error_response
 from service.ingest.body import read_body
 from service.ingest.schemas import IngestBatch
@@ -38,6 +40,8 @@ async def ingest(request: Request) -> Response:
     if principal.node_name is not None and principal.node_name != batch.node:
         raise Forbidden(f"this token may only write data of node {principal.node_name!r}, not {batch.node!r}")
     outcome = await request.app.state.ingest_writer.submit(batch)
+    if not outcome.duplicate and (urgent := jobs_to_diagnose(batch)):
+        await run_in_threadpool(request.app.state.diagnosis_trigger.fire, urgent)
     (_DUPLICATE if outcome.duplicate else _ACCEPTED).inc()
     for kind, count in outcome.stored.items():
         if count:

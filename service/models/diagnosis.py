@@ -49,6 +49,10 @@ class Finding(Base):
     subject: Mapped[str] = mapped_column(Text)
     confidence: Mapped[float] = mapped_column(Float)
     summary: Mapped[str] = mapped_column(Text)
+    # What the detector concluded on its own: who is to blame, cause or symptom, what it would do.
+    blame: Mapped[str] = mapped_column(Text, server_default="unknown")
+    role: Mapped[str] = mapped_column(Text, server_default="cause")
+    action: Mapped[str] = mapped_column(Text, server_default="none")
     evidence: Mapped[dict[str, Any]] = mapped_column(JSONB)
     observed_at: Mapped[datetime]
     created_at: Mapped[datetime] = created_at_column()
@@ -94,6 +98,10 @@ class Decision(Base):
         CheckConstraint(in_check("state", DECISION_STATES), name="state"),
         Index("ix_decisions_state_created_at", "state", "created_at"),
         Index("ix_decisions_incident_id", "incident_id"),
+        # One decision of a kind per incident and node, however many workers decide concurrently.
+        Index("uq_decisions_incident_kind_node", "incident_id", "kind", text("coalesce(node_id, 0)"), unique=True),
+        Index("ix_decisions_node_id_created_at", "node_id", "created_at"),
+        Index("ix_decisions_job_id_created_at", "job_id", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Index, Text, Uuid
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Index, SmallInteger, Text, Uuid
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, created_at_column, in_check
@@ -28,5 +28,10 @@ class Directive(Base):
     kind: Mapped[str] = mapped_column(Text)
     reason: Mapped[str | None] = mapped_column(Text)
     requested_by: Mapped[str] = mapped_column(Text)
+    # Why the service itself asked: "hang" (localize a stall), "failslow" (one of several rounds); None: a person.
+    purpose: Mapped[str | None] = mapped_column(Text)
+    round: Mapped[int | None] = mapped_column(SmallInteger)
+    # Rounds of one fail-slow localization share this id.
+    campaign_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     created_at: Mapped[datetime] = created_at_column()
     expires_at: Mapped[datetime]

@@ -101,7 +101,10 @@ class StackDump(Base):
     """A py-spy dump of one training process."""
 
     __tablename__ = "stack_dumps"
-    __table_args__ = (Index("ix_stack_dumps_job_id_ts", "job_id", "ts"),)
+    __table_args__ = (
+        Index("ix_stack_dumps_job_id_ts", "job_id", "ts"),
+        Index("ix_stack_dumps_directive_id", "directive_id"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     batch_id: Mapped[uuid.UUID] = mapped_column(Uuid)

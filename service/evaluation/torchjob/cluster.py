@@ -7,7 +7,7 @@
 Each launcher writes its stdout and stderr (the ranks' lines, prefixed `[rankN]:` by torchrun's --tee, and
 torchrun's own messages such as the ChildFailedError summary) to `log_dir/node-K.log`, like a real node's log.
 
-This module must not import torch: the test process only launches and watches the job.
+This module must not import torch: the calling process (eval, a test) only launches and watches the job.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ STEP_LINE = re.compile(
     r" elapsed_ms=(?P<elapsed_ms>[0-9.]+)\s*$"
 )
 
-# Variables of an enclosing torchrun (if the tests themselves run under one) would confuse the launchers.
+# Variables of an enclosing torchrun (if the caller itself runs under one) would confuse the launchers.
 _INHERITED_DIST_VARS = (
     "RANK",
     "LOCAL_RANK",
@@ -284,7 +284,7 @@ def _signal_groups(procs: list[psutil.Process], sig: int) -> None:
     for proc in procs:
         with contextlib.suppress(OSError):
             groups.add(os.getpgid(proc.pid))
-    groups.discard(own)  # never signal the test process's own group
+    groups.discard(own)  # never signal the calling process's own group
     for pgid in groups:
         with contextlib.suppress(OSError):
             os.killpg(pgid, sig)
@@ -295,7 +295,7 @@ _live: weakref.WeakSet[TorchCluster] = weakref.WeakSet()
 
 @atexit.register
 def _stop_leftovers() -> None:
-    # A test that forgot to stop its cluster (or an interrupted run) must not leave a hung job behind.
+    # A caller that forgot to stop its cluster (or an interrupted run) must not leave a hung job behind.
     for cluster in list(_live):
         if not cluster._stopped:
             cluster.stop(timeout=2)
@@ -346,7 +346,7 @@ def launch(
         ]
         log_path = log_dir / f"node-{node}.log"
         log_file = log_path.open("ab")
-        # Own session per launcher so a node's tree can be signalled without touching the test process.
+        # Own session per launcher so a node's tree can be signalled without touching the calling process.
         launchers.append(
             Popen(command, stdin=DEVNULL, stdout=log_file, stderr=STDOUT, env=child_env, start_new_session=True)
         )

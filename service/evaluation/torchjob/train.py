@@ -14,6 +14,8 @@ Faults, each named after what it looks like from outside:
 - `--slow-rank R --slow-factor F [--slow-at-step S]`: rank R's per-step work takes F times longer (from step
   S on), so the step time of every rank rises (synchronous training waits for the slowest rank).
 - `--nan-at-step S`: the inputs of step S are NaN on every rank, so loss and grad_norm become NaN.
+- `--user-bug-at-step S`: a bug in the training code: from step S every rank's batch goes through a broken
+  feature transform, so the forward raises the same RuntimeError (a shape mismatch) on every rank.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-factor", type=float, default=3.0)
     parser.add_argument("--slow-at-step", type=int, default=1)
     parser.add_argument("--nan-at-step", type=int)
+    parser.add_argument("--user-bug-at-step", type=int)
     return parser.parse_args(argv)
 
 
@@ -69,6 +72,11 @@ def _stuck_in_data_loading(rank: int, step: int) -> None:
 
 def _injected_crash(rank: int, step: int) -> None:
     raise RuntimeError(f"injected fault: rank {rank} crashed at step {step}")
+
+
+def _select_features(inputs: torch.Tensor) -> torch.Tensor:
+    """Injected user-code bug: drops a feature column the model still expects (the same on every rank)."""
+    return inputs[:, 1:]
 
 
 def _simulate_compute(seconds: float) -> None:
@@ -131,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
             _injected_crash(rank, step)
         if step == args.nan_at_step:
             inputs = inputs * float("nan")
+        if args.user_bug_at_step is not None and step >= args.user_bug_at_step:
+            inputs = _select_features(inputs)
 
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(inputs), targets)

@@ -1,0 +1,161 @@
+"""Demarcation: a job's findings grouped into incidents, each with a root cause, a blame and ranked suspects.
+
+One incident per root cause. Symptoms (victims' watchdog timeouts, peers' NCCL errors, torchrun's summary)
+never open an incident while a cause explains them; a job-level hang or slowdown is folded into an
+infrastructure incident that already names a machine, because a machine that lost a GPU also stalls the job.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ml.findings import CATEGORIES, Finding
+
+# Categories a job-level stall can be the consequence of: these absorb hang/straggler/job_failure findings.
+_EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network"})
+_STALLS = frozenset({"hang", "straggler", "job_failure"})
+_SEVERITY = {
+    "gpu_hardware": "critical",
+    "nvlink": "major",
+    "pcie": "minor",
+    "network": "major",
+    "hang": "critical",
+    "straggler": "major",
+    "oom": "major",
+    "storage": "major",
+    "user_code": "major",
+    "nan": "major",
+    "job_failure": "major",
+    "unknown": "minor",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    node: str
+    confidence: float
+    action: str  # the strongest action a finding about this node asks for
+    finding_ids: tuple[int, ...]
+    reason: str  # the strongest finding's summary
+
+
+@dataclass(slots=True)
+class IncidentProposal:
+    root_cause: str
+    blame: str
+    confidence: float
+    severity: str
+    summary: str
+    finding_ids: list[int] = field(default_factory=list)
+    suspects: list[Suspect] = field(default_factory=list)
+    # The strongest job-level action asked for (rollback for a user bug, diagnose for a hang, ...).
+    job_action: str = "none"
+
+
+_ACTION_RANK = {"none": 0, "restart": 1, "diagnose": 2, "rollback": 3, "evict": 4}
+
+
+def _noisy_or(confidences: Sequence[float]) -> float:
+    """Independent pieces of evidence about one node add up, without ever reaching certainty."""
+    miss = 1.0
+    for c in confidences:
+        miss *= 1.0 - min(max(c, 0.0), 0.999)
+    return 1.0 - miss
+
+
+def demarcate(findings: Sequence[tuple[int, Finding]]) -> list[IncidentProposal]:
+    """Group (finding id, finding) pairs of one job into incident proposals, most severe first."""
+    by_category: dict[str, list[tuple[int, Finding]]] = defaultdict(list)
+    symptoms: list[tuple[int, Finding]] = []
+    for fid, finding in findings:
+        if finding.role == "symptom":
+            symptoms.append((fid, finding))
+        else:
+            category = finding.category if finding.category in CATEGORIES else "unknown"
+            by_category[category].append((fid, finding))
+
+    # A node-naming infrastructure cause explains the job's stall: fold job-level stall findings into it.
+    explaining = [c for c in by_category if c in _EXPLAINS_STALLS and any(f.node for _, f in by_category[c])]
+    if explaining:
+        host = max(explaining, key=lambda c: max(f.confidence for _, f in by_category[c]))
+        for stall in _STALLS & by_category.keys():
+            job_level = [(i, f) for i, f in by_category[stall] if f.node is None]
+            if job_level:
+                by_category[host].extend(job_level)
+                by_category[stall] = [(i, f) for i, f in by_category[stall] if f.node is not None]
+                if not by_category[stall]:
+                    del by_category[stall]
+
+    proposals = [_proposal(category, items) for category, items in by_category.items()]
+    if symptoms:
+        if proposals:
+            # Victims' symptoms corroborate the most severe cause rather than open their own incident.
+            proposals.sort(key=_rank)
+            proposals[0].finding_ids.extend(fid for fid, _ in symptoms)
+        else:
+            proposals.append(_proposal("job_failure", symptoms))
+    proposals.sort(key=_rank)
+    return proposals
+
+
+def _rank(p: IncidentProposal) -> tuple[int, float]:
+    order = {"critical": 0, "major": 1, "minor": 2}
+    return (order.get(p.severity, 3), -p.confidence)
+
+
+def _proposal(category: str, items: list[tuple[int, Finding]]) -> IncidentProposal:
+    by_node: dict[str, list[Finding]] = defaultdict(list)
+    ids_by_node: dict[str, list[int]] = defaultdict(list)
+    for fid, f in items:
+        if f.node:
+            by_node[f.node].append(f)
+            ids_by_node[f.node].append(fid)
+    suspects = []
+    for node, node_findings in by_node.items():
+        strongest = max(node_findings, key=lambda f: (_ACTION_RANK.get(f.action, 0), f.confidence))
+        suspects.append(
+            Suspect(
+                node=node,
+                confidence=round(_noisy_or([f.confidence for f in node_findings]), 4),
+                action=strongest.action,
+                finding_ids=tuple(ids_by_node[node]),
+                reason=strongest.summary,
+            )
+        )
+    suspects.sort(key=lambda s: (-s.confidence, s.node))
+    job_level = [f for _, f in items if not f.node]
+    job_action = max((f.action for f in job_level), key=lambda a: _ACTION_RANK.get(a, 0), default="none")
+    blame = _blame(category, [f for _, f in items])
+    confidence = max(f.confidence for _, f in items)
+    lead = max(items, key=lambda x: x[1].confidence)[1]
+    if suspects:
+        summary = f"{category.replace('_', ' ')}: {lead.summary}"
+        if len(suspects) > 1:
+            summary += f" (+{len(suspects) - 1} more node{'s' if len(suspects) > 2 else ''})"
+    else:
+        summary = f"{category.replace('_', ' ')}: {lead.summary}"
+    return IncidentProposal(
+        root_cause=category,
+        blame=blame,
+        confidence=round(confidence, 4),
+        severity=_SEVERITY.get(category, "major"),
+        summary=summary[:500],
+        finding_ids=[fid for fid, _ in items],
+        suspects=suspects,
+        job_action=job_action,
+    )
+
+
+def _blame(category: str, findings: list[Finding]) -> str:
+    """The most confident finding's blame, unless the category settles it."""
+    if category in ("gpu_hardware", "nvlink", "pcie", "network"):
+        return "infrastructure"
+    if category == "user_code":
+        return "user_code"
+    votes: dict[str, float] = defaultdict(float)
+    for f in findings:
+        votes[f.blame] += f.confidence
+    known = {b: v for b, v in votes.items() if b != "unknown"}
+    return max(known, key=lambda b: known[b]) if known else "unknown"

@@ -1,0 +1,497 @@
+"""Peer comparison (Minder, NSDI'24): the GPU that keeps behaving unlike its peers in a synchronous job.
+
+Every GPU of a data-parallel job runs the same program in lock step, so per metric their window summaries
+should agree. For each metric and sub-window: a robust summary per GPU (a winsorized mean, which tolerates
+spikes and the compute/all-reduce duty cycle), a robust normalization across GPUs (median and MAD, with a
+relative and an absolute floor so a quiet metric's tiny differences never count), then the outliers: far
+from the centre, few, and separated from the rest by a clear gap (not merely the largest of the noise). A
+GPU that is the outlier on a metric in every sub-window of the continuity period becomes a suspect.
+
+Windows where the whole job is idle (hung, crashed, not started) are not compared: everyone is quiet and
+whoever differs then is another detector's business (progress, signatures). GPUs without samples (a lost
+GPU) simply drop out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ml import parallel
+from ml.findings import Finding, JobInfo
+
+DETECTOR = "peers"
+
+# Minder found network, CPU, GPU power, duty cycle, tensor activity and NVLink bandwidth the most telling;
+# DCGM has no network or CPU counters, so GPU power leads. Earlier metrics lead a finding's evidence.
+DEFAULT_PRIORITY: tuple[str, ...] = (
+    "power_usage",
+    "gpu_util",
+    "tensor_active",
+    "nvlink_tx_bytes",
+    "nvlink_rx_bytes",
+    "nvlink_bandwidth_total",
+    "sm_active",
+    "sm_clock",
+    "dram_active",
+    "gpu_temp",
+    "pcie_tx_bytes",
+    "pcie_rx_bytes",
+)
+
+Z_MIN = 4.0  # distance from the centre, in robust scale units, to be an outlier
+GAP_MIN = 2.0  # an outlier must stand this far from the nearest inlier (a clear gap)
+MAX_OUTLIER_FRACTION = 0.25  # more outliers than this is a split job, not a bad machine
+MIN_UNITS = 3
+MIN_SAMPLE_FRACTION = 0.3  # of the window's typical sample count a unit needs to be summarized
+SUPPORT_Z = 2.0  # a supporting metric stays at least this far out in every window...
+SUPPORT_WEIGHT = 0.5  # ... and counts for this fraction of its weight
+HISTORY_FACTOR = 2  # windows analyzed beyond the continuity period, to date the onset
+MAX_CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """How to read one metric: what an outlier on it means and how little a difference counts."""
+
+    category: str
+    rel_floor: float  # scale never below this fraction of the centre
+    abs_floor: float  # ... nor below this many units of the metric
+    weight: float  # how much a suspect on this metric alone is worth (0..1)
+    counter: bool = False  # may arrive cumulative: differenced when it only ever grows
+
+
+SPECS: dict[str, MetricSpec] = {
+    "power_usage": MetricSpec("straggler", 0.05, 10.0, 0.6),
+    "gpu_util": MetricSpec("straggler", 0.05, 5.0, 0.45),
+    "tensor_active": MetricSpec("straggler", 0.05, 0.02, 0.55),
+    "sm_active": MetricSpec("straggler", 0.05, 0.02, 0.5),
+    "gr_engine_active": MetricSpec("straggler", 0.05, 0.02, 0.45),
+    "sm_occupancy": MetricSpec("straggler", 0.05, 0.02, 0.35),
+    "dram_active": MetricSpec("straggler", 0.05, 0.02, 0.4),
+    "sm_clock": MetricSpec("straggler", 0.05, 30.0, 0.55),
+    "mem_copy_util": MetricSpec("straggler", 0.05, 5.0, 0.35),
+    # Slot position and airflow make temperatures differ more than anything else: a wider floor.
+    "gpu_temp": MetricSpec("straggler", 0.08, 3.0, 0.3),
+    "memory_temp": MetricSpec("straggler", 0.08, 3.0, 0.25),
+    "nvlink_tx_bytes": MetricSpec("nvlink", 0.05, 1e6, 0.5, counter=True),
+    "nvlink_rx_bytes": MetricSpec("nvlink", 0.05, 1e6, 0.5, counter=True),
+    "nvlink_bandwidth_total": MetricSpec("nvlink", 0.05, 1e3, 0.45, counter=True),
+    "pcie_tx_bytes": MetricSpec("pcie", 0.05, 1e6, 0.35, counter=True),
+    "pcie_rx_bytes": MetricSpec("pcie", 0.05, 1e6, 0.35, counter=True),
+}
+
+# Whether the job is working in a window: the first of these with data, and the job-wide median it needs.
+# Utilization comes last: a rank spinning in a hung NCCL collective reads 100%.
+_ACTIVITY = (("sm_active", 0.1), ("tensor_active", 0.02), ("power_ratio", 0.25), ("gpu_util", 10.0))
+
+
+def detect(
+    job: JobInfo,
+    metrics: pd.DataFrame,
+    *,
+    now: datetime,
+    window_s: float = 30,
+    continuity_s: float = 120,
+    metrics_priority: Sequence[str] = DEFAULT_PRIORITY,
+) -> list[Finding]:
+    """GPUs that are their peers' outlier on a metric in every sub-window of the continuity period."""
+    try:
+        return _detect(job, metrics, _utc(now), float(window_s), float(continuity_s), tuple(metrics_priority))
+    except (LookupError, ValueError, TypeError, AttributeError, ArithmeticError):
+        return []  # unreadable input: nothing to claim
+
+
+def _detect(
+    job: JobInfo, metrics: pd.DataFrame, now: datetime, window_s: float, continuity_s: float, priority: tuple[str, ...]
+) -> list[Finding]:
+    if window_s <= 0 or continuity_s <= 0 or not isinstance(metrics, pd.DataFrame) or metrics.empty:
+        return []
+    n_cont = max(1, round(continuity_s / window_s))
+    n_total = n_cont * HISTORY_FACTOR
+    frame = _prepare(job, metrics, now, window_s, n_total)
+    if frame.empty:
+        return []
+    active = _active_windows(frame, n_total)
+    if not all(active.get(w, False) for w in range(n_cont)):
+        return []  # the job is quiet in part of the continuity period: nothing to compare
+    frame = _drop_idle_units(frame)
+    stages = _pipeline_stages(job, frame["unit"].unique())
+    suspects: dict[str, list[dict[str, Any]]] = {}
+    zscores: dict[str, list[dict[str, float]]] = {}  # metric -> per continuity window: unit -> z
+    for metric in dict.fromkeys(priority):
+        if metric not in frame.columns:
+            continue
+        spec = _spec(metric)
+        summaries = _window_summaries(frame, metric, spec, n_total)
+        if summaries is None:
+            continue
+        groups = np.array([stages.get(u, -1) for u in summaries.units])
+        per_window = {w: _grouped_outliers(summaries, w, spec, groups) for w in range(n_total) if active.get(w, False)}
+        zscores[metric] = [per_window[w][0] for w in range(n_cont)]
+        for unit, record in _continuous({w: o for w, (_, o) in per_window.items()}, n_cont).items():
+            record.update(metric=metric, category=spec.category, weight=spec.weight)
+            suspects.setdefault(unit, []).append(record)
+    findings = []
+    for unit, records in suspects.items():
+        support = _support(unit, records, zscores)
+        findings += _findings(job, unit, records, support, now, window_s, n_cont)
+    return findings
+
+
+# --- input ---
+
+
+def _numeric(values: pd.Series) -> pd.Series:
+    """Floats from whatever the column holds (strings, booleans, None): unreadable values become NaN."""
+    return pd.to_numeric(values, errors="coerce").astype("float64")
+
+
+def _utc(ts: datetime) -> datetime:
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _prepare(job: JobInfo, metrics: pd.DataFrame, now: datetime, window_s: float, n_total: int) -> pd.DataFrame:
+    """Rows of the analyzed span with a unit ("node/gpu") and a window index (0 = the latest)."""
+    frame = metrics.copy()
+    frame["ts"] = pd.to_datetime(frame["ts"], utc=True, errors="coerce", format="mixed")
+    frame["gpu"] = _numeric(frame["gpu"])
+    frame = frame.dropna(subset=["ts", "node", "gpu"])
+    age = (pd.Timestamp(now) - frame["ts"]).dt.total_seconds()
+    # One window more than analyzed: a counter's first difference needs the sample before.
+    frame = frame[(age >= 0) & (age < (n_total + 1) * window_s)].copy()
+    nodes = set(job.nodes)
+    if nodes and frame["node"].isin(nodes).any():
+        frame = frame[frame["node"].isin(nodes)]  # GPUs of other jobs are no peers
+    if frame.empty:
+        return frame
+    frame["node"] = frame["node"].astype(str)
+    frame["unit"] = frame["node"] + "/" + frame["gpu"].astype(int).astype(str)
+    frame["w"] = (age.loc[frame.index] // window_s).astype(int)
+    if "power_usage" in frame.columns and "power_limit" in frame.columns:
+        limit = _numeric(frame["power_limit"])
+        frame["power_ratio"] = _numeric(frame["power_usage"]) / limit.where(limit > 0)
+    return frame.sort_values(["unit", "ts"])
+
+
+def _pipeline_stages(job: JobInfo, units: Any) -> dict[str, int]:
+    """Each GPU's pipeline stage, when the job has several: stages run different layers (the first embeds,
+    the last computes the loss) and are only peers among themselves. A node's GPU i runs its i-th rank
+    (torchrun's local rank); GPUs that cannot be placed share stage -1."""
+    if max(1, int(job.pp or 1)) <= 1 or not job.rank_nodes:
+        return {}
+    by_node: dict[str, list[int]] = {}
+    for rank, node in job.rank_nodes.items():
+        by_node.setdefault(str(node), []).append(int(rank))
+    placed: dict[str, int] = {}
+    for unit in units:
+        node, _, gpu = str(unit).rpartition("/")
+        ranks = sorted(by_node.get(node, []))
+        if gpu.isdigit() and int(gpu) < len(ranks):
+            placed[str(unit)] = ranks[int(gpu)]
+    if not placed:
+        return {}
+    stage = parallel.coordinates_array(job, np.array(list(placed.values())))["pp"]
+    return {u: int(s) for u, s in zip(placed, stage, strict=True)}
+
+
+def _spec(metric: str) -> MetricSpec:
+    """The spec of a known metric; a guess from the name for one the service added later."""
+    if metric in SPECS:
+        return SPECS[metric]
+    low = metric.lower()
+    category = "network" if low.startswith(("ib_", "net", "rdma", "pfc", "roce")) else "straggler"
+    return MetricSpec(category, 0.05, 0.0, 0.4, counter=low.endswith(("_bytes", "_packets", "_total")))
+
+
+def _activity(frame: pd.DataFrame) -> tuple[pd.Series, float] | None:
+    """The activity gauge to judge idleness by (the first of _ACTIVITY with data) and its threshold."""
+    for column, threshold in _ACTIVITY:
+        if column in frame.columns:
+            values = _numeric(frame[column])
+            if values.notna().mean() >= 0.5:
+                return values, threshold
+    return None
+
+
+def _active_windows(frame: pd.DataFrame, n_total: int) -> dict[int, bool]:
+    """Whether the job (its median GPU) is working in each window; all are, when nothing tells."""
+    gauge = _activity(frame)
+    if gauge is None:
+        return dict.fromkeys(range(n_total), True)
+    values, threshold = gauge
+    per_unit = values.groupby([frame["w"], frame["unit"]]).median()
+    job_level = per_unit.groupby(level="w").median()
+    return {int(w): bool(v >= threshold) for w, v in job_level.items()}
+
+
+def _drop_idle_units(frame: pd.DataFrame) -> pd.DataFrame:
+    """GPUs idle through the whole span while the job works are not in this job (a half-used node)."""
+    gauge = _activity(frame)
+    if gauge is None:
+        return frame
+    values, threshold = gauge
+    busy = values.groupby(frame["unit"]).max() >= threshold
+    return frame[frame["unit"].isin(busy[busy].index)]
+
+
+# --- per metric ---
+
+
+@dataclass(frozen=True, slots=True)
+class Summaries:
+    """Per unit (rows) and window (columns): a metric's trimmed mean and how many samples made it."""
+
+    units: list[str]
+    values: np.ndarray
+    counts: np.ndarray
+
+
+def _window_summaries(frame: pd.DataFrame, metric: str, spec: MetricSpec, n_total: int) -> Summaries | None:
+    """The metric's 10%-trimmed mean per unit and window (spikes and duty-cycle phases averaged out)."""
+    units, uid = np.unique(frame["unit"].to_numpy(), return_inverse=True)
+    v = _numeric(frame[metric]).to_numpy(dtype=float)
+    w = frame["w"].to_numpy()
+    if spec.counter and _is_cumulative(uid, v):
+        uid, v, w = _rates(uid, v, w, frame["ts"].to_numpy(dtype="datetime64[ns]"))
+    ok = np.isfinite(v) & (w >= 0) & (w < n_total)
+    uid, v, w = uid[ok], v[ok], w[ok]
+    if v.size == 0:
+        return None
+    gid = uid * n_total + w
+    order = np.lexsort((v, gid))
+    gid, v = gid[order], v[order]
+    groups, first, n = np.unique(gid, return_index=True, return_counts=True)
+    k = np.floor(0.1 * n).astype(int)
+    cs = np.concatenate(([0.0], np.cumsum(v)))
+    means = (cs[first + n - k] - cs[first + k]) / (n - 2 * k)
+    values = np.full(len(units) * n_total, np.nan)
+    counts = np.zeros(len(units) * n_total)
+    values[groups], counts[groups] = means, n
+    shape = (len(units), n_total)
+    return Summaries([str(u) for u in units], values.reshape(shape), counts.reshape(shape))
+
+
+def _same_unit_diff(uid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Consecutive differences of x (rows sorted by unit and time), and where both rows are one unit's."""
+    return np.diff(x), uid[1:] == uid[:-1]
+
+
+def _is_cumulative(uid: np.ndarray, v: np.ndarray) -> bool:
+    """A counter only grows (resets aside); a rate (dcgm-exporter's PROF_*_BYTES) goes up and down."""
+    dv, same = _same_unit_diff(uid, v)
+    dv = dv[same & np.isfinite(dv)]
+    if dv.size < 3:
+        return False
+    return bool(np.mean(dv >= 0) >= 0.95 and np.mean(dv > 0) >= 0.5)
+
+
+def _rates(uid: np.ndarray, v: np.ndarray, w: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-second increases of a cumulative counter, in the later sample's window; resets dropped."""
+    dv, same = _same_unit_diff(uid, v)
+    dt = np.diff(ts).astype("timedelta64[ns]").astype(float) / 1e9
+    keep = same & (dt > 0) & (dv >= 0)
+    return uid[1:][keep], dv[keep] / dt[keep], w[1:][keep]
+
+
+def _grouped_outliers(
+    s: Summaries, w: int, spec: MetricSpec, groups: np.ndarray
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """`_outliers` within each peer group (pipeline stage), merged."""
+    zs: dict[str, float] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for g in np.unique(groups):
+        z, o = _outliers(s, w, spec, groups == g)
+        zs.update(z)
+        out.update(o)
+    return zs, out
+
+
+def _outliers(
+    s: Summaries, w: int, spec: MetricSpec, members: np.ndarray
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """Every member's normalized distance in window `w`, and the members far from the rest of their peers
+    (with their distance and the peers' band)."""
+    x, count = s.values[:, w], np.where(members, s.counts[:, w], 0)
+    present = count[count > 0]
+    if present.size < MIN_UNITS:
+        return {}, {}
+    idx = np.flatnonzero((count >= max(2.0, MIN_SAMPLE_FRACTION * float(np.median(present)))) & np.isfinite(x))
+    if idx.size < MIN_UNITS:
+        return {}, {}
+    x = x[idx]
+    center = float(np.median(x))
+    mad = float(np.median(np.abs(x - center))) * 1.4826
+    scale = max(mad, spec.rel_floor * abs(center), spec.abs_floor, 1e-12)
+    z = (x - center) / scale
+    zs = {s.units[j]: float(zj) for j, zj in zip(idx, z, strict=True)}
+    flagged = np.flatnonzero(np.abs(z) >= Z_MIN)
+    if flagged.size == 0 or flagged.size > max(1, math.floor(MAX_OUTLIER_FRACTION * x.size)):
+        return zs, {}
+    inliers = np.delete(z, flagged)
+    out: dict[str, dict[str, Any]] = {}
+    for i in flagged:
+        if np.min(np.abs(inliers - z[i])) < GAP_MIN:
+            continue  # no clear gap: the tail of the noise
+        peers, peer_z = np.delete(x, i), np.delete(z, i)
+        out[s.units[idx[i]]] = {
+            "value": float(x[i]),
+            "z": float(z[i]),
+            "score": float(np.median(np.abs(peer_z - z[i]))),
+            "peer_median": float(np.median(peers)),
+            "peer_p10": float(np.quantile(peers, 0.1)),
+            "peer_p90": float(np.quantile(peers, 0.9)),
+            "n_units": int(x.size),
+        }
+    return zs, out
+
+
+def _continuous(per_window: dict[int, dict[str, dict[str, Any]]], n_cont: int) -> dict[str, dict[str, Any]]:
+    """Units flagged, on the same side, in each of the latest `n_cont` windows; with their run of windows."""
+    out: dict[str, dict[str, Any]] = {}
+    latest = per_window.get(0, {})
+    for unit, first in latest.items():
+        side = math.copysign(1.0, first["z"])
+        run: list[tuple[int, dict[str, Any]]] = []
+        w = 0
+        while w in per_window and unit in per_window[w] and math.copysign(1.0, per_window[w][unit]["z"]) == side:
+            run.append((w, per_window[w][unit]))
+            w += 1
+        if len(run) >= n_cont:
+            out[unit] = {"run": run, "direction": "high" if side > 0 else "low", "analyzed": len(per_window)}
+    return out
+
+
+def _support(
+    unit: str, records: list[dict[str, Any]], zscores: dict[str, list[dict[str, float]]]
+) -> list[dict[str, Any]]:
+    """Other metrics of the suspect's category that lean the same way in every window without (yet) making
+    the cut in each: an outlier now, and at least SUPPORT_Z away all along."""
+    categories = {r["category"] for r in records}
+    done = {r["metric"] for r in records}
+    out = []
+    for metric, windows in zscores.items():
+        spec = _spec(metric)
+        if metric in done or spec.category not in categories or not windows:
+            continue
+        z = [win.get(unit) for win in windows]
+        if any(v is None for v in z) or abs(z[0] or 0.0) < Z_MIN:
+            continue
+        zz = np.array(z, dtype=float)
+        if np.all(np.sign(zz) == np.sign(zz[0])) and np.all(np.abs(zz) >= SUPPORT_Z):
+            out.append(
+                {
+                    "metric": metric,
+                    "category": spec.category,
+                    "weight": SUPPORT_WEIGHT * spec.weight,
+                    "direction": "high" if zz[0] > 0 else "low",
+                    "z": [round(float(v), 3) for v in zz],  # latest first
+                }
+            )
+    return out
+
+
+# --- findings ---
+
+
+def _findings(
+    job: JobInfo,
+    unit: str,
+    records: list[dict[str, Any]],
+    support: list[dict[str, Any]],
+    now: datetime,
+    window_s: float,
+    n_cont: int,
+) -> list[Finding]:
+    """One finding per category the unit is a suspect for (straggler, nvlink, pcie, network)."""
+    node, _, gpu = unit.rpartition("/")
+    by_category: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_category.setdefault(record["category"], []).append(record)
+    out = []
+    for category, recs in by_category.items():
+        confidence = 1.0
+        evidence_metrics = []
+        onset_w = 0
+        for rec in recs:
+            run = rec["run"]
+            onset_w = max(onset_w, run[-1][0])
+            score = float(np.median([r["score"] for _, r in run[:n_cont]]))
+            strength = 0.7 + 0.3 * min(1.0, max(0.0, (score - Z_MIN) / (2 * Z_MIN)))
+            confidence *= 1.0 - rec["weight"] * strength
+            evidence_metrics.append(_metric_evidence(rec, now, window_s, score))
+        supporting = [r for r in support if r["category"] == category]
+        for rec in supporting:
+            confidence *= 1.0 - rec["weight"]
+        confidence = round(min(MAX_CONFIDENCE, 1.0 - confidence), 3)
+        onset = now - timedelta(seconds=(onset_w + 1) * window_s)
+        lead = evidence_metrics[0]
+        names = ", ".join(m["metric"] for m in evidence_metrics)
+        out.append(
+            Finding(
+                detector=DETECTOR,
+                category=category,
+                subject_kind="gpu",
+                subject=unit,
+                confidence=confidence,
+                summary=(
+                    f"{node} GPU {gpu} is its peers' outlier for {len(lead['windows']) * window_s:.0f} s "
+                    f"({lead['direction']} {lead['metric']}: {lead['windows'][0]['value']:.4g} vs peers "
+                    f"{lead['windows'][0]['peer_median']:.4g}); metrics: {names}"
+                ),
+                observed_at=onset,
+                node=node,
+                blame="infrastructure",
+                role="cause",
+                action="evict",
+                key=f"{unit}:{category}",
+                evidence={
+                    "signals": [
+                        {
+                            "type": "metric",
+                            "node": node,
+                            "gpu": int(gpu) if gpu.isdigit() else gpu,
+                            "metric": m["metric"],
+                            "from": m["windows"][-1]["start"],
+                            "to": m["windows"][0]["end"],
+                        }
+                        for m in evidence_metrics
+                    ],
+                    "unit": unit,
+                    "job_id": job.job_id,
+                    "window_s": window_s,
+                    "continuity_s": n_cont * window_s,
+                    "metrics": evidence_metrics,
+                    "supporting": [{k: v for k, v in r.items() if k != "category"} for r in supporting],
+                },
+            )
+        )
+    return out
+
+
+def _metric_evidence(rec: dict[str, Any], now: datetime, window_s: float, score: float) -> dict[str, Any]:
+    """What a UI plots: the suspect's window summary against the peers' median and p10-p90 band."""
+    windows = []
+    for w, r in rec["run"]:
+        start = now - timedelta(seconds=(w + 1) * window_s)
+        windows.append(
+            {
+                "start": start.isoformat(),
+                "end": (start + timedelta(seconds=window_s)).isoformat(),
+                **{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()},
+            }
+        )
+    return {
+        "metric": rec["metric"],
+        "direction": rec["direction"],
+        "score": round(score, 3),
+        "windows_flagged": len(rec["run"]),
+        "windows_analyzed": rec["analyzed"],
+        "windows": windows,  # latest first
+    }

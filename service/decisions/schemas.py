@@ -1,0 +1,51 @@
+"""Decisions as schedulers and people read them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DecisionOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 12,
+                    "incident_id": 7,
+                    "job_id": "llm-pretrain-42",
+                    "node": "gpu-node-017",
+                    "kind": "evict",
+                    "state": "pending",
+                    "confidence": 0.97,
+                    "reason": "evict gpu-node-017: Xid 79 (GPU has fallen off the bus) on gpu-node-017 GPU 3",
+                    "evidence": {"incident_id": 7, "root_cause": "gpu_hardware", "findings": [{"id": 41}]},
+                    "created_at": "2026-11-22T10:00:03Z",
+                    "expires_at": "2026-11-22T10:30:03Z",
+                }
+            ]
+        }
+    )
+
+    id: int
+    incident_id: int
+    job_id: str
+    node: str | None
+    kind: str
+    state: str
+    confidence: float
+    reason: str
+    evidence: dict[str, Any] = Field(description="The chain: incident, findings, their signals, and guard rails.")
+    created_at: datetime
+    expires_at: datetime | None = None
+    acked_at: datetime | None = None
+    outcome: str | None = None
+    outcome_message: str | None = None
+    actor: str | None = None
+
+
+class DecisionPage(BaseModel):
+    items: list[DecisionOut]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")

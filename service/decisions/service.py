@@ -1,0 +1,223 @@
+"""Decisions: the policy's plans stored with their evidence chain, and read back for schedulers and people."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from ml.demarcation import IncidentProposal
+from service.config import Settings
+from service.decisions.policy import DecisionPlan, PolicyContext, decide
+from service.decisions.schemas import DecisionOut, DecisionPage
+from service.models import Decision, Finding, Incident, Job, Node, Rank
+from service.pagination import decode_cursor, encode_cursor
+
+# Decisions in these states did not (and will not) act: they count for neither cooldowns nor blast radius.
+_INACTIVE = ("rejected", "expired", "failed", "shadow")
+_MAX_CHAIN_FINDINGS = 20
+_MAX_CHAIN_SIGNALS = 10
+
+
+def decide_incident(
+    session: Session, *, job: Job, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
+) -> list[Decision]:
+    """Run the policy for one incident and store what it decides (once per incident, kind and node)."""
+    plans = decide(
+        proposal, _context(session, job=job, incident=incident, proposal=proposal, now=now, settings=settings), settings
+    )
+    if not plans:
+        return []
+    node_ids = dict(
+        session.execute(select(Node.name, Node.id).where(Node.name.in_({p.node for p in plans if p.node}))).all()
+    )
+    chain = _evidence_chain(session, plans)
+    stored: list[Decision] = []
+    for plan in plans:
+        values = {
+            "incident_id": incident.id,
+            "job_id": job.id,
+            "node_id": node_ids.get(plan.node) if plan.node else None,
+            "kind": plan.kind,
+            "state": plan.state,
+            "confidence": plan.confidence,
+            "reason": plan.reason[:1000],
+            "evidence": {
+                "incident_id": incident.id,
+                "root_cause": proposal.root_cause,
+                "blame": proposal.blame,
+                "guard_rails": plan.guard_rails,
+                "findings": [chain[i] for i in plan.finding_ids[:_MAX_CHAIN_FINDINGS] if i in chain],
+            },
+            "expires_at": now + timedelta(seconds=settings.decision_ttl_s),
+        }
+        decision_id = session.scalar(insert(Decision).values(**values).on_conflict_do_nothing().returning(Decision.id))
+        if decision_id is not None:
+            stored.append(session.get_one(Decision, decision_id))
+    if stored and incident.state == "open":
+        incident.state = "mitigating"
+    return stored
+
+
+def _context(
+    session: Session, *, job: Job, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
+) -> PolicyContext:
+    job_node_ids = (
+        select(Rank.node_id).where(Rank.job_id == job.id).union(select(Node.id).where(Node.current_job_id == job.id))
+    )
+    job_nodes = session.scalar(select(func.count()).select_from(job_node_ids.subquery())) or 0
+    hour_ago = now - timedelta(hours=1)
+    evicted_last_hour = (
+        session.scalar(
+            select(func.count(func.distinct(Decision.node_id))).where(
+                Decision.kind == "evict",
+                Decision.job_id == job.id,
+                Decision.created_at >= hour_ago,
+                Decision.state.not_in(_INACTIVE),
+            )
+        )
+        or 0
+    )
+    cooldown_since = now - timedelta(seconds=settings.policy_node_cooldown_s)
+    nodes_in_cooldown = set(
+        session.scalars(
+            select(Node.name)
+            .join(Decision, Decision.node_id == Node.id)
+            .where(
+                Decision.kind == "evict",
+                Decision.created_at >= cooldown_since,
+                Decision.state.not_in(_INACTIVE),
+                Decision.incident_id != incident.id,
+            )
+        )
+    )
+    job_since = now - timedelta(seconds=settings.policy_job_cooldown_s)
+    job_in_cooldown = set(
+        session.scalars(
+            select(Decision.kind).where(
+                Decision.job_id == job.id,
+                Decision.node_id.is_(None),
+                Decision.created_at >= job_since,
+                Decision.state.not_in(_INACTIVE),
+                Decision.incident_id != incident.id,
+            )
+        )
+    )
+    already = {
+        (kind, node)
+        for kind, node in session.execute(
+            select(Decision.kind, Node.name)
+            .outerjoin(Node, Node.id == Decision.node_id)
+            .where(Decision.incident_id == incident.id)
+        )
+    }
+    return PolicyContext(
+        now=now,
+        job_nodes=job_nodes,
+        evicted_last_hour=evicted_last_hour,
+        nodes_in_cooldown=nodes_in_cooldown,
+        job_in_cooldown=job_in_cooldown,
+        network_events=_network_events(session, proposal),
+        already_decided=already,
+    )
+
+
+def _network_events(session: Session, proposal: IncidentProposal) -> dict[str, list[datetime]]:
+    """Per suspect node, the distinct times a network fault was seen (for flap tolerance)."""
+    if proposal.root_cause != "network":
+        return {}
+    ids = [i for s in proposal.suspects for i in s.finding_ids]
+    out: dict[str, set[datetime]] = defaultdict(set)
+    for node, observed_at, evidence in session.execute(
+        select(Node.name, Finding.observed_at, Finding.evidence)
+        .join(Node, Node.id == Finding.node_id)
+        .where(Finding.id.in_(ids))
+    ):
+        out[node].add(observed_at)
+        for t in (evidence or {}).get("times", []):
+            try:
+                out[node].add(datetime.fromisoformat(t) if isinstance(t, str) else t)
+            except ValueError:
+                continue
+    return {node: sorted(times) for node, times in out.items()}
+
+
+def _evidence_chain(session: Session, plans: list[DecisionPlan]) -> dict[int, dict[str, Any]]:
+    """Finding id -> what a person needs to follow the decision back to the signals."""
+    ids = {i for p in plans for i in p.finding_ids}
+    chain: dict[int, dict[str, Any]] = {}
+    for f in session.scalars(select(Finding).where(Finding.id.in_(ids))):
+        chain[f.id] = {
+            "id": f.id,
+            "detector": f.detector,
+            "category": f.category,
+            "confidence": f.confidence,
+            "summary": f.summary,
+            "observed_at": f.observed_at.isoformat(),
+            "signals": (f.evidence or {}).get("signals", [])[:_MAX_CHAIN_SIGNALS],
+        }
+    return chain
+
+
+def _select_out():  # type: ignore[no-untyped-def]
+    return (
+        select(Decision, Job.external_id, Node.name)
+        .join(Job, Job.id == Decision.job_id)
+        .outerjoin(Node, Node.id == Decision.node_id)
+    )
+
+
+def to_out(decision: Decision, job_id: str, node: str | None) -> DecisionOut:
+    return DecisionOut(
+        id=decision.id,
+        incident_id=decision.incident_id,
+        job_id=job_id,
+        node=node,
+        kind=decision.kind,
+        state=decision.state,
+        confidence=decision.confidence,
+        reason=decision.reason,
+        evidence=decision.evidence,
+        created_at=decision.created_at,
+        expires_at=decision.expires_at,
+        acked_at=decision.acked_at,
+        outcome=decision.outcome,
+        outcome_message=decision.outcome_message,
+        actor=decision.actor,
+    )
+
+
+def for_incident(session: Session, *, incident_id: int) -> list[DecisionOut]:
+    rows = session.execute(_select_out().where(Decision.incident_id == incident_id).order_by(Decision.id)).all()
+    return [to_out(d, j, n) for d, j, n in rows]
+
+
+def list_decisions(
+    session: Session,
+    *,
+    state: str | None = None,
+    kind: str | None = None,
+    job: str | None = None,
+    node: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> DecisionPage:
+    """Newest first, filtered, keyset-paginated on id."""
+    query = _select_out().order_by(Decision.id.desc())
+    if state:
+        query = query.where(Decision.state == state)
+    if kind:
+        query = query.where(Decision.kind == kind)
+    if job:
+        query = query.where(Job.external_id == job)
+    if node:
+        query = query.where(Node.name == node)
+    if cursor:
+        query = query.where(Decision.id < decode_cursor(cursor))
+    rows = session.execute(query.limit(limit + 1)).all()
+    items = [to_out(d, j, n) for d, j, n in rows[:limit]]
+    return DecisionPage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)

@@ -1,0 +1,183 @@
+"""Diagnose a job: detect, store findings, demarcate incidents, decide, and ask agents for stacks on a hang.
+
+Every step is idempotent: findings are keyed, one incident per job and root cause is open at a time, one
+decision per incident, kind and node; a per-job advisory lock keeps two workers from deciding the same job
+at once (unique constraints settle anything that slips past it). Functions flush; the task commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, text
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from ml import demarcation
+from ml.findings import Finding
+from service.config import Settings
+from service.decisions import service as decisions
+from service.diagnosis import signals, stack_requests
+from service.diagnosis.detect import JobSignals, run_all
+from service.incidents import service as incidents
+from service.models import Finding as FindingRow
+from service.models import Incident, Job, Node
+
+log = logging.getLogger(__name__)
+
+# Findings older than this no longer join open incidents.
+FINDING_HORIZON = timedelta(hours=1)
+_LOCK_NAMESPACE = 7_401  # advisory lock key space of "diagnose job"
+
+
+@dataclass(slots=True)
+class DiagnosisResult:
+    job_id: str
+    new_findings: int = 0
+    incidents: list[int] = field(default_factory=list)
+    decisions: list[int] = field(default_factory=list)
+    stack_requests: list[str] = field(default_factory=list)
+    # When the caller should look again (a stack-dump deadline), in seconds; None: the beat is enough.
+    recheck_in_s: float | None = None
+
+
+def active_jobs(session: Session, *, now: datetime, active_s: float) -> list[str]:
+    """Running jobs whose agents reported recently."""
+    since = now - timedelta(seconds=active_s)
+    return list(
+        session.scalars(
+            select(Job.external_id).where(Job.state == "running", Job.last_seen_at >= since).order_by(Job.id)
+        )
+    )
+
+
+def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: datetime | None = None) -> DiagnosisResult:
+    """One full pass over a job; safe to run any number of times, by any number of workers."""
+    now = now or datetime.now(UTC)
+    job = session.scalar(select(Job).where(Job.external_id == job_id))
+    result = DiagnosisResult(job_id=job_id)
+    if job is None:
+        return result
+    # Serialize diagnosis per job without blocking ingest (which updates the job row).
+    session.execute(text("SELECT pg_advisory_xact_lock(:ns, :id)"), {"ns": _LOCK_NAMESPACE, "id": job.id})
+
+    info = signals.job_info(session, job=job)
+    node_ids = signals.job_node_ids(session, job=job)
+    since = signals.window_start(now, settings.diagnosis_window_s)
+    steps, events = signals.log_records(session, job=job, node_ids=node_ids, since=since)
+    if not steps:
+        previous = signals.last_step_before(session, job=job, before=since)
+        steps = [previous] if previous else []
+    job_signals = JobSignals(
+        job=info,
+        steps=steps,
+        events=events,
+        metrics=signals.metrics_frame(session, job=job, since=since),
+        processes=signals.processes_frame(session, job=job, since=since),
+        now=now,
+    )
+    found = run_all(job_signals)
+    aggregated, recheck = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=now)
+    result.new_findings = store_findings(session, job=job, findings=found + aggregated)
+
+    open_findings = _open_findings(session, job=job, now=now)
+    proposals = demarcation.demarcate([(fid, f) for fid, f, _ in open_findings])
+    touched = incidents.apply_proposals(session, job=job, proposals=proposals, now=now)
+    result.incidents = [i.id for i in touched]
+    for incident, proposal in zip(touched, proposals, strict=True):
+        result.decisions += [
+            d.id
+            for d in decisions.decide_incident(
+                session, job=job, incident=incident, proposal=proposal, now=now, settings=settings
+            )
+        ]
+    asked, ask_recheck = stack_requests.ask(
+        session, job=job, findings=[(f, row.created_at) for _, f, row in open_findings], settings=settings, now=now
+    )
+    result.stack_requests = [str(d.id) for d in asked]
+    waits = [w for w in (recheck, ask_recheck) if w is not None]
+    result.recheck_in_s = min(waits) if waits else None
+    return result
+
+
+def finding_key(job: Job, finding: Finding) -> str:
+    """The dedup key: a detector's own key, else a digest of what it claims."""
+    own = (
+        finding.key
+        or hashlib.sha256(
+            f"{finding.category}|{finding.subject_kind}|{finding.subject}|{finding.summary}".encode()
+        ).hexdigest()[:24]
+    )
+    return f"{job.id}:{finding.detector}:{own}"[:500]
+
+
+def store_findings(session: Session, *, job: Job, findings: list[Finding]) -> int:
+    """Insert findings not stored yet (by key); returns how many were new."""
+    if not findings:
+        return 0
+    node_ids = dict(
+        session.execute(select(Node.name, Node.id).where(Node.name.in_({f.node for f in findings if f.node}))).all()
+    )
+    rows = {}
+    for f in findings:
+        key = finding_key(job, f)
+        rows[key] = {
+            "dedup_key": key,
+            "job_id": job.id,
+            "node_id": node_ids.get(f.node) if f.node else None,
+            "detector": f.detector,
+            "category": f.category,
+            "subject_kind": f.subject_kind if f.subject_kind in ("job", "node", "gpu", "rank") else "job",
+            "subject": f.subject[:500],
+            "confidence": float(min(max(f.confidence, 0.0), 1.0)),
+            "summary": f.summary[:1000],
+            "blame": f.blame,
+            "role": f.role,
+            "action": f.action,
+            "evidence": f.evidence,
+            "observed_at": f.observed_at,
+        }
+    inserted = session.execute(
+        insert(FindingRow)
+        .values(list(rows.values()))
+        .on_conflict_do_nothing(index_elements=["dedup_key"])
+        .returning(FindingRow.id)
+    ).all()
+    return len(inserted)
+
+
+def _open_findings(session: Session, *, job: Job, now: datetime) -> list[tuple[int, Finding, FindingRow]]:
+    """Recent findings not yet in a resolved incident, back in the detectors' shape."""
+    rows = session.execute(
+        select(FindingRow, Node.name)
+        .outerjoin(Node, Node.id == FindingRow.node_id)
+        .outerjoin(Incident, Incident.id == FindingRow.incident_id)
+        .where(
+            FindingRow.job_id == job.id,
+            FindingRow.created_at >= now - FINDING_HORIZON,
+            (FindingRow.incident_id.is_(None)) | (Incident.state != "resolved"),
+        )
+        .order_by(FindingRow.id)
+    ).all()
+    return [(row.id, to_ml(row, node), row) for row, node in rows]
+
+
+def to_ml(row: FindingRow, node: str | None) -> Finding:
+    return Finding(
+        detector=row.detector,
+        category=row.category,
+        subject_kind=row.subject_kind,
+        subject=row.subject,
+        confidence=row.confidence,
+        summary=row.summary,
+        observed_at=row.observed_at,
+        node=node,
+        blame=row.blame,
+        role=row.role,
+        action=row.action,
+        key=row.dedup_key,
+        evidence=row.evidence,
+    )

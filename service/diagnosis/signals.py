@@ -1,0 +1,153 @@
+"""Load a job's recent signals from the database into the plain shapes `ml/` detectors take."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import pandas as pd
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from ml.findings import JobInfo, LogRecord, StackSample
+from service.metric_fields import METRIC_COLUMNS
+from service.models import Job, LogEvent, Node, ProcessSnapshot, Rank, StackDump, metric_samples
+
+# Step lines are the bulk of log events (one per rank per step): keep the newest of them only.
+MAX_STEP_EVENTS = 50_000
+MAX_OTHER_EVENTS = 20_000
+
+
+def job_info(session: Session, *, job: Job) -> JobInfo:
+    ranks = session.execute(
+        select(Rank.rank, Node.name).join(Node, Node.id == Rank.node_id).where(Rank.job_id == job.id)
+    ).all()
+    return JobInfo(
+        job_id=job.external_id,
+        world_size=job.world_size or (len(ranks) or None),
+        tp=job.tp or 1,
+        pp=job.pp or 1,
+        dp=job.dp,
+        order=job.rank_order or "tp-dp-pp",
+        hang_timeout_s=float(job.hang_timeout_s),
+        rank_nodes={rank: node for rank, node in ranks},
+    )
+
+
+def job_node_ids(session: Session, *, job: Job) -> list[int]:
+    """Nodes running the job: from its ranks, and from nodes whose agents say they run it."""
+    from_ranks = select(Rank.node_id).where(Rank.job_id == job.id)
+    current = select(Node.id).where(Node.current_job_id == job.id)
+    return sorted(set(session.scalars(from_ranks.union(current))))
+
+
+def log_records(
+    session: Session, *, job: Job, node_ids: list[int], since: datetime
+) -> tuple[list[LogRecord], list[LogRecord]]:
+    """(step events, all other events) since a time: the job's own, plus its nodes' kernel lines."""
+    of_job = or_(
+        LogEvent.job_id == job.id,
+        and_(LogEvent.job_id.is_(None), LogEvent.node_id.in_(node_ids)) if node_ids else False,
+    )
+    base = (
+        select(
+            LogEvent.id,
+            LogEvent.ts,
+            Node.name,
+            LogEvent.kind,
+            LogEvent.line,
+            LogEvent.severity,
+            LogEvent.rank,
+            LogEvent.source,
+            LogEvent.fields,
+        )
+        .join(Node, Node.id == LogEvent.node_id)
+        .where(of_job, LogEvent.ts >= since)
+    )
+    steps = session.execute(
+        base.where(LogEvent.kind == "step").order_by(LogEvent.ts.desc()).limit(MAX_STEP_EVENTS)
+    ).all()
+    others = session.execute(
+        base.where(LogEvent.kind != "step").order_by(LogEvent.ts.desc()).limit(MAX_OTHER_EVENTS)
+    ).all()
+    return _records(reversed(steps)), _records(reversed(others))
+
+
+def _records(rows) -> list[LogRecord]:  # type: ignore[no-untyped-def]
+    return [
+        LogRecord(id=i, ts=ts, node=node, kind=kind, line=line, severity=sev, rank=rank, source=src, fields=f or {})
+        for i, ts, node, kind, line, sev, rank, src, f in rows
+    ]
+
+
+def last_step_before(session: Session, *, job: Job, before: datetime) -> LogRecord | None:
+    """The newest step event older than the window, so a hang longer than the window is still seen."""
+    row = session.execute(
+        select(
+            LogEvent.id,
+            LogEvent.ts,
+            Node.name,
+            LogEvent.kind,
+            LogEvent.line,
+            LogEvent.severity,
+            LogEvent.rank,
+            LogEvent.source,
+            LogEvent.fields,
+        )
+        .join(Node, Node.id == LogEvent.node_id)
+        .where(LogEvent.job_id == job.id, LogEvent.kind == "step", LogEvent.ts < before)
+        .order_by(LogEvent.ts.desc())
+        .limit(1)
+    ).first()
+    return _records([row])[0] if row else None
+
+
+def metrics_frame(session: Session, *, job: Job, since: datetime) -> pd.DataFrame:
+    """GPU samples of the job as a DataFrame: ts, node, gpu and one column per stored DCGM field."""
+    columns = list(METRIC_COLUMNS)
+    query = (
+        select(
+            metric_samples.c.ts, Node.name.label("node"), metric_samples.c.gpu, *(metric_samples.c[c] for c in columns)
+        )
+        .join(Node, Node.id == metric_samples.c.node_id)
+        .where(metric_samples.c.job_id == job.id, metric_samples.c.ts >= since)
+        .order_by(metric_samples.c.ts)
+    )
+    rows = session.execute(query).all()
+    return pd.DataFrame(rows, columns=["ts", "node", "gpu", *columns])
+
+
+def processes_frame(session: Session, *, job: Job, since: datetime) -> pd.DataFrame:
+    rows = session.execute(
+        select(
+            ProcessSnapshot.ts,
+            Node.name,
+            ProcessSnapshot.rank,
+            ProcessSnapshot.pid,
+            ProcessSnapshot.cpu_pct,
+            ProcessSnapshot.rss_bytes,
+            ProcessSnapshot.state,
+        )
+        .join(Node, Node.id == ProcessSnapshot.node_id)
+        .where(ProcessSnapshot.job_id == job.id, ProcessSnapshot.ts >= since)
+        .order_by(ProcessSnapshot.ts)
+    ).all()
+    return pd.DataFrame(rows, columns=["ts", "node", "rank", "pid", "cpu_pct", "rss_bytes", "state"])
+
+
+def stack_samples(session: Session, *, directive_id: uuid.UUID) -> list[StackSample]:
+    """One sample per rank for a stack-dump request (a rank's newest dump if it sent several)."""
+    rows = session.execute(
+        select(StackDump.id, StackDump.rank, Node.name, StackDump.pid, StackDump.threads, StackDump.ts)
+        .join(Node, Node.id == StackDump.node_id)
+        .where(StackDump.directive_id == str(directive_id), StackDump.rank.is_not(None))
+        .order_by(StackDump.rank, StackDump.ts)
+    ).all()
+    by_rank: dict[int, StackSample] = {}
+    for sid, rank, node, pid, threads, ts in rows:
+        by_rank[rank] = StackSample(rank=rank, node=node, pid=pid, threads=threads or [], id=sid, ts=ts)
+    return list(by_rank.values())
+
+
+def window_start(now: datetime, seconds: float) -> datetime:
+    return now - timedelta(seconds=seconds)

@@ -1,0 +1,207 @@
+"""Stacks on the service's own initiative: one request on a suspected hang, rounds on a job-wide slowdown.
+
+A hang request is aggregated once every rank answered or its deadline passed. A fail-slow campaign is
+several requests a few seconds apart (ByteRobust: the straggler is the rank outside the collective round
+after round), aggregated after its last round. Each aggregation is stored under a key naming its request or
+campaign, which is how a later pass knows it is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ml import stacks
+from ml.findings import Finding, JobInfo
+from service.config import Settings
+from service.diagnosis import signals
+from service.directives.service import request_stack_dump
+from service.models import Directive, Job, StackDump
+from service.models import Finding as FindingRow
+
+log = logging.getLogger(__name__)
+
+HORIZON = timedelta(hours=1)
+CAMPAIGN_COOLDOWN = timedelta(minutes=10)
+
+
+def ask(
+    session: Session, *, job: Job, findings: Sequence[tuple[Finding, datetime]], settings: Settings, now: datetime
+) -> tuple[list[Directive], float | None]:
+    """Requests to make now: for a new job-level hang, or a new job-level slowdown. (requests, recheck in s)."""
+    made: list[Directive] = []
+    recheck: float | None = None
+    hang = _newest(findings, "hang")
+    if hang is not None and not _asked_since(session, job=job, purpose="hang", since=hang[1]):
+        made.append(
+            request_stack_dump(
+                session,
+                job=job,
+                requested_by="faultline",
+                reason=f"suspected hang: {hang[0].summary}"[:500],
+                ttl_s=int(settings.stack_dump_deadline_s + 30),
+                purpose="hang",
+            )
+        )
+        recheck = settings.stack_dump_deadline_s
+        log.info("job %s: suspected hang, asked agents for stacks", job.external_id)
+    slow = _newest(findings, "straggler")
+    # One campaign per slowdown, and at most one per cooldown however the slowdown findings come and go.
+    since = min(slow[1], now - CAMPAIGN_COOLDOWN) if slow else now
+    if slow is not None and not _asked_since(session, job=job, purpose="failslow", since=since):
+        made.append(request_round(session, job=job, campaign_id=uuid.uuid4(), round=1, settings=settings))
+        recheck = min(recheck or settings.failslow_round_s, settings.failslow_round_s)
+        log.info("job %s: job-wide slowdown, starting %d stack rounds", job.external_id, settings.failslow_rounds)
+    return made, recheck
+
+
+def request_round(session: Session, *, job: Job, campaign_id: uuid.UUID, round: int, settings: Settings) -> Directive:
+    return request_stack_dump(
+        session,
+        job=job,
+        requested_by="faultline",
+        reason=f"fail-slow localization, round {round} of {settings.failslow_rounds}",
+        ttl_s=int(settings.failslow_round_s + settings.stack_dump_deadline_s),
+        purpose="failslow",
+        round=round,
+        campaign_id=campaign_id,
+    )
+
+
+def next_round(session: Session, *, job: Job, settings: Settings, now: datetime) -> float | None:
+    """Issue the next round of any campaign whose last round is one interval old; seconds until the next look."""
+    rows = session.execute(
+        select(Directive.campaign_id, func.max(Directive.round), func.max(Directive.created_at))
+        .where(Directive.job_id == job.id, Directive.purpose == "failslow", Directive.created_at >= now - HORIZON)
+        .group_by(Directive.campaign_id)
+    ).all()
+    waits: list[float] = []
+    for campaign_id, last_round, last_at in rows:
+        if last_round >= settings.failslow_rounds:
+            continue
+        due = last_at + timedelta(seconds=settings.failslow_round_s)
+        if now >= due:
+            request_round(session, job=job, campaign_id=campaign_id, round=last_round + 1, settings=settings)
+            waits.append(settings.failslow_round_s)
+        else:
+            waits.append((due - now).total_seconds())
+    return min(waits) if waits else None
+
+
+def aggregate(
+    session: Session, *, job: Job, info: JobInfo, settings: Settings, now: datetime
+) -> tuple[list[Finding], float | None]:
+    """Findings from requests that are complete or past their deadline; and when to look again, if ever."""
+    out: list[Finding] = []
+    waits: list[float] = []
+    expected = len(info.rank_nodes) or (info.world_size or 0)
+    deadline = timedelta(seconds=settings.stack_dump_deadline_s)
+    hangs = session.scalars(
+        select(Directive).where(
+            Directive.job_id == job.id, Directive.purpose == "hang", Directive.created_at >= now - HORIZON
+        )
+    ).all()
+    for directive in hangs:
+        if _done(session, job=job, key=str(directive.id)):
+            continue
+        if _answered(session, [directive]) < expected and now < directive.created_at + deadline:
+            waits.append((directive.created_at + deadline - now).total_seconds())
+            continue
+        samples = signals.stack_samples(session, directive_id=directive.id)
+        analysis = stacks.analyze(info, samples) if samples else None
+        found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
+        out += _keyed(found, str(directive.id), job, now, what="hang", n=len(samples))
+
+    next_wait = next_round(session, job=job, settings=settings, now=now)
+    if next_wait is not None:
+        waits.append(next_wait)
+    for campaign_id, rounds in _campaigns(session, job=job, now=now).items():
+        if _done(session, job=job, key=str(campaign_id)) or len(rounds) < settings.failslow_rounds:
+            continue
+        last = rounds[-1]
+        if _answered(session, [last]) < expected and now < last.created_at + deadline:
+            waits.append((last.created_at + deadline - now).total_seconds())
+            continue
+        samples = [signals.stack_samples(session, directive_id=d.id) for d in rounds]
+        samples = [s for s in samples if s]
+        result = stacks.analyze_rounds(info, samples) if samples else None
+        observed = _when([s for r in samples for s in r], now)
+        found = stacks.round_findings(info, result, observed_at=observed) if result else []
+        out += _keyed(found, str(campaign_id), job, now, what="straggler", n=len(samples))
+    return out, (min(waits) if waits else None)
+
+
+def _campaigns(session: Session, *, job: Job, now: datetime) -> dict[uuid.UUID, list[Directive]]:
+    rows = session.scalars(
+        select(Directive)
+        .where(Directive.job_id == job.id, Directive.purpose == "failslow", Directive.created_at >= now - HORIZON)
+        .order_by(Directive.round)
+    ).all()
+    out: dict[uuid.UUID, list[Directive]] = {}
+    for d in rows:
+        if d.campaign_id is not None:
+            out.setdefault(d.campaign_id, []).append(d)
+    return out
+
+
+def _keyed(found: list[Finding], key: str, job: Job, now: datetime, *, what: str, n: int) -> list[Finding]:
+    """Key every finding by its request, so the aggregation is stored once; a no-result marker otherwise."""
+    if not found:
+        summary = (
+            f"stacks of {n} ranks show no outlier" if n else "no agent returned stacks in time (is py-spy installed?)"
+        )
+        found = [
+            Finding(
+                detector="stacks",
+                category=what,
+                subject_kind="job",
+                subject=job.external_id,
+                confidence=0.3,
+                summary=summary,
+                observed_at=now,
+                role="symptom",
+            )
+        ]
+    return [
+        replace(f, detector="stacks", key=f"{key}:{f.key or f.subject}", evidence={**f.evidence, "stack_request": key})
+        for f in found
+    ]
+
+
+def _done(session: Session, *, job: Job, key: str) -> bool:
+    """Whether a finding keyed by this request exists (the service prefixes keys with job and detector)."""
+    prefix = f"{job.id}:stacks:{key}:"
+    return session.scalar(select(FindingRow.id).where(FindingRow.dedup_key.startswith(prefix)).limit(1)) is not None
+
+
+def _answered(session: Session, directives: Sequence[Directive]) -> int:
+    ids = [str(d.id) for d in directives]
+    return session.scalar(select(func.count(func.distinct(StackDump.rank))).where(StackDump.directive_id.in_(ids))) or 0
+
+
+def _asked_since(session: Session, *, job: Job, purpose: str, since: datetime) -> bool:
+    return (
+        session.scalar(
+            select(Directive.id)
+            .where(Directive.job_id == job.id, Directive.purpose == purpose, Directive.created_at >= since)
+            .limit(1)
+        )
+        is not None
+    )
+
+
+def _newest(findings: Sequence[tuple[Finding, datetime]], category: str) -> tuple[Finding, datetime] | None:
+    """The newest job-level finding of a category asking for diagnosis (what stacks would localize)."""
+    job_level = [(f, at) for f, at in findings if f.category == category and f.node is None and f.action == "diagnose"]
+    return max(job_level, key=lambda x: x[1]) if job_level else None
+
+
+def _when(samples: Sequence[object], now: datetime) -> datetime:
+    times = [s.ts for s in samples if getattr(s, "ts", None)]  # type: ignore[attr-defined]
+    return max(times) if times else now

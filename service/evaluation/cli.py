@@ -1,0 +1,329 @@
+"""`faultline eval`: run the scenario suite against a real service and score its decisions.
+
+Starts what `faultline demo` starts (embedded PostgreSQL and Redis, or the servers of FAULTLINE_DATABASE_URL and
+FAULTLINE_REDIS_URL; migrations; the API, a Celery worker and beat), then runs each scenario: a simulated
+cluster (`faultline sim`) or a real torchrun job with real agents, registered first with a short hang timeout.
+It watches the decisions API for each job until the scenario's deadline, stops the job, and scores: machine-level
+precision and recall of evictions, blame, time from the fault to the first decision, and the targets.
+
+Exit code: 0 when every target is met, 1 when one is not, 2 when the eval could not be set up, 130 when
+interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from service.evaluation.report import format_summary, format_table
+from service.evaluation.scenarios import CATALOG, TORCH, parse_selection
+from service.evaluation.scoring import FAIL, PASS, Target, summarize
+
+DEFAULT_DATA_DIR = Path(".faultline/eval")
+
+
+class SetupError(Exception):
+    """The eval cannot run (exit code 2); the message says why."""
+
+
+_print_lock = threading.Lock()
+
+
+def say(message: str) -> None:
+    """A progress line on stderr (the report goes to stdout)."""
+    with _print_lock, contextlib.suppress(OSError, ValueError):
+        print(f"[eval] {message}", file=sys.stderr, flush=True)
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return number
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    names = ", ".join(CATALOG)
+    p.add_argument("--scenarios", help=f"comma-separated scenarios (default: all): {names}")
+    p.add_argument("--repeat", type=_positive_int, default=1, help="run each scenario with N seeds (default 1)")
+    p.add_argument("--seed", type=int, default=1, help="first seed (default 1); then seed+1, ...")
+    p.add_argument("--nodes", type=_positive_int, default=4, help="simulated nodes (default 4)")
+    p.add_argument("--gpus-per-node", type=_positive_int, default=4, help="simulated GPUs per node (default 4)")
+    p.add_argument("--parallel", type=_positive_int, default=1, help="scenarios run at once (default 1)")
+    p.add_argument("--fault-after", type=_positive, default=30.0, help="sim: inject after this many s (30)")
+    p.add_argument(
+        "--hang-timeout", type=int, default=30, help="hang timeout registered with each job, seconds (default 30)"
+    )
+    p.add_argument(
+        "--healthy-duration", type=_positive, default=180.0, help="how long a healthy run is watched, s (180)"
+    )
+    p.add_argument("--no-torch", action="store_true", help="skip the real torchrun scenarios")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help=f"embedded databases, logs and scenario folders (default {DEFAULT_DATA_DIR})",
+    )
+    p.add_argument("--json", type=Path, help="write everything as JSON here (default DATA/eval.json)")
+    p.add_argument("--port", type=int, default=0, help="API port (default: any free port)")
+    p.add_argument("--keep", action="store_true", help="keep every scenario's folder (default: only failed ones)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="faultline eval",
+        description="Run the fault scenario suite against a real service and score its decisions.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for scenario in CATALOG.values():
+            print(f"{scenario.name:<15} {scenario.family:<6} {scenario.description}")
+        return 0
+    previous = (
+        signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    )
+    try:
+        return _run(args)
+    except SetupError as exc:
+        say(f"error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _selection(args: argparse.Namespace) -> list[str]:
+    has_torch = importlib.util.find_spec("torch") is not None
+    names, problems = parse_selection(args.scenarios, torch=not args.no_torch)
+    if not has_torch and not args.no_torch:
+        torch_named = [n for n in names if CATALOG[n].family == TORCH]
+        if args.scenarios and torch_named:
+            problems.append(f"{', '.join(torch_named)} need PyTorch, which is not installed (pip install torch)")
+        elif torch_named:
+            say("PyTorch is not installed: the real torchrun scenarios are skipped (pip install torch to run them)")
+        names = [n for n in names if CATALOG[n].family != TORCH]
+    if args.hang_timeout < 5:
+        problems.append("--hang-timeout must be at least 5 s (the API's minimum)")
+    if importlib.util.find_spec("psutil") is None:
+        problems.append("faultline eval needs psutil to check that nothing is left running: pip install psutil")
+    if not names and not problems:
+        problems.append("no scenario to run")
+    if problems:
+        raise SetupError("; ".join(problems))
+    return names
+
+
+def _run(args: argparse.Namespace) -> int:
+    from service.evaluation.api import Api
+    from service.evaluation.runner import EvalConfig, Evaluation
+
+    scenarios = _selection(args)
+    data_dir: Path = args.data_dir.resolve()
+    (data_dir / "logs").mkdir(parents=True, exist_ok=True)
+    config = EvalConfig(
+        scenarios=scenarios,
+        seeds=list(range(args.seed, args.seed + args.repeat)),
+        data_dir=data_dir,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        parallel=args.parallel,
+        fault_after=args.fault_after,
+        hang_timeout_s=args.hang_timeout,
+        healthy_s=args.healthy_duration,
+        keep=args.keep,
+    )
+    say(f"{len(scenarios) * args.repeat} runs: {', '.join(scenarios)} x {args.repeat} seed(s); data in {data_dir}")
+    started, wall = time.monotonic(), datetime.now().astimezone()
+    harness = Harness(data_dir, args.port)
+    job_ids: list[str] = []
+    leftovers: list[str] = []
+    try:
+        harness.start()
+        api = Api(harness.url, harness.tokens["operator"])
+        evaluation = Evaluation(
+            config,
+            api=api,
+            url=harness.url,
+            agent_token=harness.tokens["agent"],
+            env=harness.services.env,
+            say=say,
+            cancel=threading.Event(),
+            health=harness.problem,
+        )
+        job_ids = evaluation.job_ids
+        try:
+            results = evaluation.run_all()
+        finally:
+            api.close()
+    finally:
+        harness.stop()
+        leftovers = kill_leftovers(job_ids, harness.tokens.get("agent"))
+    left = [p for r in results for p in r.leftovers] + leftovers
+    clean = Target(
+        "no leftover processes",
+        FAIL if left else PASS,
+        f"{len(left)} killed: {', '.join(left)}" if left else "every process stopped cleanly",
+    )
+    summary = summarize([r.score for r in results], extra=[clean])
+    print(format_table([r.score for r in results]))
+    print()
+    print(format_summary(summary), flush=True)
+    out = args.json or data_dir / "eval.json"
+    report = {
+        "started_at": wall.isoformat(),
+        "duration_s": round(time.monotonic() - started, 1),
+        "config": {**asdict(config), "data_dir": str(data_dir)},
+        "api": harness.url,
+        "runs": [r.to_json() for r in results],
+        "summary": summary.to_json(),
+        "leftover_processes": left,
+        "service_error": evaluation.broken,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    say(f"results in {out}; service logs in {data_dir / 'logs'}")
+    if evaluation.broken:
+        say(f"error: {evaluation.broken}")
+        return 2
+    return 0 if summary.passed else 1
+
+
+class Harness:
+    """The service one eval runs against: databases, migrations, tokens, API, worker and beat."""
+
+    def __init__(self, data_dir: Path, port: int) -> None:
+        from service.demo import Services
+
+        self.data_dir, self.port = data_dir, port
+        self.services = Services(logs=data_dir / "logs", say=say)
+        self.url = ""
+        self.tokens: dict[str, str] = {}
+        self._token_ids: list[int] = []
+
+    def start(self) -> None:
+        """Embedded servers unless FAULTLINE_DATABASE_URL is set; raises SetupError with the reason."""
+        import psycopg
+        from pydantic import ValidationError
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from service.embedded import free_port, port_is_free
+
+        port = self.port or free_port()
+        if not port_is_free(port):
+            raise SetupError(f"port {port} is already in use; choose another with --port")
+        try:
+            database_url = os.environ.get("FAULTLINE_DATABASE_URL")
+            if database_url:
+                redis_url = os.environ.get("FAULTLINE_REDIS_URL")
+                if not redis_url:
+                    raise SetupError(
+                        "FAULTLINE_DATABASE_URL is set but FAULTLINE_REDIS_URL is not: set both or neither"
+                    )
+                say("using the servers of FAULTLINE_DATABASE_URL and FAULTLINE_REDIS_URL")
+                self.services.use(database_url=database_url, redis_url=redis_url, port=port, embedded=False)
+            else:
+                self.services.start_embedded(self.data_dir, port=port)
+            self.services.migrate()
+            self._create_tokens()
+            say(f"starting the API on port {port}, a worker and beat (logs in {self.services.logs})")
+            self.url = self.services.start_processes(port)
+        except ValidationError as exc:
+            messages = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            raise SetupError(f"configuration error: {messages}") from None
+        except (RuntimeError, OSError, SQLAlchemyError, psycopg.Error) as exc:
+            raise SetupError(f"could not start the services: {exc}") from None
+        except SystemExit as exc:  # embedded mode without its packages
+            raise SetupError(str(exc.code)) from None
+        say(f"API ready at {self.url}")
+
+    def _create_tokens(self) -> None:
+        from service.db import session_scope
+        from service.tokens import service as tokens
+
+        with session_scope() as session:
+            operator = tokens.create(session, scope="operator", name="faultline-eval")
+            agent = tokens.create(session, scope="agent", name="faultline-eval")
+            self._token_ids = [operator.record.id, agent.record.id]
+            self.tokens = {"operator": operator.token, "agent": agent.token}
+
+    def problem(self) -> str | None:
+        """Why the service cannot decide anything (one of its processes exited), or None."""
+        exited = self.services.exited()
+        if exited is None:
+            return None
+        name, code = exited
+        return f"the {name} process exited with code {code}; see {self.services.logs / (name + '.log')}"
+
+    def stop(self) -> None:
+        """Revoke the eval's tokens (they end with it), then stop the processes and the embedded servers."""
+        if self._token_ids:
+            from service.db import session_scope
+            from service.tokens import service as tokens
+
+            with contextlib.suppress(Exception), session_scope() as session:
+                for token_id in self._token_ids:
+                    tokens.revoke(session, token_id=token_id)
+        say("stopping the services ...")
+        self.services.stop()
+
+
+def kill_leftovers(job_ids: list[str], agent_token: str | None) -> list[str]:
+    """Processes of this eval still alive: its children, and anything carrying one of its job ids or its
+    agent token (ranks re-parented when their launcher died). Killed by pid; returned as "pid name"."""
+    import psutil
+
+    me = psutil.Process()
+    found: dict[int, Any] = {}
+    with contextlib.suppress(psutil.Error):
+        found.update({p.pid: p for p in me.children(recursive=True)})
+    jobs = set(job_ids)
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            env = proc.environ()
+            if env.get("FAULTLINE_JOB_ID") in jobs or (agent_token and env.get("FAULTLINE_AGENT_TOKEN") == agent_token):
+                found[proc.pid] = proc
+    found.pop(me.pid, None)
+    left = []
+    for proc in found.values():
+        with contextlib.suppress(psutil.Error):
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            left.append(f"{proc.pid} {proc.name()}")
+            proc.kill()
+    if left:
+        say(f"killed {len(left)} leftover processes: {', '.join(left)}")
+    return left

@@ -1,0 +1,120 @@
+"""The eval's scenario catalog: which scenarios exist, how each is run, and how long to wait for a decision."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agents.sim.scenarios import FAULT_KINDS
+
+SIM = "sim"
+TORCH = "torch"
+
+# How long after the injection a scenario may take to be decided (the hang's depends on the job's timeout).
+DEFAULT_WAIT_S = 90.0
+STRAGGLER_WAIT_S = 240.0
+HANG_EXTRA_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    family: str  # sim | torch
+    fault: str | None  # the fault kind, as the ground truth names it; None: healthy
+    description: str
+
+
+@dataclass(frozen=True)
+class TorchFault:
+    """How a torchrun scenario injects its fault into train.py, and what the ground truth says about it."""
+
+    kind: str
+    flags: tuple[str, ...]  # train.py flags; {rank} and {step} are filled in
+    marker: str  # regex of the log line that shows the fault has happened; {rank} and {step} filled in
+    blame: str
+    expect_eviction: bool
+    eviction_optional: bool = False
+    on_rank: bool = True  # a fault of one rank (and so of one node)
+
+    def pattern(self, rank: int | None, step: int) -> re.Pattern[str]:
+        """The marker for this rank and step, matched against single log lines."""
+        return re.compile(self.marker.format(rank=rank if rank is not None else "", step=step, prev=step - 1))
+
+
+TORCH_FAULTS: dict[str, TorchFault] = {
+    "torch_hang": TorchFault(
+        "hang",
+        ("--hang-rank={rank}", "--hang-at-step={step}"),
+        r"injected fault: rank {rank} stuck in data loading at step {step}",
+        "infrastructure",
+        True,
+    ),
+    # One rank raises a plain RuntimeError with no hardware evidence: the machine is a suspect, but whether to
+    # evict it or only diagnose it is the policy's call, so neither counts against the service.
+    "torch_crash": TorchFault(
+        "crash",
+        ("--crash-rank={rank}", "--crash-at-step={step}"),
+        r"RuntimeError: injected fault: rank {rank} crashed at step {step}",
+        "unknown",
+        False,
+        eviction_optional=True,
+    ),
+    # The slow rank's step {step} is the first slow one: it starts when the rank prints step {step} - 1.
+    "torch_slow": TorchFault(
+        "straggler",
+        ("--slow-rank={rank}", "--slow-factor=4", "--slow-at-step={step}"),
+        r"^\[rank{rank}\]:step={prev} ",
+        "infrastructure",
+        True,
+    ),
+    "torch_user_bug": TorchFault(
+        "user_bug",
+        ("--user-bug-at-step={step}",),
+        r"mat1 and mat2 shapes cannot be multiplied",
+        "user_code",
+        False,
+        on_rank=False,
+    ),
+}
+
+# The step each torchrun fault fires at: enough steps before it for the service to know normal progress.
+TORCH_FAULT_STEP = {"torch_hang": 60, "torch_crash": 60, "torch_slow": 60, "torch_user_bug": 60}
+
+SIM_SCENARIOS = ("healthy", "gpu_lost", "ecc_dbe", "nvlink", "ib_flap", "straggler", "hang", "user_bug", "nan_loss")
+TORCH_SCENARIOS = tuple(TORCH_FAULTS)
+
+CATALOG: dict[str, Scenario] = {
+    "healthy": Scenario("healthy", SIM, None, "simulated job training normally: nothing may be evicted"),
+    **{
+        name: Scenario(name, SIM, name, f"simulated: {FAULT_KINDS[name].description}")
+        for name in SIM_SCENARIOS
+        if name != "healthy"
+    },
+    "torch_hang": Scenario("torch_hang", TORCH, "hang", "real torchrun: one rank stuck in data loading, peers wait"),
+    "torch_crash": Scenario("torch_crash", TORCH, "crash", "real torchrun: one rank raises, torchrun ends the job"),
+    "torch_slow": Scenario("torch_slow", TORCH, "straggler", "real torchrun: one rank 4x slower, every step slows"),
+    "torch_user_bug": Scenario(
+        "torch_user_bug", TORCH, "user_bug", "real torchrun: the same exception on every rank (a user's bug)"
+    ),
+}
+
+
+def wait_after_injection(fault: str | None, hang_timeout_s: float) -> float:
+    """Seconds to watch for decisions after the fault is injected."""
+    if fault == "hang":
+        return hang_timeout_s + HANG_EXTRA_WAIT_S
+    if fault == "straggler":
+        return STRAGGLER_WAIT_S
+    return DEFAULT_WAIT_S
+
+
+def parse_selection(text: str | None, *, torch: bool) -> tuple[list[str], list[str]]:
+    """(scenarios to run, problems) from a comma list; `all` or nothing means every scenario (torch if enabled)."""
+    if not text or text.strip() == "all":
+        return [n for n, s in CATALOG.items() if torch or s.family == SIM], []
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    problems = [f"unknown scenario {n!r}" for n in names if n not in CATALOG]
+    if not torch:
+        skipped = [n for n in names if n in CATALOG and CATALOG[n].family == TORCH]
+        problems += [f"{n} needs torch, and --no-torch was given" for n in skipped]
+    return list(dict.fromkeys(n for n in names if n in CATALOG)), problems

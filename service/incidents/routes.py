@@ -1,0 +1,37 @@
+"""Incidents: /api/v1/incidents."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query
+
+from service.deps import DbSession
+from service.incidents import service
+from service.incidents.schemas import IncidentOut, IncidentPage
+from service.models.diagnosis import INCIDENT_STATES
+from service.security import require_scope
+from service.tokens.service import Principal
+
+router = APIRouter(prefix="/api/v1/incidents", tags=["incidents"])
+Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]
+State = Literal[INCIDENT_STATES]  # type: ignore[valid-type]
+
+
+@router.get("", response_model=IncidentPage, responses={422: {"description": "Unknown filter value or bad cursor"}})
+def list_incidents(
+    session: DbSession,
+    _: Reader,
+    job: Annotated[str | None, Query(description="The job's external id")] = None,
+    state: Annotated[State | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+) -> IncidentPage:
+    """Incidents, newest first (without their findings: open one for those)."""
+    return service.list_incidents(session, job=job, state=state, limit=limit, cursor=cursor)
+
+
+@router.get("/{incident_id}", response_model=IncidentOut, responses={404: {"description": "Unknown incident"}})
+def get_incident(incident_id: int, session: DbSession, _: Reader) -> IncidentOut:
+    """One incident: root cause, blame, ranked suspects, its findings with evidence, and its decisions."""
+    return service.get(session, incident_id=incident_id)

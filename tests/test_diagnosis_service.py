@@ -1,0 +1,219 @@
+"""Diagnosis on the real database: agent batches in through the ingest API, incidents and decisions out.
+
+Signals are produced by the agent's own parsers from log text in the real formats (the simulator's), so the
+service sees exactly what a node would send.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from agents.parsers import parse_text
+from agents.parsers.kernel import KernelLogParser
+from agents.parsers.training.parser import TrainingLogParser
+from agents.sim import logformat as fmt
+from service.config import get_settings
+from service.diagnosis.service import diagnose_job
+from service.models import Decision, Finding, Incident
+from tests.conftest import bearer
+
+NODES, GPUS = 4, 2
+
+
+def _batch(node: str, job: str, logs: list[dict[str, Any]], *, rank0: int) -> dict[str, Any]:
+    now = datetime.now(UTC).isoformat()
+    return {
+        "batch_id": str(uuid.uuid4()),
+        "node": node,
+        "sent_at": now,
+        "job_id": job,
+        "logs": logs,
+        "processes": [
+            {
+                "ts": now,
+                "pid": 1000 + r,
+                "job_id": job,
+                "rank": r,
+                "local_rank": r - rank0,
+                "world_size": NODES * GPUS,
+                "cpu_pct": 50.0,
+                "state": "S",
+            }
+            for r in range(rank0, rank0 + GPUS)
+        ],
+    }
+
+
+def _kernel(text: str) -> list[dict[str, Any]]:
+    return [e.to_wire() for e in parse_text(KernelLogParser(), text, now=datetime.now(UTC))]
+
+
+def _training(lines: list[str]) -> list[dict[str, Any]]:
+    return [e.to_wire() for e in parse_text(TrainingLogParser(), "\n".join(lines) + "\n", now=datetime.now(UTC))]
+
+
+def _ship(client: Any, token: str, job: str, logs_by_node: dict[int, list[dict[str, Any]]]) -> None:
+    for n in range(NODES):
+        response = client.post(
+            "/api/v1/ingest",
+            json=_batch(f"node-{n}", job, logs_by_node.get(n, []), rank0=n * GPUS),
+            headers=bearer(token),
+        )
+        assert response.status_code == 200, response.text
+
+
+def _xid79(bus: int = 0x3B) -> str:
+    ts = datetime.now(UTC)
+    return fmt.kern(ts, fmt.xid(bus, 79, "GPU has fallen off the bus.", 4242, "python")) + "\n"
+
+
+def test_fatal_xid_gives_one_incident_and_one_eviction_with_its_evidence(client, session, make_token) -> None:
+    token, job = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}"
+    _ship(client, token, job, {2: _kernel(_xid79())})
+    settings = get_settings()
+
+    result = diagnose_job(session, job_id=job, settings=settings)
+    assert result.new_findings >= 1
+    (incident,) = session.scalars(select(Incident).where(Incident.id.in_(result.incidents))).all()
+    assert (incident.root_cause, incident.blame) == ("gpu_hardware", "infrastructure")
+    assert [s["node"] for s in incident.suspects] == ["node-2"]
+    (decision,) = session.scalars(select(Decision).where(Decision.incident_id == incident.id)).all()
+    assert (decision.kind, decision.state) == ("evict", "pending")
+    chain = decision.evidence["findings"]
+    assert chain and chain[0]["signals"] and chain[0]["signals"][0]["type"] == "log"
+
+    # Idempotent: the same pass again stores and decides nothing new.
+    again = diagnose_job(session, job_id=job, settings=settings)
+    assert again.new_findings == 0 and again.decisions == []
+    assert session.scalars(select(Decision).where(Decision.incident_id == incident.id)).all() == [decision]
+
+
+def test_same_traceback_on_every_rank_is_user_code_and_never_evicts(client, session, make_token) -> None:
+    token, job = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}"
+    logs = {
+        n: _training([line for r in range(n * GPUS, (n + 1) * GPUS) for line in fmt.traceback_user_bug(r)])
+        for n in range(NODES)
+    }
+    _ship(client, token, job, logs)
+    result = diagnose_job(session, job_id=job, settings=get_settings())
+    incidents = session.scalars(select(Incident).where(Incident.id.in_(result.incidents))).all()
+    assert [(i.root_cause, i.blame) for i in incidents] == [("user_code", "user_code")]
+    kinds = {d.kind for d in session.scalars(select(Decision).where(Decision.incident_id == incidents[0].id))}
+    assert kinds == {"rollback"}
+
+
+def test_shadow_mode_records_but_does_not_act(client, session, make_token) -> None:
+    token, job = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}"
+    _ship(client, token, job, {1: _kernel(_xid79())})
+    settings = get_settings().model_copy(update={"policy_mode": "shadow"})
+    result = diagnose_job(session, job_id=job, settings=settings)
+    states = [d.state for d in session.scalars(select(Decision).where(Decision.id.in_(result.decisions)))]
+    assert states == ["shadow"]
+
+
+def test_decisions_and_incidents_api(client, session, make_token) -> None:
+    agent, scheduler = make_token("agent"), make_token("scheduler")
+    job = f"job-{uuid.uuid4().hex[:6]}"
+    _ship(client, agent, job, {0: _kernel(_xid79(0x1A)), 3: _kernel(_xid79(0x3B))})
+    diagnose_job(session, job_id=job, settings=get_settings().model_copy(update={"policy_max_evict_share_per_hour": 1}))
+    session.flush()
+
+    page = client.get("/api/v1/decisions", params={"job": job, "kind": "evict"}, headers=bearer(scheduler)).json()
+    assert sorted(d["node"] for d in page["items"]) == ["node-0", "node-3"]
+    one = client.get("/api/v1/decisions", params={"job": job, "limit": 1}, headers=bearer(scheduler)).json()
+    assert len(one["items"]) == 1 and one["next_cursor"]
+    rest = client.get(
+        "/api/v1/decisions", params={"job": job, "limit": 1, "cursor": one["next_cursor"]}, headers=bearer(scheduler)
+    ).json()
+    assert rest["items"][0]["id"] < one["items"][0]["id"]
+    by_node = client.get("/api/v1/decisions", params={"node": "node-3"}, headers=bearer(scheduler)).json()
+    assert {d["node"] for d in by_node["items"]} == {"node-3"}
+    assert client.get("/api/v1/decisions", params={"state": "nonsense"}, headers=bearer(scheduler)).status_code == 422
+    assert client.get("/api/v1/decisions", params={"cursor": "%%%"}, headers=bearer(scheduler)).status_code == 422
+    assert client.get("/api/v1/decisions").status_code == 401
+    assert client.get("/api/v1/decisions", headers=bearer(agent)).status_code == 403
+
+    incident_id = page["items"][0]["incident_id"]
+    incident = client.get(f"/api/v1/incidents/{incident_id}", headers=bearer(scheduler)).json()
+    assert incident["root_cause"] == "gpu_hardware" and len(incident["decisions"]) == 2
+    assert all(f["evidence"]["signals"] for f in incident["findings"] if f["role"] == "cause")
+    assert client.get("/api/v1/incidents/999999999", headers=bearer(scheduler)).status_code == 404
+
+
+def test_concurrent_workers_decide_once(client, committed, make_token) -> None:
+    """Two workers diagnosing the same job at the same moment: one incident, one decision."""
+    job = f"job-{uuid.uuid4().hex[:6]}"
+    factory = sessionmaker(bind=committed)
+    with factory() as session:
+        from service.tokens import service as tokens
+
+        token = tokens.create(session, scope="agent").token
+        session.commit()
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    with TestClient(create_app(get_settings(), factory=factory)) as real_client:
+        _ship(real_client, token, job, {2: _kernel(_xid79())})
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with factory() as session:
+                barrier.wait()
+                diagnose_job(session, job_id=job, settings=get_settings())
+                session.commit()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    with Session(committed) as session:
+        assert len(session.scalars(select(Incident)).all()) == 1
+        assert len(session.scalars(select(Decision)).all()) == 1
+        assert len(session.scalars(select(Finding).where(Finding.detector == "signatures")).all()) >= 1
+        assert all(d.created_at > datetime.now(UTC) - timedelta(minutes=5) for d in session.scalars(select(Decision)))
+
+
+def test_a_fatal_xid_is_decided_at_once_by_a_real_worker_without_beat(committed, tmp_path) -> None:
+    """The critical-event path: ingest enqueues the diagnosis; no periodic pass is running."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.tokens import service as tokens
+    from tests.procs import running, wait_for
+
+    factory = sessionmaker(bind=committed)
+    with factory() as session:
+        token = tokens.create(session, scope="agent").token
+        session.commit()
+    job = f"job-{uuid.uuid4().hex[:6]}"
+    with running(["faultline", "work", "--queues", "diagnosis"], log=tmp_path / "worker.log"):
+        with TestClient(create_app(get_settings(), factory=factory)) as real_client:
+            _ship(real_client, token, job, {})  # the job and its ranks exist before the failure
+            time.sleep(3)  # the worker is up
+            shipped = time.monotonic()
+            _ship(real_client, token, job, {1: _kernel(_xid79())})
+
+        def evictions() -> list[Decision]:
+            with Session(committed) as session:
+                return list(session.scalars(select(Decision).where(Decision.kind == "evict")))
+
+        wait_for(lambda: bool(evictions()), timeout=10, what="an eviction decided from the critical event")
+        took = time.monotonic() - shipped
+    (decision,) = evictions()
+    assert decision.state == "pending"
+    print(f"decided {took:.1f} s after ingest")

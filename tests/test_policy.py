@@ -1,0 +1,157 @@
+"""Demarcation (findings -> incidents) and the policy's guard rails, on plain data."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ml.demarcation import demarcate
+from ml.findings import Finding
+from service.config import Settings
+from service.decisions.policy import PolicyContext, decide
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def finding(
+    category: str,
+    *,
+    node: str | None = None,
+    confidence: float = 0.95,
+    action: str = "evict",
+    role: str = "cause",
+    blame: str = "infrastructure",
+    summary: str = "",
+) -> Finding:
+    return Finding(
+        detector="test",
+        category=category,
+        subject_kind="node" if node else "job",
+        subject=node or "job-1",
+        confidence=confidence,
+        summary=summary or f"{category} on {node or 'the job'}",
+        observed_at=NOW,
+        node=node,
+        blame=blame,
+        role=role,
+        action=action,
+    )
+
+
+def settings(**overrides: object) -> Settings:
+    return Settings(database_url="postgresql://x", redis_url="redis://x", **overrides)  # type: ignore[arg-type]
+
+
+def context(**overrides: object) -> PolicyContext:
+    values: dict[str, object] = {
+        "now": NOW,
+        "job_nodes": 8,
+        "evicted_last_hour": 0,
+        "nodes_in_cooldown": set(),
+        "job_in_cooldown": set(),
+        "network_events": {},
+        "already_decided": set(),
+    }
+    values.update(overrides)
+    return PolicyContext(**values)  # type: ignore[arg-type]
+
+
+def test_victims_symptoms_join_the_cause_and_a_stall_folds_into_the_hardware_incident() -> None:
+    found = [
+        (1, finding("gpu_hardware", node="node-3")),
+        (2, finding("job_failure", role="symptom", action="none", blame="unknown")),
+        (3, finding("hang", action="diagnose", blame="unknown")),
+    ]
+    (incident,) = demarcate(found)
+    assert incident.root_cause == "gpu_hardware"
+    assert incident.blame == "infrastructure"
+    assert sorted(incident.finding_ids) == [1, 2, 3]
+    assert [s.node for s in incident.suspects] == ["node-3"]
+
+
+def test_symptoms_alone_open_a_job_failure_incident_without_suspects() -> None:
+    (incident,) = demarcate([(1, finding("job_failure", role="symptom", action="none", blame="unknown"))])
+    assert incident.root_cause == "job_failure"
+    assert incident.suspects == []
+
+
+def test_independent_evidence_about_one_node_adds_up() -> None:
+    (incident,) = demarcate(
+        [(1, finding("straggler", node="n1", confidence=0.6)), (2, finding("straggler", node="n1", confidence=0.6))]
+    )
+    assert incident.suspects[0].confidence == pytest.approx(0.84)
+
+
+def test_evicts_a_confident_hardware_suspect() -> None:
+    (incident,) = demarcate([(1, finding("gpu_hardware", node="node-3"))])
+    (plan,) = decide(incident, context(), settings())
+    assert (plan.kind, plan.node, plan.state) == ("evict", "node-3", "pending")
+    assert plan.finding_ids == [1]
+    assert "confidence" in plan.guard_rails
+
+
+def test_a_user_bug_never_evicts_and_asks_for_a_rollback() -> None:
+    found = [
+        (1, finding("user_code", confidence=0.95, action="rollback", blame="user_code")),
+        (2, finding("user_code", node="node-1", confidence=0.9, action="evict", blame="user_code")),
+    ]
+    (incident,) = demarcate(found)
+    plans = decide(incident, context(), settings())
+    assert [(p.kind, p.node) for p in plans] == [("rollback", None)]
+
+
+def test_low_confidence_becomes_diagnose_and_below_that_nothing() -> None:
+    (incident,) = demarcate([(1, finding("straggler", node="n1", confidence=0.6))])
+    assert [p.kind for p in decide(incident, context(), settings())] == ["diagnose"]
+    (incident,) = demarcate([(1, finding("straggler", node="n1", confidence=0.3))])
+    assert decide(incident, context(), settings()) == []
+
+
+def test_network_fault_needs_a_second_flap_within_the_window() -> None:
+    (incident,) = demarcate([(1, finding("network", node="n2"))])
+    one = {"n2": [NOW - timedelta(seconds=10)]}
+    assert decide(incident, context(network_events=one), settings()) == []
+    stale = {"n2": [NOW - timedelta(minutes=20), NOW - timedelta(seconds=10)]}
+    assert decide(incident, context(network_events=stale), settings()) == []
+    two = {"n2": [NOW - timedelta(minutes=3), NOW - timedelta(seconds=10)]}
+    (plan,) = decide(incident, context(network_events=two), settings())
+    assert (plan.kind, plan.state) == ("evict", "pending")
+    assert "flap_tolerance" in plan.guard_rails
+
+
+def test_blast_radius_holds_evictions_beyond_the_share_for_approval() -> None:
+    found = [(i, finding("gpu_hardware", node=f"n{i}")) for i in range(1, 4)]
+    (incident,) = demarcate(found)
+    plans = decide(incident, context(job_nodes=8), settings(policy_max_evict_share_per_hour=0.25))
+    assert [p.state for p in plans] == ["pending", "pending", "awaiting_approval"]
+    assert "blast_radius" in plans[2].guard_rails
+    plans = decide(incident, context(job_nodes=8, evicted_last_hour=2), settings(policy_max_evict_share_per_hour=0.25))
+    assert [p.state for p in plans] == ["awaiting_approval"] * 3
+
+
+def test_cooldown_and_already_decided_suppress_repeats() -> None:
+    (incident,) = demarcate([(1, finding("gpu_hardware", node="n1"))])
+    assert decide(incident, context(nodes_in_cooldown={"n1"}), settings()) == []
+    assert decide(incident, context(already_decided={("evict", "n1")}), settings()) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "state"),
+    [
+        ({"policy_mode": "shadow"}, "shadow"),
+        ({"policy_mode": "approval"}, "awaiting_approval"),
+        ({"policy_approval_required_for": ["evict"]}, "awaiting_approval"),
+        ({"policy_approval_required_for": ["rollback"]}, "pending"),
+    ],
+)
+def test_modes(overrides: dict[str, object], state: str) -> None:
+    (incident,) = demarcate([(1, finding("gpu_hardware", node="n1"))])
+    (plan,) = decide(incident, context(), settings(**overrides))
+    assert plan.state == state
+
+
+def test_thresholds_are_configurable() -> None:
+    (incident,) = demarcate([(1, finding("gpu_hardware", node="n1", confidence=0.85))])
+    assert decide(incident, context(), settings(policy_evict_min_confidence=0.9))[0].kind == "diagnose"
+    assert decide(incident, context(), settings(policy_evict_min_confidence=0.8))[0].kind == "evict"
