@@ -91,9 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     agent_bench.add_parser(bench_sub)
     # Commands with their own argument parsers; listed here for --help, dispatched by `main` (see _PASSTHROUGH).
     bench_sub.add_parser("stacks", help="stack aggregation over 16,384 synthetic ranks (see --help)", add_help=False)
-    ml = sub.add_parser("ml", help="detection models: `faultline ml train` trains the log classifier")
-    ml.add_subparsers(dest="ml_command", required=True, metavar="ACTION").add_parser(
-        "train", help="train the log classifier and write a versioned artifact", add_help=False
+    sub.add_parser(
+        "ml",
+        help="the log classifier: `faultline ml train` (versioned artifact), `faultline ml predict LINE`",
+        add_help=False,
     )
     sub.add_parser("eval", help="run the scenario suite: precision, recall, time to decision", add_help=False)
     return parser
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Prefix of argv -> "module:function" taking the rest of argv: commands that parse their own options.
 _PASSTHROUGH: dict[tuple[str, ...], str] = {
-    ("ml", "train"): "ml.classifier.cli:main",
+    ("ml",): "ml.classifier.cli:main",  # takes `train ...` / `predict ...` itself
     ("bench", "stacks"): "ml.bench_stacks:main",
     ("eval",): "service.evaluation.cli:main",
 }

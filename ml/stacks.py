@@ -912,7 +912,10 @@ def _round_suspects(
     node, node_names = _round_nodes(snaps, out_count.size)
     # The others visibly waiting for the stragglers in most rounds is the strong form of the evidence.
     waited = sum(1 for s in states if s == COLLECTIVE) * 2 > total
-    base = 0.85 if waited else 0.7
+    # Apart in (nearly) every round is strong evidence on its own, even where the others' wait is not
+    # visible as a collective (DDP waits inside backward).
+    steady = total >= 3 and int(out_count[stragglers].min()) >= 0.8 * total
+    base = 0.85 if waited else (0.8 if steady else 0.7)
     ids: list[int] = []
     frames: list[str] = []
     doing = ""

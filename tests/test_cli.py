@@ -57,3 +57,17 @@ def test_missing_configuration_says_what_to_set():
 def test_migrate_check_reports_an_up_to_date_database():
     result = faultline("migrate", "--check")
     assert result.returncode == 0 and "up to date" in result.stdout
+
+
+def test_commands_with_their_own_parsers_are_dispatched():
+    """`faultline ml`, `faultline eval` and `faultline bench stacks` parse their own options."""
+    predicted = faultline("ml", "predict", "NET/IB : Got completion from peer 10.0.0.7<1234> with error 12")
+    assert predicted.returncode == 0, predicted.stderr
+    assert predicted.stdout.split("\t")[0] == "network"
+    listing = faultline("eval", "--list")
+    assert listing.returncode == 0 and "torch_hang" in listing.stdout and "gpu_lost" in listing.stdout
+    bench = faultline("bench", "stacks", "--ranks", "512", "--repeat", "1")
+    assert bench.returncode == 0, bench.stderr
+    assert "ms" in bench.stdout
+    wrong = faultline("eval", "--scenarios", "no_such_scenario")
+    assert wrong.returncode == 2 and "no_such_scenario" in wrong.stderr

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -100,18 +101,24 @@ def test_demo_runs_the_readme_examples_and_stops_cleanly(tmp_path):
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "database": "ok", "broker": "ok"}
 
         examples = _curl_examples()
-        assert len(examples) == 3
+        assert len(examples) == 4
         env = {
             **os.environ,
             "FAULTLINE_URL": url,
             "AGENT_TOKEN": tokens["agent"],
             "SCHEDULER_TOKEN": tokens["scheduler"],
         }
-        outputs = []
-        for example in examples:
+
+        def run(example: str) -> Any:
             result = subprocess.run(["bash", "-c", example], capture_output=True, text=True, env=env, timeout=30)
             assert result.returncode == 0, f"{example}\n{result.stdout}\n{result.stderr}"
-            outputs.append(json.loads(result.stdout))
+            return json.loads(result.stdout)
+
+        outputs = [run(example) for example in examples[:3]]
+        # The batch's Xid 79 is diagnosed by the demo's worker: an eviction of its node appears.
+        wait_for(lambda: bool(run(examples[3])["items"]), timeout=15, what="the README's eviction decision")
+        (decision,) = run(examples[3])["items"]
+        assert (decision["node"], decision["kind"], decision["state"]) == ("gpu-node-001", "evict", "pending")
         assert outputs[0]["job_id"] == "llm-pretrain-42" and outputs[0]["parallelism"]["tp"] == 4
         assert outputs[1]["status"] in ("accepted", "duplicate")
         assert outputs[2]["ranks"][0] == {"rank": 0, "node": "gpu-node-001", "local_rank": 0, "gpu": 0, "pid": 4242}

@@ -59,12 +59,8 @@ def diagnosed_job(committed: Any, tmp_path: Path, extra_args: list[str]) -> Iter
         cluster: TorchCluster = stack.enter_context(
             launch(NODES, PROCS, job_id=job_id, log_dir=tmp_path / "job", extra_args=extra_args)
         )
-        for node, launcher in enumerate(cluster.launchers):
-            args = [
-                "faultline", "agent", "--server", url, "--node-name", f"vnode-{node}", "--interval", "1",
-                "--kmsg", "none", "--log", str(cluster.log_paths[node]), "--watch-pid", str(launcher.pid),
-                "--spool-dir", str(tmp_path / f"spool-{node}"), "--stack-timeout", "20",
-            ]  # fmt: skip
+        for node in range(NODES):
+            args = cluster.agent_args(node, server=url, node_name=f"vnode-{node}", spool_dir=tmp_path / f"spool-{node}")
             stack.enter_context(running(args, env={"FAULTLINE_AGENT_TOKEN": agent}, log=tmp_path / f"agent-{node}.log"))
         yield {"cluster": cluster, "client": client, "job_id": job_id}
 

@@ -38,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--dir", type=Path, default=Path(".faultline/sim"), help="working folder (.faultline/sim)")
     p.add_argument("--seed", type=int, help="random seed (default: random, printed)")
     p.add_argument("--job-id", help="job id (default sim-<scenario>-<random>)")
+    p.add_argument("--node-prefix", default="node-", help="node names are PREFIX000, PREFIX001, ... (default node-)")
     p.add_argument("--step-seconds", type=float, default=1.0, help="seconds per training step (default 1)")
     p.add_argument("--watchdog-seconds", type=_positive, default=20.0, help="scaled NCCL watchdog timeout (20)")
     p.add_argument("--port", type=int, default=0, help="exporter port (default: any free port)")
@@ -58,6 +59,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         scenario=args.scenario,
         seed=args.seed,
         job_id=args.job_id,
+        node_prefix=args.node_prefix,
         step_seconds=args.step_seconds,
         fault_after=args.fault_after,
         fault_every=args.fault_every,

@@ -17,6 +17,8 @@ class SimConfig:
     # None: a random seed, printed at start so a run can be replayed.
     seed: int | None = None
     job_id: str | None = None
+    # Node names are PREFIX000, PREFIX001, ...: distinct prefixes keep runs that share a service apart.
+    node_prefix: str = "node-"
     # A simulated training step takes about this long (the straggler makes it 30-50% longer).
     step_seconds: float = 1.0
     fault_after: float = 30.0
@@ -52,8 +54,8 @@ class SimConfig:
         return self.nodes * self.gpus_per_node
 
     def node_names(self) -> list[str]:
-        return [node_name(i) for i in range(self.nodes)]
+        return [node_name(i, self.node_prefix) for i in range(self.nodes)]
 
 
-def node_name(index: int) -> str:
-    return f"node-{index:03d}"
+def node_name(index: int, prefix: str = "node-") -> str:
+    return f"{prefix}{index:03d}"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 import pandas as pd
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from ml.findings import JobInfo, LogRecord, StackSample
@@ -49,21 +50,7 @@ def log_records(
         LogEvent.job_id == job.id,
         and_(LogEvent.job_id.is_(None), LogEvent.node_id.in_(node_ids)) if node_ids else False,
     )
-    base = (
-        select(
-            LogEvent.id,
-            LogEvent.ts,
-            Node.name,
-            LogEvent.kind,
-            LogEvent.line,
-            LogEvent.severity,
-            LogEvent.rank,
-            LogEvent.source,
-            LogEvent.fields,
-        )
-        .join(Node, Node.id == LogEvent.node_id)
-        .where(of_job, LogEvent.ts >= since)
-    )
+    base = _log_select().where(of_job, LogEvent.ts >= since)
     steps = session.execute(
         base.where(LogEvent.kind == "step").order_by(LogEvent.ts.desc()).limit(MAX_STEP_EVENTS)
     ).all()
@@ -71,6 +58,20 @@ def log_records(
         base.where(LogEvent.kind != "step").order_by(LogEvent.ts.desc()).limit(MAX_OTHER_EVENTS)
     ).all()
     return _records(reversed(steps)), _records(reversed(others))
+
+
+def _log_select() -> Select[Any]:
+    return select(
+        LogEvent.id,
+        LogEvent.ts,
+        Node.name,
+        LogEvent.kind,
+        LogEvent.line,
+        LogEvent.severity,
+        LogEvent.rank,
+        LogEvent.source,
+        LogEvent.fields,
+    ).join(Node, Node.id == LogEvent.node_id)
 
 
 def _records(rows) -> list[LogRecord]:  # type: ignore[no-untyped-def]
@@ -83,18 +84,7 @@ def _records(rows) -> list[LogRecord]:  # type: ignore[no-untyped-def]
 def last_step_before(session: Session, *, job: Job, before: datetime) -> LogRecord | None:
     """The newest step event older than the window, so a hang longer than the window is still seen."""
     row = session.execute(
-        select(
-            LogEvent.id,
-            LogEvent.ts,
-            Node.name,
-            LogEvent.kind,
-            LogEvent.line,
-            LogEvent.severity,
-            LogEvent.rank,
-            LogEvent.source,
-            LogEvent.fields,
-        )
-        .join(Node, Node.id == LogEvent.node_id)
+        _log_select()
         .where(LogEvent.job_id == job.id, LogEvent.kind == "step", LogEvent.ts < before)
         .order_by(LogEvent.ts.desc())
         .limit(1)

@@ -90,7 +90,8 @@ def _tree(pid: int) -> list[Any]:
 
 
 class SimRun:
-    """`faultline sim` in its own folder, with node names of its own (see simrun.py)."""
+    """`faultline sim` in its own folder, with node names of its own: the service keeps a node's history
+    across jobs (eviction cooldowns, kernel lines in the diagnosis window), so runs must not share names."""
 
     def __init__(
         self,
@@ -112,7 +113,7 @@ class SimRun:
         self.workdir = workdir
         self.world_size = nodes * gpus_per_node
         self._args = [
-            "service.evaluation.simrun", node_prefix,
+            "faultline", "sim", "--node-prefix", f"{node_prefix}-node-",
             "--scenario", scenario, "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),
             "--fault-after", str(fault_after), "--seed", str(seed), "--job-id", job_id,
             "--dir", str(workdir / "sim"), "--server", url, "--duration", str(duration),
@@ -227,13 +228,10 @@ class TorchRun:
             extra_args=["--workers=0", f"--seed={self.seed}", *self.flags()],
         )
         self._watches = [_LogWatch(p) for p in self.cluster.log_paths]
-        for node, launcher in enumerate(self.cluster.launchers):
-            args = [
-                "faultline", "agent", "--server", self.url, "--node-name", self.node_names[node],
-                "--interval", "1", "--kmsg", "none", "--log", str(self.cluster.log_paths[node]),
-                "--watch-pid", str(launcher.pid), "--job-env", "FAULTLINE_JOB_ID",
-                "--spool-dir", str(self.workdir / f"spool-{node}"), "--stack-timeout", "20",
-            ]  # fmt: skip
+        for node in range(TORCH_NODES):
+            args = self.cluster.agent_args(
+                node, server=self.url, node_name=self.node_names[node], spool_dir=self.workdir / f"spool-{node}"
+            )
             self.agents.append(spawn(args, env=self._env, log=self.workdir / f"agent-{node}.log"))
 
     def ready(self) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -23,7 +23,7 @@ def open_incident(session: Session, *, job: Job, root_cause: str) -> Incident:
     session.execute(
         insert(Incident)
         .values(job_id=job.id, root_cause=root_cause)
-        .on_conflict_do_nothing(index_elements=["job_id", "root_cause"], index_where=Incident.state != "resolved")
+        .on_conflict_do_nothing(index_elements=["job_id", "root_cause"], index_where=text("state <> 'resolved'"))
     )
     incident = session.scalar(
         select(Incident)

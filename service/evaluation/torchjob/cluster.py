@@ -119,6 +119,14 @@ class TorchCluster:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    def agent_args(self, node: int, *, server: str, node_name: str, spool_dir: Path) -> list[str]:
+        """`faultline agent` watching one virtual node: its launcher's process tree and its log."""
+        return [
+            "faultline", "agent", "--server", server, "--node-name", node_name, "--interval", "1",
+            "--kmsg", "none", "--log", str(self.log_paths[node]), "--watch-pid", str(self.launchers[node].pid),
+            "--job-env", "FAULTLINE_JOB_ID", "--spool-dir", str(spool_dir), "--stack-timeout", "20",
+        ]  # fmt: skip
+
     # -- logs -------------------------------------------------------------------------------------------
 
     def log_text(self, node: int) -> str:
