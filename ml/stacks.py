@@ -932,10 +932,23 @@ def _round_suspects(
     others = "wait in a collective" if waited else "share one stack"
     why = f"{_who(stragglers)}{doing} stood apart in most rounds ({out_of}) while the others {others}"
     hosts = np.unique(node[stragglers][node[stragglers] >= 0])
+    if (
+        hosts.size
+        and all(np.count_nonzero(node == h) > 1 for h in hosts.tolist())
+        and all(np.isin(np.flatnonzero(node == h), stragglers).all() for h in hosts.tolist())
+    ):
+        # Every rank of the machine apart together: agents dump when their directive reaches them, so one
+        # node's ranks are caught at another moment of the step. A real straggler stands apart from the
+        # ranks dumped beside it; this is weak evidence, worth diagnostics at most.
+        base = 0.5
+        why_whole = "; every rank of the machine stood apart together (possibly its dumps' timing)"
+    else:
+        why_whole = ""
     result = RoundsAnalysis(total, informative, stragglers.tolist(), counts, [], "inconclusive", why, states)
     result = replace(result, straggler_frames=frames, straggler_sample_ids=ids[:_EVIDENCE_SIGNALS])
     if hosts.size == 1:
-        return replace(result, suspects=[(node_names[int(hosts[0])], base, why)], method="named")
+        why += why_whole
+        return replace(result, suspects=[(node_names[int(hosts[0])], base, why)], method="named", why=why)
     covering = parallel.smallest_group_covering(job, stragglers.tolist())
     if covering is None or not hosts.size:
         return replace(result, why=why + "; no small parallel group covers them")

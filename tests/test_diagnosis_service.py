@@ -217,3 +217,18 @@ def test_a_fatal_xid_is_decided_at_once_by_a_real_worker_without_beat(committed,
     (decision,) = evictions()
     assert decision.state == "pending"
     print(f"decided {took:.1f} s after ingest")
+
+
+def test_open_incident_is_one_per_job_and_root_cause_even_as_a_prepared_statement(session) -> None:
+    """Once psycopg prepares the upsert and PostgreSQL plans it generically, it must still find its index."""
+    from service.incidents.service import open_incident
+    from service.models import Job
+
+    job = Job(external_id=f"job-{uuid.uuid4().hex[:6]}", source="registered")
+    session.add(job)
+    session.flush()
+    # Prepared on the 6th run, and planned generically (parameters unknown) from the 6th run of that on.
+    opened = {open_incident(session, job=job, root_cause="gpu_hardware").id for _ in range(15)}
+    assert len(opened) == 1
+    other = open_incident(session, job=job, root_cause="network")
+    assert other.id not in opened

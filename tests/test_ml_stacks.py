@@ -468,3 +468,15 @@ def test_framework_checkouts_keep_their_package_path() -> None:
     assert normalize_frame(a) == normalize_frame(b)
     entry = normalize_frame({"name": "train_step", "filename": "/workspace/Megatron-LM/megatron/training/training.py"})
     assert classify([normalize_frame(a), entry]).state == "collective"
+
+
+def test_every_rank_of_one_machine_apart_together_is_weak_evidence() -> None:
+    """One node's agent dumps at another moment of the step than the rest: its ranks all look apart."""
+    job = make_job(32, 8)
+    whole_node = set(range(16, 24))
+    result = analyze_rounds(job, _rounds(job, whole_node, out_in={0, 1, 2, 3, 4}, noise=0.0, seed=1))
+    assert result.stragglers == sorted(whole_node)
+    ((node, confidence, why),) = result.suspects
+    assert node == "node-2" and confidence < 0.6 and "together" in why
+    lone = analyze_rounds(job, _rounds(job, {17}, out_in={0, 1, 2, 3, 4}, noise=0.0, seed=1))
+    assert lone.suspects[0][1] >= 0.8  # one rank apart from the ranks dumped beside it
