@@ -821,20 +821,41 @@ _ALPHA = 0.01  # chance that noise alone makes any rank of the job look consiste
 _BASE_RATE_FLOOR = 0.02  # healthy ranks are caught outside the collective at least this often
 
 
-def _round_out(snap: _Snapshot, norm: _Normalizer) -> tuple[np.ndarray | None, str | None]:
-    """Per rank: out of the majority in this round; None when the round has no single largest group."""
+def _round_out(snap: _Snapshot, norm: _Normalizer, usual: int) -> tuple[np.ndarray | None, str | None]:
+    """Per rank: apart from the ranks dumped beside it in this round; None when the round tells nothing.
+
+    Agents dump when their directive reaches them, so machines are caught at different moments of a step:
+    a rank is compared first with the ranks of its own machine (dumped at the same moment), and only a rank
+    alone on its machine with the whole round. A tie inside a machine is settled by the job's usual stack.
+    """
     counts = np.bincount(snap.sig[snap.sig >= 0], minlength=len(norm.sigs))
     if counts.size == 0 or counts.max() == 0:
         return None, None
     top = np.flatnonzero(counts == counts.max())
-    if top.size > 1:  # a tie: no group is the healthy one
-        return None, None
-    dominant = int(top[0])
+    dominant = int(top[0]) if top.size == 1 else -1
     reporting = snap.sig >= _NO_STACK
-    state = norm.sigs[dominant].cls.state
-    # When the rest wait in a collective, what matters is who is not waiting; otherwise who differs.
-    apart = (snap.state != _CODE[COLLECTIVE]) if state == COLLECTIVE else (snap.sig != dominant)
-    return reporting & apart, state
+    state = norm.sigs[dominant].cls.state if dominant >= 0 else None
+    if dominant >= 0:
+        # When the rest wait in a collective, what matters is who is not waiting; otherwise who differs.
+        globally = (snap.state != _CODE[COLLECTIVE]) if state == COLLECTIVE else (snap.sig != dominant)
+    else:
+        globally = np.zeros(snap.sig.size, dtype=bool)
+    apart = reporting & globally
+    stacked = np.flatnonzero((snap.sig >= 0) & (snap.node >= 0))
+    if stacked.size:
+        order = stacked[np.argsort(snap.node[stacked], kind="stable")]
+        bounds = np.flatnonzero(np.diff(snap.node[order])) + 1
+        for members in np.split(order, bounds):
+            if members.size < 2:
+                continue  # alone on its machine: the whole round is its reference
+            sigs = snap.sig[members]
+            local = np.bincount(sigs)
+            best = np.flatnonzero(local == local.max())
+            major = int(best[0]) if best.size == 1 else (usual if usual in best.tolist() else -1)
+            apart[members] = (sigs != major) if major >= 0 else False
+    if dominant < 0 and not apart.any():
+        return None, None
+    return apart, state
 
 
 def _binomial_tail(k: int, n: int, p: float) -> float:
@@ -850,8 +871,11 @@ def analyze_rounds(job: JobInfo, rounds: list[list[StackSample]]) -> RoundsAnaly
     seen = np.zeros(size, dtype=np.int64)
     states: list[str | None] = []
     informative = 0
+    # The job's usual stack over all rounds: what a healthy rank is doing most of the time.
+    every = np.concatenate([snap.sig[snap.sig >= 0] for snap in snaps]) if snaps else np.empty(0, dtype=np.int64)
+    usual = int(np.bincount(every).argmax()) if every.size else -1
     for snap in snaps:
-        out, state = _round_out(snap, norm)
+        out, state = _round_out(snap, norm, usual)
         states.append(state)
         if out is not None:  # only rounds with a clear majority say who stands apart
             informative += 1
@@ -932,23 +956,10 @@ def _round_suspects(
     others = "wait in a collective" if waited else "share one stack"
     why = f"{_who(stragglers)}{doing} stood apart in most rounds ({out_of}) while the others {others}"
     hosts = np.unique(node[stragglers][node[stragglers] >= 0])
-    if (
-        hosts.size
-        and all(np.count_nonzero(node == h) > 1 for h in hosts.tolist())
-        and all(np.isin(np.flatnonzero(node == h), stragglers).all() for h in hosts.tolist())
-    ):
-        # Every rank of the machine apart together: agents dump when their directive reaches them, so one
-        # node's ranks are caught at another moment of the step. A real straggler stands apart from the
-        # ranks dumped beside it; this is weak evidence, worth diagnostics at most.
-        base = 0.5
-        why_whole = "; every rank of the machine stood apart together (possibly its dumps' timing)"
-    else:
-        why_whole = ""
     result = RoundsAnalysis(total, informative, stragglers.tolist(), counts, [], "inconclusive", why, states)
     result = replace(result, straggler_frames=frames, straggler_sample_ids=ids[:_EVIDENCE_SIGNALS])
     if hosts.size == 1:
-        why += why_whole
-        return replace(result, suspects=[(node_names[int(hosts[0])], base, why)], method="named", why=why)
+        return replace(result, suspects=[(node_names[int(hosts[0])], base, why)], method="named")
     covering = parallel.smallest_group_covering(job, stragglers.tolist())
     if covering is None or not hosts.size:
         return replace(result, why=why + "; no small parallel group covers them")
