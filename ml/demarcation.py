@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ml.findings import CATEGORIES, Finding
 
 # Categories a job-level stall can be the consequence of: these absorb hang/straggler/job_failure findings.
 _EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network"})
 _STALLS = frozenset({"hang", "straggler", "job_failure"})
+# Job-level findings that a localizer (stacks, peers) turns into a machine.
+_LOCALIZED = frozenset({"hang", "straggler"})
 _SEVERITY = {
     "gpu_hardware": "critical",
     "nvlink": "major",
@@ -126,6 +128,13 @@ def _proposal(category: str, items: list[tuple[int, Finding]]) -> IncidentPropos
         )
     suspects.sort(key=lambda s: (-s.confidence, s.node))
     job_level = [f for _, f in items if not f.node]
+    causes = [f.confidence for f in job_level if f.role == "cause"]
+    if category in _LOCALIZED and len(suspects) == 1 and causes:
+        # The job-level finding says some machine stalls or lags; localization names the only candidate.
+        # Together they say more than the localization alone, but the job-level half counts only half.
+        only = suspects[0]
+        boosted = round(_noisy_or([only.confidence, 0.5 * max(causes)]), 4)
+        suspects = [replace(only, confidence=boosted)]
     job_action = max((f.action for f in job_level), key=lambda a: _ACTION_RANK.get(a, 0), default="none")
     blame = _blame(category, [f for _, f in items])
     confidence = max(f.confidence for _, f in items)

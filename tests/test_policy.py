@@ -155,3 +155,17 @@ def test_thresholds_are_configurable() -> None:
     (incident,) = demarcate([(1, finding("gpu_hardware", node="n1", confidence=0.85))])
     assert decide(incident, context(), settings(policy_evict_min_confidence=0.9))[0].kind == "diagnose"
     assert decide(incident, context(), settings(policy_evict_min_confidence=0.8))[0].kind == "evict"
+
+
+def test_a_localized_stall_adds_the_job_level_evidence_to_its_only_suspect() -> None:
+    found = [
+        (1, finding("straggler", confidence=0.8, action="diagnose", blame="unknown")),
+        (2, finding("straggler", node="n2", confidence=0.7)),
+    ]
+    (incident,) = demarcate(found)
+    assert incident.suspects[0].confidence == pytest.approx(1 - 0.3 * 0.6)
+    (plan,) = decide(incident, context(), settings())
+    assert (plan.kind, plan.node) == ("evict", "n2")
+    # Two candidates: the job-level finding cannot tell which, so it adds nothing.
+    (incident,) = demarcate([*found, (3, finding("straggler", node="n3", confidence=0.7))])
+    assert [s.confidence for s in incident.suspects] == [0.7, 0.7]
