@@ -358,10 +358,17 @@ def _rank_note(occs: Sequence[_Occ]) -> str:
 # --- hardware: Xid, NVRM, SXid, PCIe AER --------------------------------------------------------------
 
 
+# An Xid line as the kernel prints it, for events that arrive without parsed fields (another agent, a curl).
+_XID_LINE = re.compile(r"\bXid\b\s*(?:\(([^)]*)\))?\s*:?\s*(\d+)\b")
+
+
 def _xid_code(o: _Occ) -> int | None:
     if o.kind == "xid":
         code = o.fields.get("xid")
-        return code if isinstance(code, int) and not isinstance(code, bool) else None
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
+        m = _XID_LINE.search(o.record.line)
+        return int(m.group(2)) if m else None
     if o.kind == "nvrm" and "fallen off the bus" in str(o.fields.get("message") or o.record.line):
         return 79  # "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." without an Xid line
     return None

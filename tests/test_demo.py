@@ -26,7 +26,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def _curl_examples() -> list[str]:
     blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
-    return [b for b in blocks if b.lstrip().startswith("curl")]
+    return [b for b in blocks if b.lstrip().startswith(("curl", "NOW="))]
 
 
 def _start_demo(data_dir: Path, port: int) -> subprocess.Popen[str]:

@@ -615,3 +615,11 @@ def test_odd_records_are_skipped_not_raised():
     findings = detect(records, job)
     assert only(findings, key="xid:node-000:79").observed_at.tzinfo is not None
     assert signatures.detect(job, []) == []
+
+
+def test_an_xid_event_without_parsed_fields_is_read_from_its_line() -> None:
+    """Another agent, or a person with curl, may send the kernel line alone."""
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+    finding = only(signatures.detect(JobInfo(job_id="j"), [rec("xid", "node-a", line=line)]), category="gpu_hardware")
+    assert (finding.node, finding.action) == ("node-a", "evict")
+    assert signatures.detect(JobInfo(job_id="j"), [rec("xid", "node-a", line="no code in this line")]) == []
