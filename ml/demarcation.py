@@ -139,12 +139,9 @@ def _proposal(category: str, items: list[tuple[int, Finding]]) -> IncidentPropos
     blame = _blame(category, [f for _, f in items])
     confidence = max(f.confidence for _, f in items)
     lead = max(items, key=lambda x: x[1].confidence)[1]
-    if suspects:
-        summary = f"{category.replace('_', ' ')}: {lead.summary}"
-        if len(suspects) > 1:
-            summary += f" (+{len(suspects) - 1} more node{'s' if len(suspects) > 2 else ''})"
-    else:
-        summary = f"{category.replace('_', ' ')}: {lead.summary}"
+    summary = f"{category.replace('_', ' ')}: {lead.summary}"
+    if len(suspects) > 1:
+        summary += f" (+{len(suspects) - 1} more node{'s' if len(suspects) > 2 else ''})"
     return IncidentProposal(
         root_cause=category,
         blame=blame,

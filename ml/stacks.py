@@ -759,8 +759,26 @@ def findings(job: JobInfo, analysis: StackAnalysis, *, observed_at: datetime, ca
         "tree": analysis.tree,
     }
     base_key = _key(category, analysis.dominant or "", culprits, analysis.method)
-    if analysis.method == "inconclusive" or not analysis.suspects:
-        summary = f"stacks of {analysis.ranks_reporting} ranks name no machine: {analysis.why}"
+    if analysis.method == "inconclusive":
+        suspects: list[tuple[str, float, str]] = []
+    else:
+        suspects = analysis.suspects
+    nobody = f"stacks of {analysis.ranks_reporting} ranks name no machine: {analysis.why}"
+    return _findings(job, category, base_key, suspects, evidence, observed_at, nobody=nobody)
+
+
+def _findings(
+    job: JobInfo,
+    category: str,
+    key: str,
+    suspects: list[tuple[str, float, str]],
+    evidence: dict[str, Any],
+    observed_at: datetime,
+    *,
+    nobody: str,
+) -> list[Finding]:
+    """One eviction-grade finding per suspect machine, or one job-level 'diagnose' finding naming nobody."""
+    if not suspects:
         return [
             Finding(
                 detector="stacks",
@@ -768,12 +786,12 @@ def findings(job: JobInfo, analysis: StackAnalysis, *, observed_at: datetime, ca
                 subject_kind="job",
                 subject=job.job_id,
                 confidence=0.3,
-                summary=summary[:300],
+                summary=nobody[:300],
                 observed_at=observed_at,
                 blame="unknown",
                 role="cause",
                 action="diagnose",
-                key=f"stacks:{category}:job:{base_key}",
+                key=f"stacks:{category}:job:{key}",
                 evidence=evidence,
             )
         ]
@@ -790,10 +808,10 @@ def findings(job: JobInfo, analysis: StackAnalysis, *, observed_at: datetime, ca
             blame="infrastructure",
             role="cause",
             action="evict",
-            key=f"stacks:{category}:{node}:{base_key}",
+            key=f"stacks:{category}:{node}:{key}",
             evidence={**evidence, "why": why},
         )
-        for node, confidence, why in analysis.suspects
+        for node, confidence, why in suspects
     ]
 
 
@@ -999,35 +1017,6 @@ def round_findings(
         ),
     }
     if not result.suspects:
-        return [
-            Finding(
-                detector="stacks",
-                category=category,
-                subject_kind="job",
-                subject=job.job_id,
-                confidence=0.3,
-                summary=f"stragglers seen in stacks but no machine named: {result.why}"[:300],
-                observed_at=observed_at,
-                action="diagnose",
-                key=f"stacks:{category}:job:{key}",
-                evidence={**evidence, "why": result.why},
-            )
-        ]
-    return [
-        Finding(
-            detector="stacks",
-            category=category,
-            subject_kind="node",
-            subject=node,
-            confidence=confidence,
-            summary=f"{node}: {why}"[:300],
-            observed_at=observed_at,
-            node=node,
-            blame="infrastructure",
-            role="cause",
-            action="evict",
-            key=f"stacks:{category}:{node}:{key}",
-            evidence={**evidence, "why": why},
-        )
-        for node, confidence, why in result.suspects
-    ]
+        evidence["why"] = result.why
+    nobody = f"stragglers seen in stacks but no machine named: {result.why}"
+    return _findings(job, category, key, result.suspects, evidence, observed_at, nobody=nobody)

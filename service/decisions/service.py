@@ -14,7 +14,8 @@ from ml.demarcation import IncidentProposal
 from service.config import Settings
 from service.decisions.policy import DecisionPlan, PolicyContext, decide
 from service.decisions.schemas import DecisionOut, DecisionPage
-from service.models import Decision, Finding, Incident, Job, Node, Rank
+from service.jobs import service as jobs
+from service.models import Decision, Finding, Incident, Job, Node
 from service.pagination import decode_cursor, encode_cursor
 
 # Decisions in these states did not (and will not) act: they count for neither cooldowns nor blast radius.
@@ -66,10 +67,7 @@ def decide_incident(
 def _context(
     session: Session, *, job: Job, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
 ) -> PolicyContext:
-    job_node_ids = (
-        select(Rank.node_id).where(Rank.job_id == job.id).union(select(Node.id).where(Node.current_job_id == job.id))
-    )
-    job_nodes = session.scalar(select(func.count()).select_from(job_node_ids.subquery())) or 0
+    job_nodes = len(jobs.node_ids(session, job=job))
     hour_ago = now - timedelta(hours=1)
     evicted_last_hour = (
         session.scalar(

@@ -23,6 +23,7 @@ from service.decisions import service as decisions
 from service.diagnosis import signals, stack_requests
 from service.diagnosis.detect import JobSignals, run_all
 from service.incidents import service as incidents
+from service.jobs import service as jobs
 from service.models import Finding as FindingRow
 from service.models import Incident, Job, Node
 
@@ -65,7 +66,7 @@ def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: date
     session.execute(text("SELECT pg_advisory_xact_lock(:ns, :id)"), {"ns": _LOCK_NAMESPACE, "id": job.id})
 
     info = signals.job_info(session, job=job)
-    node_ids = signals.job_node_ids(session, job=job)
+    node_ids = jobs.node_ids(session, job=job)
     since = signals.window_start(now, settings.diagnosis_window_s)
     steps, events = signals.log_records(session, job=job, node_ids=node_ids, since=since)
     if not steps:

@@ -35,13 +35,6 @@ def job_info(session: Session, *, job: Job) -> JobInfo:
     )
 
 
-def job_node_ids(session: Session, *, job: Job) -> list[int]:
-    """Nodes running the job: from its ranks, and from nodes whose agents say they run it."""
-    from_ranks = select(Rank.node_id).where(Rank.job_id == job.id)
-    current = select(Node.id).where(Node.current_job_id == job.id)
-    return sorted(set(session.scalars(from_ranks.union(current))))
-
-
 def log_records(
     session: Session, *, job: Job, node_ids: list[int], since: datetime
 ) -> tuple[list[LogRecord], list[LogRecord]]:

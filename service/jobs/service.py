@@ -91,3 +91,10 @@ def describe(session: Session, *, job: Job) -> JobOut:
         nodes=sorted({r.node for r in ranks}),
         ranks=ranks,
     )
+
+
+def node_ids(session: Session, *, job: Job) -> list[int]:
+    """Nodes running the job: from its ranks, and from nodes whose agents say they run it."""
+    from_ranks = select(Rank.node_id).where(Rank.job_id == job.id)
+    current = select(Node.id).where(Node.current_job_id == job.id)
+    return sorted(set(session.scalars(from_ranks.union(current))))
