@@ -8,7 +8,7 @@ COPY agents ./agents
 COPY service ./service
 COPY ml ./ml
 COPY migrations ./migrations
-RUN pip install '.[server]' && useradd --system --uid 10001 faultline
+RUN pip install '.[server,kubernetes]' && useradd --system --uid 10001 faultline
 USER faultline
 EXPOSE 8080
 CMD ["faultline", "serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -17,6 +17,7 @@ import httpx
 import orjson
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_random_exponential
 
+from agents.http_errors import error_message, retry_after
 from agents.spool import Entry, Spool
 
 log = logging.getLogger(__name__)
@@ -37,20 +38,6 @@ class Refused(Exception):
 
 class AuthFailed(Exception):
     """401 or 403: stop and tell the operator."""
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    try:
-        return float(response.headers["retry-after"])
-    except (KeyError, ValueError):
-        return None
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("message", response.text[:300]))
-    except ValueError:
-        return response.text[:300]
 
 
 class Shipper:
@@ -163,13 +150,13 @@ class Shipper:
         status = response.status_code
         if status in (401, 403):
             raise AuthFailed(
-                f"the service refused this agent's token ({status}: {_message(response)}); "
+                f"the service refused this agent's token ({status}: {error_message(response)}); "
                 "check --token (an agent-scope token, bound to this node name if bound at all); stopping"
             )
         if status >= 500 or status in _RETRYABLE_STATUS:
-            raise Retryable(f"HTTP {status}: {_message(response)}", _retry_after(response))
+            raise Retryable(f"HTTP {status}: {error_message(response)}", retry_after(response))
         if status >= 400:
-            raise Refused(f"HTTP {status}: {_message(response)}")
+            raise Refused(f"HTTP {status}: {error_message(response)}")
         if self.failures:
             log.info("service reachable again after %d failed attempts", self.failures)
             self.failures = 0

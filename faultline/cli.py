@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agents import bench as agent_bench
 from agents import cli as agent_cli
+from agents.schedulers import cli as adapter_cli
 from agents.sim import cli as sim_cli
 
 SCOPES = ("agent", "scheduler", "operator", "admin")
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent_cli.add_parser(sub)
     sim_cli.add_parser(sub)
+    adapter_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
@@ -135,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         return agent_cli.run(args)
     if args.command == "sim":
         return sim_cli.run(args)
+    if args.command == "adapter":
+        return adapter_cli.run(args)
     if args.command == "bench" and args.bench_command == "agent":
         return agent_bench.run(args)
     try:

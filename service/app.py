@@ -16,9 +16,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import faultline
 from service import health
+from service.alerts import routes as alerts_routes
 from service.config import Settings, get_settings
 from service.db import get_engine, make_sessionmaker
 from service.decisions import routes as decisions_routes
+from service.decisions.waiting import DecisionWaiter
 from service.diagnosis.trigger import DiagnosisTrigger
 from service.directives import routes as directives_routes
 from service.directives.cache import DirectiveCache
@@ -28,7 +30,11 @@ from service.ingest import routes as ingest_routes
 from service.ingest.schemas import IngestBatch, IngestResult
 from service.ingest.writer import IngestWriter
 from service.jobs import routes as jobs_routes
+from service.nodes import routes as nodes_routes
+from service.notify import routes as notify_routes
 from service.security import TokenCache
+from service.silences import routes as silences_routes
+from service.tokens import routes as tokens_routes
 from service.validation import invalid
 
 
@@ -47,6 +53,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
         try:
             yield
         finally:
+            await app.state.decision_waiter.close()
             writer.stop()
 
     app = FastAPI(
@@ -55,6 +62,8 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
         description="Finds the machine that breaks a GPU training job, shows the evidence, "
         "and tells the scheduler to evict it.",
         lifespan=lifespan,
+        # Stable operation ids (the route function's name) for clients generated from the schema.
+        generate_unique_id_function=lambda route: route.name,
         # faultline exports Prometheus metrics; FastAPI's OpenTelemetry hooks would only cost a provider
         # lookup on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
@@ -65,6 +74,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
     app.state.directives = DirectiveCache(factory)
     app.state.diagnosis_trigger = DiagnosisTrigger(settings.broker_url)
+    app.state.decision_waiter = DecisionWaiter(settings.sqlalchemy_url)
 
     app.include_router(health.router)
     app.add_middleware(ingest_routes.IngestFastPath)
@@ -72,6 +82,11 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.include_router(directives_routes.router)
     app.include_router(incidents_routes.router)
     app.include_router(decisions_routes.router)
+    app.include_router(alerts_routes.router)
+    app.include_router(nodes_routes.router)
+    app.include_router(notify_routes.router)
+    app.include_router(silences_routes.router)
+    app.include_router(tokens_routes.router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import tempfile
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -130,8 +130,9 @@ def _token(args: argparse.Namespace) -> int:
                 print(f"created {args.scope} token id {new.record.id}{bound}; it is shown only once:", file=sys.stderr)
                 print(new.token)
             elif args.token_command == "list":
+                now = datetime.now(UTC)
                 for record in tokens.list_all(session):
-                    state = "revoked" if record.revoked_at else "active"
+                    state = tokens.state_of(record, now=now)
                     print(
                         f"{record.id}\t{record.prefix}…\t{record.scope}\t{record.node_name or '-'}\t"
                         f"{record.name or '-'}\t{state}\texpires {record.expires_at or 'never'}"

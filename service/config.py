@@ -60,6 +60,28 @@ class Settings(BaseSettings):
     policy_job_cooldown_s: float = Field(default=600.0, ge=0)
     # A decision nobody acknowledged by then expires.
     decision_ttl_s: float = Field(default=1800.0, gt=0)
+    # The longest a `GET /decisions?wait=` long poll may hold a request.
+    decision_max_wait_s: float = Field(default=60.0, gt=0)
+    # An incident with no new findings and nothing pending for this long resolves itself.
+    incident_quiet_resolve_s: float = Field(default=900.0, gt=0)
+
+    # Node lifecycle. An evicted node stays out at least this long; a lemon (a suspect in this many
+    # different jobs within the window) this long, and comes back only with passing diagnostics.
+    node_quarantine_s: float = Field(default=3600.0, ge=0)
+    node_lemon_jobs: int = Field(default=3, ge=2)
+    node_lemon_window_days: float = Field(default=30.0, gt=0)
+    node_lemon_quarantine_s: float = Field(default=7 * 86400.0, ge=0)
+    # Every return to service needs a passing diagnostics report, not only a lemon's.
+    node_return_requires_diagnostics: bool = False
+
+    # Chat webhooks: hosts a channel may post to (shell patterns, e.g. "hooks.slack.com", "*.larksuite.com");
+    # empty allows any host.
+    webhook_allowed_hosts: list[str] = []
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    webhook_max_attempts: int = Field(default=8, ge=1)
+    # Retry backoff: base * 2^(attempt-1) seconds, capped, with jitter.
+    webhook_retry_base_s: float = Field(default=2.0, gt=0)
+    webhook_retry_max_s: float = Field(default=300.0, gt=0)
 
     @model_validator(mode="after")
     def _require_connections(self) -> Settings:

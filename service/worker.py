@@ -16,7 +16,15 @@ QUEUES = ("diagnosis", "notify", "maintenance")
 def create_celery() -> Celery:
     settings = get_settings()
     app = Celery(
-        "faultline", broker=settings.broker_url, include=["service.maintenance.tasks", "service.diagnosis.tasks"]
+        "faultline",
+        broker=settings.broker_url,
+        include=[
+            "service.maintenance.tasks",
+            "service.diagnosis.tasks",
+            "service.decisions.tasks",
+            "service.incidents.tasks",
+            "service.notify.tasks",
+        ],
     )
     app.conf.update(
         task_serializer="json",
@@ -42,6 +50,18 @@ def create_celery() -> Celery:
         timezone="UTC",
         beat_schedule={
             "prune-old-signals": {"task": "maintenance.prune_old_signals", "schedule": timedelta(minutes=10)},
+            "expire-decisions": {
+                "task": "maintenance.expire_decisions",
+                "schedule": timedelta(seconds=10),
+                "options": {"expires": 10},
+            },
+            # Retries and grouping windows come due without any new event to wake the sender.
+            "notify-send-due": {"task": "notify.send_due", "schedule": timedelta(seconds=2), "options": {"expires": 2}},
+            "resolve-quiet-incidents": {
+                "task": "maintenance.resolve_quiet_incidents",
+                "schedule": timedelta(seconds=60),
+                "options": {"expires": 60},
+            },
             "detect-active-jobs": {
                 "task": "diagnosis.detect_active_jobs",
                 "schedule": timedelta(seconds=settings.diagnosis_interval_s),

@@ -136,7 +136,7 @@ def session(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 
 TABLES = (
-    "notification_deliveries, notification_channels, node_events, decisions, findings, incidents, "
+    "notification_deliveries, notification_channels, node_events, decisions, findings, incidents, silences, "
     "metric_samples, log_events, stack_dumps, process_snapshots, agent_batches, ranks, gpus, nodes, jobs, api_tokens"
 )
 

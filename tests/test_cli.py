@@ -26,13 +26,14 @@ def test_token_create_prints_the_token_once_and_stores_its_hash(committed):
     assert token.startswith("fl_") and len(token) > 40
     assert "shown only once" in result.stderr
     with committed.connect() as conn:
-        row = conn.execute(text("SELECT token_hash, scope, node_name FROM api_tokens")).one()
+        row = conn.execute(text("SELECT id, token_hash, scope, node_name FROM api_tokens")).one()
     assert token not in row.token_hash and row.scope == "agent" and row.node_name == "gpu-node-007"
 
     listing = faultline("token", "list")
     assert listing.returncode == 0 and token not in listing.stdout and "gpu-node-007" in listing.stdout
-    revoked = faultline("token", "revoke", "1")
-    assert revoked.returncode == 0 and "revoked token 1" in revoked.stderr
+    # Ids come from a sequence that rolled-back tests advance too: take the one this token got.
+    revoked = faultline("token", "revoke", str(row.id))
+    assert revoked.returncode == 0 and f"revoked token {row.id}" in revoked.stderr
     assert "revoked" in faultline("token", "list").stdout
 
 

@@ -25,8 +25,10 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _curl_examples() -> list[str]:
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
-    return [b for b in blocks if b.lstrip().startswith(("curl", "NOW="))]
+    """The shell blocks of the README's "Try the API against the demo" section, in order."""
+    section = README.read_text().split("## Try the API against the demo", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    return [b for b in blocks if "curl" in b]
 
 
 def _start_demo(data_dir: Path, port: int) -> subprocess.Popen[str]:
@@ -101,7 +103,7 @@ def test_demo_runs_the_readme_examples_and_stops_cleanly(tmp_path):
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "database": "ok", "broker": "ok"}
 
         examples = _curl_examples()
-        assert len(examples) == 4
+        assert len(examples) == 6
         env = {
             **os.environ,
             "FAULTLINE_URL": url,
@@ -122,6 +124,16 @@ def test_demo_runs_the_readme_examples_and_stops_cleanly(tmp_path):
         assert outputs[0]["job_id"] == "llm-pretrain-42" and outputs[0]["parallelism"]["tp"] == 4
         assert outputs[1]["status"] in ("accepted", "duplicate")
         assert outputs[2]["ranks"][0] == {"rank": 0, "node": "gpu-node-001", "local_rank": 0, "gpu": 0, "pid": 4242}
+        # The scheduler acknowledges it: the node is evicted, and a second acknowledgement changes nothing.
+        acked = run(examples[4])
+        assert (acked["id"], acked["state"], acked["outcome_message"]) == (
+            decision["id"],
+            "done",
+            "cordoned and drained",
+        )
+        assert run(examples[4]) == acked
+        node = run(examples[5])
+        assert (node["state"], node["history"][0]["kind"]) == ("evicted", "evict_done")
 
         # The simulated cluster's agents report its job: 2 nodes x 8 ranks, placed by the agents.
         scheduler = {"Authorization": f"Bearer {tokens['scheduler']}"}

@@ -228,7 +228,7 @@ def test_open_incident_is_one_per_job_and_root_cause_even_as_a_prepared_statemen
     session.add(job)
     session.flush()
     # Prepared on the 6th run, and planned generically (parameters unknown) from the 6th run of that on.
-    opened = {open_incident(session, job=job, root_cause="gpu_hardware").id for _ in range(15)}
+    opened = {open_incident(session, job=job, root_cause="gpu_hardware")[0].id for _ in range(15)}
     assert len(opened) == 1
-    other = open_incident(session, job=job, root_cause="network")
+    other, _ = open_incident(session, job=job, root_cause="network")
     assert other.id not in opened

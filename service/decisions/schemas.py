@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,8 +30,8 @@ class DecisionOut(BaseModel):
     )
 
     id: int
-    incident_id: int
-    job_id: str
+    incident_id: int | None = Field(description="Null for an operator's cordon or a return to service.")
+    job_id: str | None = Field(description="The job's external id; null for node decisions outside a job.")
     node: str | None
     kind: str
     state: str
@@ -49,3 +49,25 @@ class DecisionOut(BaseModel):
 class DecisionPage(BaseModel):
     items: list[DecisionOut]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")
+
+
+class AckIn(BaseModel):
+    """What the scheduler did with a decision."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"outcome": "done", "message": "cordoned and drained gpu-node-017"}]},
+    )
+
+    outcome: Literal["done", "failed", "rejected"] = Field(
+        description="`done`: carried out; `failed`: tried and could not (say why); `rejected`: will not act."
+    )
+    message: str | None = Field(default=None, max_length=2000)
+
+
+class RejectIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"message": "known flaky link, being replaced tonight"}]}
+    )
+
+    message: str | None = Field(default=None, max_length=2000, description="Why a person overruled it.")

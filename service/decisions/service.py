@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from ml.demarcation import IncidentProposal
 from service.config import Settings
 from service.decisions.policy import DecisionPlan, PolicyContext, decide
 from service.decisions.schemas import DecisionOut, DecisionPage
+from service.errors import NotFound
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Incident, Job, Node
 from service.pagination import decode_cursor, encode_cursor
@@ -25,12 +27,23 @@ _MAX_CHAIN_SIGNALS = 10
 
 
 def decide_incident(
-    session: Session, *, job: Job, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
+    session: Session,
+    *,
+    job: Job,
+    incident: Incident,
+    proposal: IncidentProposal,
+    now: datetime,
+    settings: Settings,
+    skip_nodes: Collection[str] = (),
 ) -> list[Decision]:
-    """Run the policy for one incident and store what it decides (once per incident, kind and node)."""
+    """Run the policy for one incident and store what it decides (once per incident, kind and node).
+
+    Plans naming a node in `skip_nodes` (silenced) are dropped.
+    """
     plans = decide(
         proposal, _context(session, job=job, incident=incident, proposal=proposal, now=now, settings=settings), settings
     )
+    plans = [p for p in plans if p.node not in skip_nodes]
     if not plans:
         return []
     node_ids = dict(
@@ -164,12 +177,12 @@ def _evidence_chain(session: Session, plans: list[DecisionPlan]) -> dict[int, di
 def _select_out():  # type: ignore[no-untyped-def]
     return (
         select(Decision, Job.external_id, Node.name)
-        .join(Job, Job.id == Decision.job_id)
+        .outerjoin(Job, Job.id == Decision.job_id)
         .outerjoin(Node, Node.id == Decision.node_id)
     )
 
 
-def to_out(decision: Decision, job_id: str, node: str | None) -> DecisionOut:
+def to_out(decision: Decision, job_id: str | None, node: str | None) -> DecisionOut:
     return DecisionOut(
         id=decision.id,
         incident_id=decision.incident_id,
@@ -189,6 +202,13 @@ def to_out(decision: Decision, job_id: str, node: str | None) -> DecisionOut:
     )
 
 
+def get(session: Session, *, decision_id: int) -> DecisionOut:
+    row = session.execute(_select_out().where(Decision.id == decision_id)).first()
+    if row is None:
+        raise NotFound(f"no decision {decision_id}")
+    return to_out(*row)
+
+
 def for_incident(session: Session, *, incident_id: int) -> list[DecisionOut]:
     rows = session.execute(_select_out().where(Decision.incident_id == incident_id).order_by(Decision.id)).all()
     return [to_out(d, j, n) for d, j, n in rows]
@@ -198,18 +218,21 @@ def list_decisions(
     session: Session,
     *,
     state: str | None = None,
-    kind: str | None = None,
+    kind: str | Sequence[str] | None = None,
     job: str | None = None,
     node: str | None = None,
     limit: int = 100,
     cursor: str | None = None,
+    after: int | None = None,
 ) -> DecisionPage:
-    """Newest first, filtered, keyset-paginated on id."""
+    """Newest first, filtered, keyset-paginated on id; `after` keeps only decisions newer than that id."""
     query = _select_out().order_by(Decision.id.desc())
+    if after is not None:
+        query = query.where(Decision.id > after)
     if state:
         query = query.where(Decision.state == state)
     if kind:
-        query = query.where(Decision.kind == kind)
+        query = query.where(Decision.kind.in_([kind] if isinstance(kind, str) else kind))
     if job:
         query = query.where(Job.external_id == job)
     if node:

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import pandas as pd
 
-from ml import counters, failslow, peers, progress, signatures, training_metrics
+from ml import alerts, counters, failslow, peers, progress, signatures, training_metrics
 from ml.findings import Finding, JobInfo, LogRecord
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ def run_all(signals: JobSignals) -> list[Finding]:
     s = signals
     detectors: list[tuple[str, Callable[[], list[Finding]]]] = [
         ("signatures", lambda: signatures.detect(s.job, s.events, classify=_classifier())),
+        ("alerts", lambda: alerts.detect(s.job, s.events, classify=_classifier())),
         ("training_metrics", lambda: training_metrics.detect(s.job, s.steps + s.events)),
         ("counters", lambda: counters.detect(s.job, s.metrics, now=s.now)),
         ("peers", lambda: peers.detect(s.job, s.metrics, now=s.now)),

@@ -26,6 +26,8 @@ from service.incidents import service as incidents
 from service.jobs import service as jobs
 from service.models import Finding as FindingRow
 from service.models import Incident, Job, Node
+from service.nodes import lifecycle as node_lifecycle
+from service.silences import service as silences
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +88,18 @@ def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: date
 
     open_findings = _open_findings(session, job=job, now=now)
     proposals = demarcation.demarcate([(fid, f) for fid, f, _ in open_findings])
-    touched = incidents.apply_proposals(session, job=job, proposals=proposals, now=now)
-    result.incidents = [i.id for i in touched]
-    for incident, proposal in zip(touched, proposals, strict=True):
-        result.decisions += [
-            d.id
-            for d in decisions.decide_incident(
-                session, job=job, incident=incident, proposal=proposal, now=now, settings=settings
-            )
-        ]
+    applied = incidents.apply_proposals(session, job=job, proposals=proposals, now=now)
+    result.incidents = [i.id for i in applied.incidents]
+    for incident, proposal in zip(applied.incidents, proposals, strict=True):
+        result.decisions += _act(
+            session,
+            job=job,
+            incident=incident,
+            proposal=proposal,
+            opened=incident.id in applied.created,
+            now=now,
+            settings=settings,
+        )
     asked, ask_recheck = stack_requests.ask(
         session, job=job, findings=[(f, row.created_at) for _, f, row in open_findings], settings=settings, now=now
     )
@@ -102,6 +107,48 @@ def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: date
     waits = [w for w in (recheck, ask_recheck) if w is not None]
     result.recheck_in_s = min(waits) if waits else None
     return result
+
+
+def _act(
+    session: Session,
+    *,
+    job: Job,
+    incident: Incident,
+    proposal: demarcation.IncidentProposal,
+    opened: bool,
+    now: datetime,
+    settings: Settings,
+) -> list[int]:
+    """Decide an incident and tell people, unless a maintenance window covers it; mark its suspects."""
+    suspects = [s.node for s in proposal.suspects if s.node]
+    job_silence = silences.silence_for(session, job=job.external_id, nodes=(), now=now)
+    node_silences = silences.silenced_nodes(session, nodes=suspects, job=job.external_id, now=now)
+    if job_silence is not None or (suspects and set(suspects) <= set(node_silences)):
+        # Findings stay for the record; nothing is decided, announced or held against the nodes.
+        incident.silence_id = job_silence.id if job_silence else node_silences[suspects[0]]
+        return []
+    incident.silence_id = None
+    if opened:
+        incidents.announce(session, incident=incident, event="opened", now=now)
+    made = decisions.decide_incident(
+        session,
+        job=job,
+        incident=incident,
+        proposal=proposal,
+        now=now,
+        settings=settings,
+        skip_nodes=set(node_silences),
+    )
+    if made:
+        incidents.announce(session, incident=incident, event="decided", decisions=made, now=now)
+    accused = [
+        s.node
+        for s in proposal.suspects
+        if s.node and s.node not in node_silences and s.confidence >= settings.policy_diagnose_min_confidence
+    ]
+    if accused and proposal.blame != "user_code":
+        node_lifecycle.mark_suspects(session, incident=incident, names=accused, now=now, settings=settings)
+    return [d.id for d in made]
 
 
 def finding_key(job: Job, finding: Finding) -> str:

@@ -17,6 +17,8 @@ from service.models import Job, LogEvent, Node, ProcessSnapshot, Rank, StackDump
 # Step lines are the bulk of log events (one per rank per step): keep the newest of them only.
 MAX_STEP_EVENTS = 50_000
 MAX_OTHER_EVENTS = 20_000
+# Alerts that began firing before the window and still fire are read back this far.
+FIRING_ALERT_LOOKBACK = timedelta(hours=6)
 
 
 def job_info(session: Session, *, job: Job) -> JobInfo:
@@ -50,7 +52,20 @@ def log_records(
     others = session.execute(
         base.where(LogEvent.kind != "step").order_by(LogEvent.ts.desc()).limit(MAX_OTHER_EVENTS)
     ).all()
-    return _records(reversed(steps)), _records(reversed(others))
+    # An alert's time is when it started firing: one still firing counts however long ago that was.
+    firing = session.execute(
+        _log_select()
+        .where(
+            of_job,
+            LogEvent.source == "alertmanager",
+            LogEvent.ts < since,
+            LogEvent.ts >= since - FIRING_ALERT_LOOKBACK,
+            LogEvent.fields["status"].astext == "firing",
+        )
+        .order_by(LogEvent.ts)
+        .limit(MAX_OTHER_EVENTS)
+    ).all()
+    return _records(reversed(steps)), _records(firing) + _records(reversed(others))
 
 
 def _log_select() -> Select[Any]:

@@ -48,6 +48,8 @@ class IncidentOut(BaseModel):
     opened_at: datetime
     updated_at: datetime
     resolved_at: datetime | None
+    resolution: str | None = Field(default=None, description="Why it resolved: mitigated, quiet, merged, by hand.")
+    silence_id: int | None = Field(default=None, description="The maintenance window that kept it quiet.")
     findings: list[FindingOut] = Field(default_factory=list)
     decisions: list[DecisionOut] = Field(default_factory=list)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
-from datetime import datetime
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
@@ -14,16 +14,24 @@ from ml.demarcation import IncidentProposal
 from service.decisions import service as decisions
 from service.errors import NotFound
 from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage, SuspectOut
-from service.models import Finding, Incident, Job, Node
+from service.models import Decision, Finding, Incident, Job, Node
+from service.nodes import lifecycle as nodes
 from service.pagination import decode_cursor, encode_cursor
 
+# Decisions whose completion ends an incident: the job runs again without the fault.
+_REMEDIES = ("evict", "restart", "rollback")
 
-def open_incident(session: Session, *, job: Job, root_cause: str) -> Incident:
-    """The job's open incident for this root cause, created if there is none (race-free: partial unique index)."""
-    session.execute(
+
+def open_incident(session: Session, *, job: Job, root_cause: str) -> tuple[Incident, bool]:
+    """The job's open incident for this root cause, created if there is none (race-free: partial unique index).
+
+    The flag says whether this call created it.
+    """
+    created = session.scalar(
         insert(Incident)
         .values(job_id=job.id, root_cause=root_cause)
         .on_conflict_do_nothing(index_elements=["job_id", "root_cause"], index_where=text("state <> 'resolved'"))
+        .returning(Incident.id)
     )
     incident = session.scalar(
         select(Incident)
@@ -31,16 +39,23 @@ def open_incident(session: Session, *, job: Job, root_cause: str) -> Incident:
         .with_for_update()
     )
     assert incident is not None  # inserted above or already there
-    return incident
+    return incident, created is not None
 
 
-def apply_proposals(
-    session: Session, *, job: Job, proposals: Sequence[IncidentProposal], now: datetime
-) -> list[Incident]:
+@dataclass
+class Applied:
+    incidents: list[Incident]  # one per proposal, in proposal order
+    created: set[int]  # ids of the incidents this pass opened
+
+
+def apply_proposals(session: Session, *, job: Job, proposals: Sequence[IncidentProposal], now: datetime) -> Applied:
     """Bring the job's open incidents in line with the demarcation: one per proposal, in proposal order."""
     touched: list[Incident] = []
+    created: set[int] = set()
     for proposal in proposals:
-        incident = open_incident(session, job=job, root_cause=proposal.root_cause)
+        incident, new = open_incident(session, job=job, root_cause=proposal.root_cause)
+        if new:
+            created.add(incident.id)
         incident.blame = proposal.blame
         incident.confidence = proposal.confidence
         incident.severity = proposal.severity
@@ -55,7 +70,7 @@ def apply_proposals(
         touched.append(incident)
     _resolve_emptied(session, job=job, keep={i.id for i in touched}, now=now)
     session.flush()
-    return touched
+    return Applied(incidents=touched, created=created)
 
 
 def _resolve_emptied(session: Session, *, job: Job, keep: set[int], now: datetime) -> None:
@@ -65,11 +80,70 @@ def _resolve_emptied(session: Session, *, job: Job, keep: set[int], now: datetim
     ):
         has_findings = session.scalar(select(Finding.id).where(Finding.incident_id == incident.id).limit(1))
         if has_findings is None:
+            # Merged away, not a state change worth a chat message of its own: nobody acted on it.
             incident.state = "resolved"
             incident.resolved_at = now
-            incident.summary = (
-                f"{incident.summary or incident.root_cause} (merged: its findings belong to another incident)"
-            )
+            incident.resolution = "merged: its findings belong to another incident"
+
+
+def announce(
+    session: Session, *, incident: Incident, event: str, now: datetime, decisions: Sequence[Decision] = ()
+) -> None:
+    """Queue the chat message for an incident's state change, in this transaction; silenced ones stay quiet."""
+    if incident.silence_id is not None:
+        return
+    from service.notify import service as notify
+
+    notify.record_incident_event(session, incident=incident, event=event, decisions=decisions, now=now)
+
+
+def resolve(session: Session, *, incident: Incident, resolution: str, now: datetime) -> bool:
+    """Close an incident: its suspects nothing else accuses are healthy again; chat hears of it."""
+    if incident.state == "resolved":
+        return False
+    incident.state = "resolved"
+    incident.resolved_at = now
+    incident.updated_at = now
+    incident.resolution = resolution[:500]
+    nodes.clear_suspects(session, incident=incident, now=now)
+    announce(session, incident=incident, event="resolved", now=now)
+    return True
+
+
+def resolve_if_mitigated(session: Session, *, incident: Incident, now: datetime) -> bool:
+    """Resolved once a scheduler carried out its remedy and nothing else about it waits on anyone."""
+    rows = session.execute(
+        select(Decision.kind, Decision.state, Node.name)
+        .outerjoin(Node, Node.id == Decision.node_id)
+        .where(Decision.incident_id == incident.id)
+    ).all()
+    if any(state in ("pending", "awaiting_approval") for _, state, _ in rows):
+        return False
+    done = [(kind, node) for kind, state, node in rows if state == "done" and kind in _REMEDIES]
+    if not done:
+        return False
+    what = ", ".join(f"{kind} {node}" if node else kind for kind, node in done)
+    return resolve(session, incident=incident, resolution=f"mitigated: {what} done", now=now)
+
+
+def resolve_quiet(session: Session, *, now: datetime, quiet_s: float) -> list[int]:
+    """Incidents without new evidence for `quiet_s` and with nothing waiting on anyone resolve themselves."""
+    waiting = select(Decision.id).where(
+        Decision.incident_id == Incident.id, Decision.state.in_(("pending", "awaiting_approval"))
+    )
+    quiet = session.scalars(
+        select(Incident)
+        .where(
+            Incident.state != "resolved",
+            Incident.updated_at < now - timedelta(seconds=quiet_s),
+            ~waiting.exists(),
+        )
+        .order_by(Incident.id)
+        .limit(500)
+        .with_for_update(skip_locked=True)
+    ).all()
+    minutes = f"{quiet_s / 60:g} min"
+    return [i.id for i in quiet if resolve(session, incident=i, resolution=f"no new evidence for {minutes}", now=now)]
 
 
 def get(session: Session, *, incident_id: int) -> IncidentOut:
@@ -121,6 +195,8 @@ def _out(incident: Incident, *, job_id: str, findings=None, decisions=None) -> I
         opened_at=incident.opened_at,
         updated_at=incident.updated_at,
         resolved_at=incident.resolved_at,
+        resolution=incident.resolution,
+        silence_id=incident.silence_id,
         findings=findings or [],
         decisions=decisions or [],
     )

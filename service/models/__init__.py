@@ -16,6 +16,7 @@ from service.models.signals import (
     StackDump,
     metric_samples,
 )
+from service.models.silences import Silence
 
 __all__ = [
     "METRIC_COPY_TYPES",
@@ -36,6 +37,7 @@ __all__ = [
     "NotificationDelivery",
     "ProcessSnapshot",
     "Rank",
+    "Silence",
     "StackDump",
     "metric_samples",
 ]

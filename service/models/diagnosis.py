@@ -14,7 +14,8 @@ from service.models.base import Base, created_at_column, in_check
 SUBJECT_KINDS = ("job", "node", "gpu", "rank")
 INCIDENT_STATES = ("open", "mitigating", "resolved")
 BLAMES = ("infrastructure", "user_code", "unknown")
-DECISION_KINDS = ("evict", "restart", "rollback", "diagnose", "none")
+# cordon and return are node-level: an operator's manual cordon, a node back to service; the scheduler acts on them too.
+DECISION_KINDS = ("evict", "restart", "rollback", "diagnose", "none", "cordon", "return")
 DECISION_STATES = (
     "pending",
     "awaiting_approval",
@@ -87,6 +88,10 @@ class Incident(Base):
     opened_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = created_at_column()
     resolved_at: Mapped[datetime | None]
+    # Why it resolved: mitigated by a decision, quiet, merged, or closed by a person.
+    resolution: Mapped[str | None] = mapped_column(Text)
+    # The maintenance window that covered it: its findings are kept, but it decides and alerts nothing.
+    silence_id: Mapped[int | None] = mapped_column(ForeignKey("silences.id", ondelete="SET NULL"))
 
 
 class Decision(Base):
@@ -102,11 +107,14 @@ class Decision(Base):
         Index("uq_decisions_incident_kind_node", "incident_id", "kind", text("coalesce(node_id, 0)"), unique=True),
         Index("ix_decisions_node_id_created_at", "node_id", "created_at"),
         Index("ix_decisions_job_id_created_at", "job_id", "created_at"),
+        # The expiry sweep reads only pending decisions.
+        Index("ix_decisions_expires_at_pending", "expires_at", postgresql_where=text("state = 'pending'")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"))
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # Null for an operator's cordon or a return to service: node decisions outside any incident.
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     kind: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(Text)

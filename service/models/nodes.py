@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Identity, Index, SmallInteger, Text
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Identity, Index, SmallInteger, Text, false
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -16,7 +16,10 @@ NODE_STATES = ("healthy", "suspect", "cordoned", "evicted", "in_repair", "return
 
 class Node(Base):
     __tablename__ = "nodes"
-    __table_args__ = (CheckConstraint(in_check("state", NODE_STATES), name="state"),)
+    __table_args__ = (
+        CheckConstraint(in_check("state", NODE_STATES), name="state"),
+        Index("ix_nodes_state", "state"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     name: Mapped[str] = mapped_column(Text, unique=True)
@@ -27,6 +30,11 @@ class Node(Base):
     current_job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
     labels: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = created_at_column()
+    state_reason: Mapped[str | None] = mapped_column(Text)
+    # A machine that keeps turning up as a suspect across jobs: quarantined longer, flagged in the UI.
+    lemon: Mapped[bool] = mapped_column(server_default=false())
+    # Taken out of service until then; a return before it is refused.
+    quarantined_until: Mapped[datetime | None]
 
 
 class Gpu(Base):
@@ -59,3 +67,5 @@ class NodeEvent(Base):
     to_state: Mapped[str | None] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(Text)
     reason: Mapped[str | None] = mapped_column(Text)
+    # E.g. the diagnostics report a return to service passed.
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSONB)

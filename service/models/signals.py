@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
@@ -80,6 +81,14 @@ class LogEvent(Base):
     __table_args__ = (
         Index("ix_log_events_job_id_ts", "job_id", "ts"),
         Index("ix_log_events_node_id_ts", "node_id", "ts"),
+        # Alertmanager resends an alert on every group interval: one row per fingerprint and start.
+        Index(
+            "uq_log_events_alert",
+            text("(fields ->> 'fingerprint')"),
+            "ts",
+            unique=True,
+            postgresql_where=text("source = 'alertmanager'"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)

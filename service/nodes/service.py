@@ -1,12 +1,20 @@
-"""Nodes: creation on first mention."""
+"""Nodes: creation on first mention; listing, details with history, and the manual transitions."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.models import Node
+from service.config import Settings
+from service.errors import NotFound
+from service.models import Decision, Gpu, Incident, Job, Node, NodeEvent, Rank
+from service.nodes import lifecycle
+from service.nodes.schemas import GpuOut, NodeDetail, NodeEventOut, NodeIncidentOut, NodeOut, NodePage
+from service.pagination import decode_cursor, encode_cursor
 
 
 def ensure_nodes(session: Session, *, names: set[str]) -> dict[str, int]:
@@ -15,3 +23,187 @@ def ensure_nodes(session: Session, *, names: set[str]) -> dict[str, int]:
     session.execute(insert(Node).values([{"name": n} for n in ordered]).on_conflict_do_nothing())
     rows = session.execute(select(Node.name, Node.id).where(Node.name.in_(ordered)))
     return {name: node_id for name, node_id in rows}
+
+
+def get_by_name(session: Session, *, name: str, lock: bool = False) -> Node:
+    query = select(Node).where(Node.name == name)
+    node = session.scalar(query.with_for_update() if lock else query)
+    if node is None:
+        raise NotFound(f"no node named {name!r}")
+    return node
+
+
+def _out(node: Node, *, current_job: str | None, gpus: int) -> NodeOut:
+    return NodeOut(
+        name=node.name,
+        state=node.state,
+        state_reason=node.state_reason,
+        state_changed_at=node.state_changed_at,
+        lemon=node.lemon,
+        quarantined_until=node.quarantined_until,
+        last_seen_at=node.last_seen_at,
+        current_job=current_job,
+        gpus=gpus,
+    )
+
+
+def list_nodes(session: Session, *, state: str | None, lemon: bool | None, limit: int, cursor: str | None) -> NodePage:
+    """Nodes in creation order, keyset-paginated; one query per page, whatever its size."""
+    gpu_count = select(func.count(Gpu.id)).where(Gpu.node_id == Node.id).scalar_subquery()
+    query = (
+        select(Node, Job.external_id, gpu_count)
+        .outerjoin(Job, Job.id == Node.current_job_id)
+        .order_by(Node.id)
+        .limit(limit + 1)
+    )
+    if state:
+        query = query.where(Node.state == state)
+    if lemon is not None:
+        query = query.where(Node.lemon.is_(lemon))
+    if cursor:
+        query = query.where(Node.id > decode_cursor(cursor))
+    rows = session.execute(query).all()
+    items = [_out(n, current_job=j, gpus=g) for n, j, g in rows[:limit]]
+    return NodePage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)
+
+
+def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDetail:
+    """State, GPUs, the open incidents that accuse it, and its history across jobs."""
+    node = get_by_name(session, name=name)
+    current_job = (
+        session.scalar(select(Job.external_id).where(Job.id == node.current_job_id)) if node.current_job_id else None
+    )
+    gpus = session.scalars(select(Gpu).where(Gpu.node_id == node.id).order_by(Gpu.index)).all()
+    incidents = session.execute(
+        select(Incident, Job.external_id)
+        .join(Job, Job.id == Incident.job_id)
+        .where(Incident.state != "resolved", Incident.suspects.contains([{"node": node.name}]))
+        .order_by(Incident.id.desc())
+    ).all()
+    events = session.execute(
+        select(NodeEvent, Job.external_id)
+        .outerjoin(Job, Job.id == NodeEvent.job_id)
+        .where(NodeEvent.node_id == node.id)
+        .order_by(NodeEvent.at.desc(), NodeEvent.id.desc())
+        .limit(history_limit)
+    ).all()
+    jobs = session.scalars(
+        select(Job.external_id)
+        .join(Rank, Rank.job_id == Job.id)
+        .where(Rank.node_id == node.id)
+        .group_by(Job.id)
+        .order_by(func.max(Rank.updated_at).desc())
+        .limit(50)
+    ).all()
+    return NodeDetail(
+        **_out(node, current_job=current_job, gpus=len(gpus)).model_dump(),
+        gpu_list=[
+            GpuOut(index=g.index, uuid=g.uuid, model=g.model, pci_bus_id=g.pci_bus_id, last_seen_at=g.last_seen_at)
+            for g in gpus
+        ],
+        open_incidents=[
+            NodeIncidentOut(
+                id=i.id,
+                job_id=job,
+                state=i.state,
+                root_cause=i.root_cause,
+                blame=i.blame,
+                confidence=next((s["confidence"] for s in i.suspects if s.get("node") == node.name), 0.0),
+                opened_at=i.opened_at,
+            )
+            for i, job in incidents
+        ],
+        history=[
+            NodeEventOut(
+                at=e.at,
+                kind=e.kind,
+                from_state=e.from_state,
+                to_state=e.to_state,
+                actor=e.actor,
+                reason=e.reason,
+                job_id=job,
+                incident_id=e.incident_id,
+                decision_id=e.decision_id,
+                details=e.details,
+            )
+            for e, job in events
+        ],
+        jobs=list(jobs),
+    )
+
+
+def _node_decision(
+    session: Session, *, node: Node, kind: str, reason: str, actor: str, now: datetime, ttl_s: float
+) -> None:
+    """Tell schedulers (a cordon or a return), superseding what they were still told to do with the node."""
+    superseded = ("return",) if kind == "cordon" else ("evict", "cordon")
+    session.execute(
+        update(Decision)
+        .where(
+            Decision.node_id == node.id,
+            Decision.kind.in_(superseded),
+            Decision.state.in_(("pending", "awaiting_approval")),
+        )
+        .values(
+            state="rejected",
+            outcome="rejected",
+            outcome_message=f"superseded: {kind} by {actor}",
+            acked_at=now,
+            actor=actor,
+        )
+    )
+    session.add(
+        Decision(
+            node_id=node.id,
+            kind=kind,
+            state="pending",
+            confidence=1.0,
+            reason=f"{kind} {node.name} by {actor}: {reason}"[:1000],
+            evidence={"manual": True, "actor": actor, "reason": reason},
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl_s),
+            actor=actor,
+        )
+    )
+
+
+def cordon(session: Session, *, name: str, reason: str, actor: str, now: datetime, settings: Settings) -> NodeDetail:
+    """A person takes the node out of service; schedulers get a `cordon` decision. Idempotent."""
+    node = get_by_name(session, name=name, lock=True)
+    if lifecycle.cordon(session, node=node, reason=reason, actor=actor, now=now):
+        _node_decision(
+            session, node=node, kind="cordon", reason=reason, actor=actor, now=now, ttl_s=settings.decision_ttl_s
+        )
+    session.flush()
+    return describe(session, name=name)
+
+
+def repair(session: Session, *, name: str, reason: str, actor: str, now: datetime) -> NodeDetail:
+    """The node went to repair. Idempotent."""
+    node = get_by_name(session, name=name, lock=True)
+    lifecycle.repair(session, node=node, reason=reason, actor=actor, now=now)
+    session.flush()
+    return describe(session, name=name)
+
+
+def return_to_service(
+    session: Session,
+    *,
+    name: str,
+    reason: str,
+    diagnostics: dict[str, Any] | None,
+    force: bool,
+    actor: str,
+    now: datetime,
+    settings: Settings,
+) -> NodeDetail:
+    """Back to service if quarantine and diagnostics allow; schedulers get a `return` decision. Idempotent."""
+    node = get_by_name(session, name=name, lock=True)
+    if lifecycle.return_to_service(
+        session, node=node, reason=reason, actor=actor, diagnostics=diagnostics, force=force, now=now, settings=settings
+    ):
+        _node_decision(
+            session, node=node, kind="return", reason=reason, actor=actor, now=now, ttl_s=settings.decision_ttl_s
+        )
+    session.flush()
+    return describe(session, name=name)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from service.errors import InvalidInput, NotFound
 from service.models import ApiToken
 from service.models.auth import SCOPES
+from service.tokens.schemas import TokenCreated, TokenIn, TokenOut, TokenState
 
 TOKEN_PREFIX = "fl_"
 
@@ -26,6 +27,11 @@ class Principal:
     node_name: str | None
     name: str | None
     expires_at: datetime | None
+
+    @property
+    def actor(self) -> str:
+        """Who did it, for histories and audit fields: the token's name, else its id."""
+        return f"{self.scope}:{self.name or f'token #{self.token_id}'}"
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ def create(
     name: str | None = None,
     node_name: str | None = None,
     ttl: timedelta | None = None,
+    expires_at: datetime | None = None,
 ) -> NewToken:
     """Create a token; the plain value exists only in the return value."""
     if scope not in SCOPES:
@@ -59,7 +66,7 @@ def create(
         name=name,
         scope=scope,
         node_name=node_name,
-        expires_at=datetime.now(UTC) + ttl if ttl else None,
+        expires_at=datetime.now(UTC) + ttl if ttl else expires_at,
     )
     session.add(record)
     session.flush()
@@ -85,10 +92,56 @@ def list_all(session: Session) -> list[ApiToken]:
 
 
 def revoke(session: Session, *, token_id: int) -> ApiToken:
-    record = session.get(ApiToken, token_id)
-    if record is None:
-        raise NotFound(f"no token with id {token_id}")
+    """Revoke a token; revoking it again changes nothing."""
+    record = get(session, token_id=token_id)
     if record.revoked_at is None:
         record.revoked_at = datetime.now(UTC)
         session.flush()
     return record
+
+
+def get(session: Session, *, token_id: int) -> ApiToken:
+    record = session.get(ApiToken, token_id)
+    if record is None:
+        raise NotFound(f"no token with id {token_id}")
+    return record
+
+
+def state_of(record: ApiToken, *, now: datetime) -> TokenState:
+    """Revoked wins over expired: it is the deliberate act."""
+    if record.revoked_at is not None:
+        return "revoked"
+    if record.expires_at is not None and record.expires_at <= now:
+        return "expired"
+    return "active"
+
+
+def describe(record: ApiToken, *, now: datetime) -> TokenOut:
+    return TokenOut(
+        id=record.id,
+        prefix=record.prefix,
+        name=record.name,
+        scope=record.scope,
+        node_name=record.node_name,
+        created_at=record.created_at,
+        expires_at=record.expires_at,
+        revoked_at=record.revoked_at,
+        state=state_of(record, now=now),
+    )
+
+
+def issue(session: Session, *, token_in: TokenIn, now: datetime) -> TokenCreated:
+    """Create a token from an API request; the response is the only place its value appears."""
+    if token_in.expires_at is not None and token_in.expires_at <= now:
+        raise InvalidInput(f"expires_at {token_in.expires_at.isoformat()} is not in the future")
+    new = create(
+        session,
+        scope=token_in.scope,
+        name=token_in.name,
+        node_name=token_in.node_name,
+        ttl=timedelta(seconds=token_in.ttl_s) if token_in.ttl_s is not None else None,
+        expires_at=token_in.expires_at,
+    )
+    # created_at is a server default: load it before describing the row.
+    session.refresh(new.record)
+    return TokenCreated(**describe(new.record, now=now).model_dump(), token=new.token)

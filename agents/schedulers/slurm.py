@@ -1,0 +1,73 @@
+"""Slurm backend: drain a faulty node with scontrol; resume it on return.
+
+evict / cordon: `scontrol update nodename=<node> state=drain reason="faultline: <kind> #<id>: <reason>"`
+return:         `scontrol update nodename=<node> state=resume`
+
+scontrol runs with an argument list (no shell, so nothing in a reason or node name is interpreted) and a
+timeout; a non-zero exit fails the decision with scontrol's stderr. Draining a drained node only updates
+its reason; resuming a node already in service is refused by Slurm ("Invalid node state specified"),
+which we count as done, so both actions are idempotent.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from agents.schedulers.loop import ActionFailed, BackendConfigError
+
+MAX_REASON = 200  # Slurm shows the reason in sinfo -R; keep it readable
+_ALREADY_IN_SERVICE = "invalid node state specified"
+
+
+def drain_reason(decision: Mapping[str, Any]) -> str:
+    """`faultline: evict #12: <reason>` on one line, truncated, with double quotes made single.
+
+    scontrol strips one double quote at each end of a reason, so a reason must not carry its own.
+    """
+    text = re.sub(r"\s+", " ", str(decision.get("reason") or "")).strip().replace('"', "'")
+    reason = f"faultline: {decision['kind']} #{decision['id']}: {text}".rstrip(": ")
+    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 3].rstrip() + "..."
+
+
+class SlurmBackend:
+    name = "Slurm"
+
+    def __init__(self, scontrol: str = "scontrol", *, timeout_s: float = 30.0) -> None:
+        found = shutil.which(scontrol)
+        if found is None:
+            raise BackendConfigError(f"scontrol not found: {scontrol!r} (pass --scontrol PATH)")
+        self.scontrol = found
+        self.timeout_s = timeout_s
+
+    def take_out(self, node: str, decision: Mapping[str, Any]) -> str:
+        """Drain: running jobs finish, nothing new starts on the node."""
+        self._scontrol("update", f"nodename={node}", "state=drain", f"reason={drain_reason(decision)}")
+        return f"drained {node} in Slurm"
+
+    def put_back(self, node: str, decision: Mapping[str, Any]) -> str:
+        """Resume: the node takes jobs again."""
+        try:
+            self._scontrol("update", f"nodename={node}", "state=resume")
+        except ActionFailed as exc:
+            if _ALREADY_IN_SERVICE in str(exc).lower():
+                return f"{node} already in service in Slurm"
+            raise
+        return f"resumed {node} in Slurm"
+
+    def _scontrol(self, *args: str) -> None:
+        argv = [self.scontrol, *args]
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=self.timeout_s, stdin=subprocess.DEVNULL, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ActionFailed(f"scontrol timed out after {self.timeout_s:g} s") from exc
+        except OSError as exc:
+            raise ActionFailed(f"cannot run scontrol: {exc}") from exc
+        if done.returncode != 0:
+            detail = done.stderr.strip() or done.stdout.strip() or "(no output)"
+            raise ActionFailed(f"scontrol exited with {done.returncode}: {detail}")

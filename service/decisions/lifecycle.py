@@ -1,0 +1,140 @@
+"""A decision after it is made: approved or rejected by a person, acknowledged by a scheduler, or expired."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.decisions.schemas import DecisionOut
+from service.decisions.service import to_out
+from service.errors import Conflict, NotFound
+from service.incidents import service as incidents
+from service.models import Decision, Incident, Job, Node
+from service.nodes import lifecycle as nodes
+
+OUTCOMES = ("done", "failed", "rejected")
+FINAL = ("done", "failed", "rejected", "expired")
+# Only these wait on someone: pending on a scheduler, awaiting_approval on a person.
+OPEN = ("pending", "awaiting_approval")
+
+
+def _locked(session: Session, decision_id: int) -> Decision:
+    decision = session.scalar(select(Decision).where(Decision.id == decision_id).with_for_update())
+    if decision is None:
+        raise NotFound(f"no decision {decision_id}")
+    return decision
+
+
+def _out(session: Session, decision: Decision) -> DecisionOut:
+    job = session.scalar(select(Job.external_id).where(Job.id == decision.job_id)) if decision.job_id else None
+    node = session.scalar(select(Node.name).where(Node.id == decision.node_id)) if decision.node_id else None
+    return to_out(decision, job, node)
+
+
+def _refuse_closed(decision: Decision, now: datetime) -> None:
+    """409 with the reason for a decision nobody may act on any more."""
+    if decision.state == "expired" or (
+        decision.state in OPEN and decision.expires_at is not None and decision.expires_at <= now
+    ):
+        expired = decision.expires_at.isoformat() if decision.expires_at else "earlier"
+        raise Conflict(f"decision {decision.id} expired at {expired} without acknowledgement; do not act on it")
+    if decision.state in ("done", "failed", "rejected"):
+        acked = decision.acked_at.isoformat() if decision.acked_at else "earlier"
+        raise Conflict(
+            f"decision {decision.id} was already acknowledged as {decision.state} by {decision.actor} at {acked}"
+        )
+    if decision.state == "shadow":
+        raise Conflict(f"decision {decision.id} was made in shadow mode: recorded for review, never to be acted on")
+
+
+def acknowledge(
+    session: Session,
+    *,
+    decision_id: int,
+    outcome: str,
+    message: str | None,
+    actor: str,
+    now: datetime,
+    settings: Settings,
+) -> DecisionOut:
+    """A scheduler reports what it did. The same report twice is harmless; a different one is a conflict."""
+    decision = _locked(session, decision_id)
+    if decision.state == outcome:
+        return _out(session, decision)
+    if decision.state == "awaiting_approval":
+        raise Conflict(f"decision {decision.id} is waiting for a person's approval; do not act on it yet")
+    _refuse_closed(decision, now)
+    return _finish(session, decision, outcome=outcome, message=message, actor=actor, now=now, settings=settings)
+
+
+def approve(session: Session, *, decision_id: int, actor: str, now: datetime, settings: Settings) -> DecisionOut:
+    """A person lets a decision that waited for approval go to the schedulers, with a fresh deadline."""
+    decision = _locked(session, decision_id)
+    if decision.state == "pending":
+        return _out(session, decision)
+    if decision.state != "awaiting_approval":
+        _refuse_closed(decision, now)
+        raise Conflict(f"decision {decision.id} is {decision.state}: only a decision awaiting approval is approved")
+    _refuse_closed(decision, now)
+    decision.state = "pending"
+    decision.actor = actor
+    decision.expires_at = now + timedelta(seconds=settings.decision_ttl_s)
+    return _out(session, decision)
+
+
+def reject(
+    session: Session, *, decision_id: int, message: str | None, actor: str, now: datetime, settings: Settings
+) -> DecisionOut:
+    """A person overrules a decision before any scheduler acted on it."""
+    decision = _locked(session, decision_id)
+    if decision.state == "rejected":
+        return _out(session, decision)
+    _refuse_closed(decision, now)
+    return _finish(session, decision, outcome="rejected", message=message, actor=actor, now=now, settings=settings)
+
+
+def _finish(
+    session: Session,
+    decision: Decision,
+    *,
+    outcome: str,
+    message: str | None,
+    actor: str,
+    now: datetime,
+    settings: Settings,
+) -> DecisionOut:
+    """Close the decision; then its node's state and history, and its incident, follow."""
+    decision.state = outcome
+    decision.outcome = outcome
+    decision.outcome_message = message
+    decision.acked_at = now
+    decision.actor = actor
+    if decision.node_id is not None:
+        node = session.scalar(select(Node).where(Node.id == decision.node_id).with_for_update())
+        if node is not None:
+            nodes.on_acknowledged(session, decision=decision, node=node, now=now, settings=settings)
+    if decision.incident_id is not None:
+        incident = session.get(Incident, decision.incident_id)
+        if incident is not None:
+            incidents.resolve_if_mitigated(session, incident=incident, now=now)
+    return _out(session, decision)
+
+
+def expire_overdue(session: Session, *, now: datetime) -> list[int]:
+    """Decisions nobody acknowledged (or approved) in time expire, saying so."""
+    expired = session.scalars(
+        update(Decision)
+        .where(Decision.state.in_(OPEN), Decision.expires_at <= now)
+        .values(
+            state="expired",
+            outcome="expired",
+            outcome_message="not acknowledged before it expired",
+            acked_at=now,
+            actor=nodes.SYSTEM_ACTOR,
+        )
+        .returning(Decision.id)
+    ).all()
+    return list(expired)

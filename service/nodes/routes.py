@@ -1,0 +1,78 @@
+"""Nodes for schedulers and people: /api/v1/nodes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from service.deps import DbSession
+from service.errors import ErrorBody
+from service.models.nodes import NODE_STATES
+from service.nodes import service
+from service.nodes.schemas import CordonIn, NodeDetail, NodePage, ReturnIn
+from service.security import require_scope
+from service.tokens.service import Principal
+
+router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
+Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]
+Operator = Annotated[Principal, Depends(require_scope("operator", "admin"))]
+State = Literal[NODE_STATES]  # type: ignore[valid-type]
+
+_NOT_FOUND = {404: {"model": ErrorBody, "description": "No such node"}}
+_CONFLICT = {409: {"model": ErrorBody, "description": "The node's state does not allow it; the message says why."}}
+
+
+@router.get("", response_model=NodePage, responses={422: {"model": ErrorBody, "description": "Bad filter or cursor"}})
+def list_nodes(
+    session: DbSession,
+    _: Reader,
+    state: Annotated[State | None, Query(description="e.g. `suspect`")] = None,
+    lemon: Annotated[bool | None, Query(description="Only lemons (true) or only others (false)")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+) -> NodePage:
+    """Nodes with their state, filtered by state."""
+    return service.list_nodes(session, state=state, lemon=lemon, limit=limit, cursor=cursor)
+
+
+@router.get("/{name}", response_model=NodeDetail, responses=_NOT_FOUND)
+def get_node(name: str, session: DbSession, _: Reader) -> NodeDetail:
+    """State, GPUs, the open incidents that accuse it, and its history across jobs."""
+    return service.describe(session, name=name)
+
+
+@router.post("/{name}/cordon", response_model=NodeDetail, responses={**_NOT_FOUND, **_CONFLICT})
+def cordon_node(name: str, body: CordonIn, request: Request, session: DbSession, principal: Operator) -> NodeDetail:
+    """Take the node out of service by hand; schedulers receive a `cordon` decision. Cordoning again is harmless."""
+    return service.cordon(
+        session,
+        name=name,
+        reason=body.reason,
+        actor=principal.actor,
+        now=datetime.now(UTC),
+        settings=request.app.state.settings,
+    )
+
+
+@router.post("/{name}/repair", response_model=NodeDetail, responses={**_NOT_FOUND, **_CONFLICT})
+def repair_node(name: str, body: CordonIn, session: DbSession, principal: Operator) -> NodeDetail:
+    """Record that the node went to repair."""
+    return service.repair(session, name=name, reason=body.reason, actor=principal.actor, now=datetime.now(UTC))
+
+
+@router.post("/{name}/return", response_model=NodeDetail, responses={**_NOT_FOUND, **_CONFLICT})
+def return_node(name: str, body: ReturnIn, request: Request, session: DbSession, principal: Operator) -> NodeDetail:
+    """Back to service; schedulers receive a `return` decision. A lemon needs passing diagnostics, and a node
+    still in quarantine needs `force`."""
+    return service.return_to_service(
+        session,
+        name=name,
+        reason=body.reason,
+        diagnostics=body.diagnostics.model_dump(mode="json") if body.diagnostics else None,
+        force=body.force,
+        actor=principal.actor,
+        now=datetime.now(UTC),
+        settings=request.app.state.settings,
+    )

@@ -1,0 +1,122 @@
+"""Nodes as schedulers and people see them: state, GPUs, incidents and history across jobs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class NodeOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "gpu-node-017",
+                    "state": "evicted",
+                    "state_reason": "Xid 79 (GPU has fallen off the bus) on GPU 3",
+                    "state_changed_at": "2026-11-22T10:00:04Z",
+                    "lemon": False,
+                    "quarantined_until": "2026-11-22T11:00:04Z",
+                    "last_seen_at": "2026-11-22T10:00:02Z",
+                    "current_job": "llm-pretrain-42",
+                    "gpus": 8,
+                }
+            ]
+        }
+    )
+
+    name: str
+    state: str = Field(description="healthy, suspect, cordoned, evicted, in_repair or returned")
+    state_reason: str | None
+    state_changed_at: datetime
+    lemon: bool = Field(description="A suspect in several different jobs: quarantined longer, needs diagnostics.")
+    quarantined_until: datetime | None = Field(description="A return to service before this is refused.")
+    last_seen_at: datetime | None
+    current_job: str | None
+    gpus: int
+
+
+class NodePage(BaseModel):
+    items: list[NodeOut]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null at the end.")
+
+
+class GpuOut(BaseModel):
+    index: int
+    uuid: str | None
+    model: str | None
+    pci_bus_id: str | None
+    last_seen_at: datetime | None
+
+
+class NodeIncidentOut(BaseModel):
+    id: int
+    job_id: str
+    state: str
+    root_cause: str
+    blame: str
+    confidence: float = Field(description="How strongly this incident accuses this node.")
+    opened_at: datetime
+
+
+class NodeEventOut(BaseModel):
+    at: datetime
+    kind: str = Field(description="e.g. suspect, lemon, cordon, evict_done, evict_failed, repair, return, cleared")
+    from_state: str | None
+    to_state: str | None
+    actor: str
+    reason: str | None
+    job_id: str | None
+    incident_id: int | None
+    decision_id: int | None
+    details: dict[str, Any] | None
+
+
+class NodeDetail(NodeOut):
+    gpu_list: list[GpuOut]
+    open_incidents: list[NodeIncidentOut]
+    history: list[NodeEventOut] = Field(description="Newest first, across jobs.")
+    jobs: list[str] = Field(description="Jobs that ran ranks here, most recent first.")
+
+
+class CordonIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"reason": "fans failing, ticket HW-4411"}]}
+    )
+
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+class Diagnostics(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"passed": True, "tool": "dcgmi diag -r 3", "report": "all tests passed", "ran_at": None}]
+        }
+    )
+
+    passed: bool
+    tool: str = Field(min_length=1, max_length=200, description="What ran, e.g. `dcgmi diag -r 3`.")
+    report: str | None = Field(default=None, max_length=20_000)
+    ran_at: datetime | None = None
+
+
+class ReturnIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "reason": "GPU 3 replaced",
+                    "diagnostics": {"passed": True, "tool": "dcgmi diag -r 3", "report": "all tests passed"},
+                }
+            ]
+        },
+    )
+
+    reason: str = Field(min_length=1, max_length=1000)
+    diagnostics: Diagnostics | None = Field(
+        default=None, description="Required for a lemon, or for every node if the service is set so."
+    )
+    force: bool = Field(default=False, description="Return before the quarantine ends; recorded in the history.")

@@ -1,0 +1,1 @@
+"""Chat notifications: the webhook outbox, its sender, and the Slack, Lark and JSON formats."""

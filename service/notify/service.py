@@ -1,0 +1,343 @@
+"""Chat notifications: incident events into the outbox, channel management, and the deliveries API."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+from sqlalchemy import case, func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from service.config import Settings, get_settings
+from service.db import enqueue_after_commit
+from service.errors import Conflict, InvalidInput, NotFound
+from service.models import Decision, Incident, Job, Node, NotificationChannel, NotificationDelivery
+from service.models.notify import INCIDENT_EVENTS
+from service.notify import formats, sender
+from service.notify.schemas import (
+    ChannelIn,
+    ChannelOut,
+    ChannelPage,
+    ChannelTestResult,
+    ChannelUpdate,
+    DeliveryOut,
+    DeliveryPage,
+)
+from service.pagination import decode_cursor, encode_cursor
+from service.tokens.service import Principal
+
+_TOP_SUSPECTS = 3
+# The first send waits for the group window; this much more and the rows are surely due when it runs.
+_SEND_SLACK_S = 0.5
+
+
+# ---- incident events into the outbox ----
+
+
+def record_incident_event(
+    session: Session, *, incident: Incident, event: str, decisions: Sequence[Decision] = (), now: datetime
+) -> int:
+    """Queue a chat message about an incident on every enabled channel, once per (event, channel).
+
+    Runs in the caller's transaction; the send task goes out after it commits. Returns the rows written
+    (0 when every channel already has this event, when there is no enabled channel, or for a silenced incident).
+    """
+    if event not in INCIDENT_EVENTS:
+        raise ValueError(f"unknown incident event {event!r}; expected one of {', '.join(INCIDENT_EVENTS)}")
+    if event == "decided" and not decisions:
+        raise ValueError("a 'decided' event needs the decisions it announces")
+    # A maintenance window's incidents are recorded but alert nobody.
+    if incident.silence_id is not None:
+        return 0
+    channels = session.execute(
+        select(NotificationChannel.id, NotificationChannel.group_wait_s).where(NotificationChannel.enabled)
+    ).all()
+    if not channels:
+        return 0
+    session.flush()  # ids of a new incident and its decisions
+    decision_id = min(d.id for d in decisions) if event == "decided" else None
+    event_key = (
+        f"incident:{incident.id}:decided:{decision_id}" if event == "decided" else f"incident:{incident.id}:{event}"
+    )
+    payload = snapshot(session, incident=incident, event=event, decisions=decisions, now=now, settings=get_settings())
+    payload["event_key"] = event_key
+    written = session.scalars(
+        insert(NotificationDelivery)
+        .values(
+            [
+                {
+                    "channel_id": channel_id,
+                    "event_key": event_key,
+                    "event": event,
+                    "incident_id": incident.id,
+                    "decision_id": decision_id,
+                    "payload": payload,
+                    "next_attempt_at": now + timedelta(seconds=group_wait_s),
+                }
+                for channel_id, group_wait_s in channels
+            ]
+        )
+        .on_conflict_do_nothing(index_elements=["channel_id", "event_key"])
+        .returning(NotificationDelivery.id)
+    ).all()
+    if written:
+        _enqueue_send(session, countdown=min(group_wait_s for _, group_wait_s in channels) + _SEND_SLACK_S)
+    return len(written)
+
+
+def _enqueue_send(session: Session, *, countdown: float = 0.0) -> None:
+    """Run the sender after commit; the beat pass every 2 s would find the rows too, only later."""
+    # Imported here: the Celery app reads the broker settings, which code that only records events
+    # (diagnosis, acknowledgements, their tests) should not need at import time.
+    from service.notify import tasks
+
+    enqueue_after_commit(session, tasks.send_due.signature(countdown=countdown))
+
+
+def snapshot(
+    session: Session,
+    *,
+    incident: Incident,
+    event: str,
+    decisions: Sequence[Decision],
+    now: datetime,
+    settings: Settings,
+) -> dict[str, Any]:
+    """What the message says, frozen when the event happens (later changes to the incident do not rewrite it)."""
+    job = session.scalar(select(Job.external_id).where(Job.id == incident.job_id))
+    if not decisions:
+        decisions = session.scalars(
+            select(Decision).where(Decision.incident_id == incident.id).order_by(Decision.id)
+        ).all()
+    node_ids = {d.node_id for d in decisions if d.node_id is not None}
+    nodes = dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(node_ids))).all()) if node_ids else {}
+    return {
+        "event": event,
+        "time": now.isoformat(),
+        "incident_id": incident.id,
+        "job": job,
+        "state": incident.state,
+        "root_cause": incident.root_cause,
+        "blame": incident.blame,
+        "severity": incident.severity,
+        "confidence": round(float(incident.confidence or 0.0), 4),
+        "summary": incident.summary,
+        "suspects": [
+            {
+                "node": s.get("node"),
+                "confidence": s.get("confidence"),
+                "action": s.get("action"),
+                "reason": formats.clip(str(s.get("reason") or ""), 300),
+            }
+            for s in (incident.suspects or [])[:_TOP_SUSPECTS]
+        ],
+        "decisions": [
+            {
+                "id": d.id,
+                "kind": d.kind,
+                "node": nodes.get(d.node_id) if d.node_id is not None else None,
+                "state": d.state,
+                "confidence": round(float(d.confidence), 4),
+                "reason": formats.clip(d.reason, 500),
+            }
+            for d in sorted(decisions, key=lambda d: d.id)
+        ],
+        "url": incident_url(settings, incident.id),
+    }
+
+
+def incident_url(settings: Settings, incident_id: int) -> str:
+    """The incident's page in the web UI."""
+    return f"{settings.public_url.rstrip('/')}/incidents/{incident_id}"
+
+
+# ---- channels ----
+
+
+def _check_url(url: str, settings: Settings) -> None:
+    problem = sender.url_problem(url, allowed_hosts=settings.webhook_allowed_hosts)
+    if problem is not None:
+        raise InvalidInput(f"url: {problem}", details=[{"field": "body.url", "message": problem}])
+
+
+def create_channel(session: Session, *, channel_in: ChannelIn, principal: Principal, settings: Settings) -> ChannelOut:
+    """Add a channel; its URL must be http(s) on an allowed host. A taken name is a 409."""
+    _check_url(channel_in.url, settings)
+    channel_id = session.scalar(
+        insert(NotificationChannel)
+        .values(**channel_in.model_dump(), author=principal.actor)
+        .on_conflict_do_nothing(index_elements=["name"])
+        .returning(NotificationChannel.id)
+    )
+    if channel_id is None:
+        raise Conflict(f"a channel named {channel_in.name!r} exists already")
+    return _channel_out(session, _get_channel(session, channel_id))
+
+
+def list_channels(session: Session) -> ChannelPage:
+    channels = session.scalars(select(NotificationChannel).order_by(NotificationChannel.name)).all()
+    counts = _delivery_counts(session, [c.id for c in channels])
+    return ChannelPage(items=[_describe(c, *counts.get(c.id, (0, 0))) for c in channels])
+
+
+def get_channel(session: Session, *, channel_id: int) -> ChannelOut:
+    return _channel_out(session, _get_channel(session, channel_id))
+
+
+def update_channel(
+    session: Session, *, channel_id: int, channel_update: ChannelUpdate, settings: Settings
+) -> ChannelOut:
+    """Change only the fields given; a new URL passes the same checks as at creation."""
+    channel = _get_channel(session, channel_id, lock=True)
+    changes = channel_update.model_dump(exclude_unset=True)
+    for name in ("enabled", "group_wait_s", "rate_limit_per_minute", "url"):
+        if name in changes and changes[name] is None:
+            raise InvalidInput(f"{name} may not be null", details=[{"field": f"body.{name}", "message": "null"}])
+    if "url" in changes:
+        _check_url(changes["url"], settings)
+    for name, value in changes.items():
+        setattr(channel, name, value)
+    session.flush()
+    return _channel_out(session, channel)
+
+
+def delete_channel(session: Session, *, channel_id: int) -> None:
+    """Remove a channel and its deliveries."""
+    session.delete(_get_channel(session, channel_id, lock=True))
+    session.flush()
+
+
+def send_test(
+    session: Session, *, channel_id: int, settings: Settings, now: datetime, http_client: httpx.Client | None = None
+) -> ChannelTestResult:
+    """Post one test message now, outside the outbox (also to a disabled channel, to check it before enabling)."""
+    channel = _get_channel(session, channel_id)
+    _check_url(channel.url, settings)
+    payload = {
+        "event": "test",
+        "time": now.isoformat(),
+        "summary": f"Channel {channel.name} is set up: faultline incident alerts will arrive here.",
+        "url": f"{settings.public_url.rstrip('/')}/incidents",
+    }
+    body = formats.render(channel.kind, [payload])
+    key = f"test-{channel.id}-{int(now.timestamp() * 1000)}"
+    if http_client is None:
+        with httpx.Client(timeout=settings.webhook_timeout_s) as client:
+            outcome = sender.post(client, kind=channel.kind, url=channel.url, body=body, message_key=key)
+    else:
+        outcome = sender.post(http_client, kind=channel.kind, url=channel.url, body=body, message_key=key)
+    return ChannelTestResult(delivered=outcome.ok, status_code=outcome.status_code, error=outcome.error)
+
+
+def _get_channel(session: Session, channel_id: int, *, lock: bool = False) -> NotificationChannel:
+    query = select(NotificationChannel).where(NotificationChannel.id == channel_id)
+    channel = session.scalar(query.with_for_update(key_share=True) if lock else query)
+    if channel is None:
+        raise NotFound(f"no channel {channel_id}")
+    return channel
+
+
+def _delivery_counts(session: Session, channel_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
+    if not channel_ids:
+        return {}
+    waiting = func.count(case((NotificationDelivery.state.in_(("pending", "sending")), 1)))
+    failed = func.count(case((NotificationDelivery.state == "failed", 1)))
+    rows = session.execute(
+        select(NotificationDelivery.channel_id, waiting, failed)
+        .where(NotificationDelivery.channel_id.in_(channel_ids))
+        .group_by(NotificationDelivery.channel_id)
+    ).all()
+    return {channel_id: (int(w), int(f)) for channel_id, w, f in rows}
+
+
+def _channel_out(session: Session, channel: NotificationChannel) -> ChannelOut:
+    return _describe(channel, *_delivery_counts(session, [channel.id]).get(channel.id, (0, 0)))
+
+
+def _describe(channel: NotificationChannel, pending: int, failed: int) -> ChannelOut:
+    return ChannelOut(
+        id=channel.id,
+        name=channel.name,
+        kind=channel.kind,
+        url=sender.mask_url(channel.url),
+        enabled=channel.enabled,
+        group_wait_s=channel.group_wait_s,
+        rate_limit_per_minute=channel.rate_limit_per_minute,
+        author=channel.author,
+        created_at=channel.created_at,
+        pending=pending,
+        failed=failed,
+    )
+
+
+# ---- deliveries ----
+
+
+def list_deliveries(
+    session: Session,
+    *,
+    state: str | None,
+    channel_id: int | None,
+    incident_id: int | None,
+    limit: int,
+    cursor: str | None,
+) -> DeliveryPage:
+    """Newest first, keyset-paginated on id."""
+    query = (
+        select(NotificationDelivery, NotificationChannel.name)
+        .join(NotificationChannel, NotificationChannel.id == NotificationDelivery.channel_id)
+        .order_by(NotificationDelivery.id.desc())
+    )
+    if state:
+        query = query.where(NotificationDelivery.state == state)
+    if channel_id is not None:
+        query = query.where(NotificationDelivery.channel_id == channel_id)
+    if incident_id is not None:
+        query = query.where(NotificationDelivery.incident_id == incident_id)
+    if cursor:
+        query = query.where(NotificationDelivery.id < decode_cursor(cursor))
+    rows = session.execute(query.limit(limit + 1)).all()
+    items = [_delivery_out(d, name) for d, name in rows[:limit]]
+    return DeliveryPage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)
+
+
+def retry_delivery(session: Session, *, delivery_id: int, now: datetime) -> DeliveryOut:
+    """Put a failed delivery back in the outbox with a fresh set of attempts (a pending one is left as it is)."""
+    row = session.scalar(select(NotificationDelivery).where(NotificationDelivery.id == delivery_id).with_for_update())
+    if row is None:
+        raise NotFound(f"no delivery {delivery_id}")
+    if row.state == "sent":
+        raise Conflict(f"delivery {delivery_id} was sent already; it is never posted twice")
+    if row.state == "sending":
+        raise Conflict(f"delivery {delivery_id} is being sent right now")
+    if row.state == "failed":
+        # last_error stays: it says why the delivery needed a hand.
+        row.state, row.attempts, row.next_attempt_at, row.claimed_at = "pending", 0, now, None
+        session.flush()
+        _enqueue_send(session)
+    name = session.scalar(select(NotificationChannel.name).where(NotificationChannel.id == row.channel_id)) or ""
+    return _delivery_out(row, name)
+
+
+def _delivery_out(row: NotificationDelivery, channel: str) -> DeliveryOut:
+    return DeliveryOut(
+        id=row.id,
+        channel_id=row.channel_id,
+        channel=channel,
+        event=row.event,
+        event_key=row.event_key,
+        incident_id=row.incident_id,
+        decision_id=row.decision_id,
+        state=row.state,
+        attempts=row.attempts,
+        last_error=row.last_error,
+        next_attempt_at=row.next_attempt_at,
+        created_at=row.created_at,
+        claimed_at=row.claimed_at,
+        sent_at=row.sent_at,
+        message_key=row.message_key,
+        payload=row.payload,
+    )

@@ -1,0 +1,1 @@
+"""Stand-ins for what faultline talks to in tests: a Kubernetes API server, scontrol."""
