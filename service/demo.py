@@ -181,6 +181,8 @@ def run_demo(
   admin token     {tokens["admin"]}
   logs         {logs}/ (api, worker, beat{", sim" if simulate else ""})
   cluster      {cluster}
+  decisions    {url}/api/v1/decisions?state=pending&wait=30 (long poll, scheduler token), or try an
+               adapter: FAULTLINE_TOKEN=<scheduler token> faultline adapter slurm --url {url} --dry-run
 
   Other commands reach this database with --data-dir {data_dir}
   Press Ctrl-C to stop.

@@ -36,7 +36,16 @@ def _check_broker(request: Request) -> str:
         return f"error: {type(exc).__name__}: {exc}"
 
 
-@router.get("/healthz", responses={503: {"description": "The database or the broker is unreachable"}})
+@router.get(
+    "/healthz",
+    responses={
+        200: {
+            "description": "Both dependencies answer",
+            "content": {"application/json": {"example": {"status": "ok", "database": "ok", "broker": "ok"}}},
+        },
+        503: {"description": "The database or the broker is unreachable"},
+    },
+)
 async def healthz(request: Request) -> JSONResponse:
     """Liveness and readiness: 200 when the database and the broker answer, 503 otherwise."""
     database = await run_in_threadpool(_check_database, request)

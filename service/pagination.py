@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from service.errors import InvalidInput
 
@@ -21,3 +24,13 @@ def decode_cursor(cursor: str) -> int:
         return int(value)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise InvalidInput(f"invalid cursor {cursor!r}: pass back a `next_cursor` from an earlier page") from None
+
+
+def page_config(item: type[BaseModel]) -> ConfigDict:
+    """The OpenAPI example of a page of `item`: the item's own first example and a cursor."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        examples = (item.model_config.get("json_schema_extra") or {}).get("examples") or []  # type: ignore[union-attr]
+        schema["examples"] = [{"items": examples[:1], "next_cursor": encode_cursor(12)}]
+
+    return ConfigDict(json_schema_extra=extra)

@@ -108,7 +108,7 @@ def _backend(args: argparse.Namespace) -> Any:
         )
     from agents.schedulers.slurm import SlurmBackend
 
-    return SlurmBackend(args.scontrol, timeout_s=args.scontrol_timeout)
+    return SlurmBackend(args.scontrol, timeout_s=args.scontrol_timeout, required=not args.dry_run)
 
 
 def run(args: argparse.Namespace) -> int:

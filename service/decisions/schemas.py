@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.pagination import page_config
+
 
 class DecisionOut(BaseModel):
     model_config = ConfigDict(
@@ -47,6 +49,8 @@ class DecisionOut(BaseModel):
 
 
 class DecisionPage(BaseModel):
+    model_config = page_config(DecisionOut)
+
     items: list[DecisionOut]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")
 

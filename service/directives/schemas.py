@@ -18,7 +18,20 @@ class StackDumpRequest(BaseModel):
     )
 
 
+_DIRECTIVE_EXAMPLE = {
+    "id": "0b7e7c1e-3f2a-4c55-9a51-2f0d6c1b9e11",
+    "job_id": "llm-pretrain-42",
+    "kind": "dump_stacks",
+    "reason": "job stalled for 300 s",
+    "requested_by": "operator:alice",
+    "created_at": "2026-11-22T10:05:00Z",
+    "expires_at": "2026-11-22T10:07:00Z",
+}
+
+
 class DirectiveOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [_DIRECTIVE_EXAMPLE]})
+
     id: uuid.UUID
     job_id: str
     kind: str
@@ -41,6 +54,28 @@ class StackDumpOut(BaseModel):
 
 
 class StackDumpsOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "directive": _DIRECTIVE_EXAMPLE,
+                    "nodes_reporting": 2,
+                    "dumps": [
+                        {
+                            "node": "gpu-node-001",
+                            "rank": 0,
+                            "pid": 4242,
+                            "ts": "2026-11-22T10:05:01Z",
+                            "error": None,
+                            "threads": 2,
+                            "frames": ["allreduce (torch/distributed/distributed_c10d.py:2050)", "train (train.py:88)"],
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
     directive: DirectiveOut
     nodes_reporting: int
     dumps: list[StackDumpOut]

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.decisions.schemas import DecisionOut
+from service.pagination import page_config
 
 
 class SuspectOut(BaseModel):
@@ -36,6 +37,39 @@ class FindingOut(BaseModel):
 
 
 class IncidentOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 7,
+                    "job_id": "llm-pretrain-42",
+                    "state": "mitigating",
+                    "root_cause": "gpu_hardware",
+                    "blame": "infrastructure",
+                    "severity": "critical",
+                    "confidence": 0.97,
+                    "summary": "Xid 79 (GPU has fallen off the bus) on gpu-node-017 GPU 3",
+                    "suspects": [
+                        {
+                            "node": "gpu-node-017",
+                            "confidence": 0.97,
+                            "action": "evict",
+                            "reason": "Xid 79 (GPU has fallen off the bus) on GPU 3",
+                            "finding_ids": [41],
+                        }
+                    ],
+                    "opened_at": "2026-11-22T10:00:03Z",
+                    "updated_at": "2026-11-22T10:00:03Z",
+                    "resolved_at": None,
+                    "resolution": None,
+                    "silence_id": None,
+                    "findings": [],
+                    "decisions": [],
+                }
+            ]
+        }
+    )
+
     id: int
     job_id: str
     state: str
@@ -55,5 +89,7 @@ class IncidentOut(BaseModel):
 
 
 class IncidentPage(BaseModel):
+    model_config = page_config(IncidentOut)
+
     items: list[IncidentOut]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")

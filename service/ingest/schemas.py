@@ -121,6 +121,19 @@ class Directive(BaseModel):
 
 
 class IngestResult(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "batch_id": "6f1c2d4e-8a7b-4c3d-9e2f-1a2b3c4d5e6f",
+                    "status": "accepted",
+                    "stored": {"metrics": 8, "logs": 1, "stacks": 0, "processes": 8},
+                    "directives": [],
+                }
+            ]
+        }
+    )
+
     batch_id: uuid.UUID
     status: Literal["accepted", "duplicate"]
     stored: dict[str, int]

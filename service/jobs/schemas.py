@@ -90,6 +90,26 @@ class RankOut(BaseModel):
 
 
 class JobOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "job_id": "llm-pretrain-42",
+                    "world_size": 16,
+                    "parallelism": {"tp": 4, "pp": 2, "dp": 2, "order": "tp-dp-pp"},
+                    "hang_timeout_s": 300,
+                    "state": "running",
+                    "source": "registered",
+                    "created_at": "2026-11-22T09:00:00Z",
+                    "updated_at": "2026-11-22T09:00:00Z",
+                    "last_seen_at": "2026-11-22T10:00:01Z",
+                    "nodes": ["gpu-node-001", "gpu-node-002"],
+                    "ranks": [{"rank": 0, "node": "gpu-node-001", "local_rank": 0, "gpu": 0, "pid": 4242}],
+                }
+            ]
+        }
+    )
+
     job_id: str
     world_size: int | None
     parallelism: Parallelism | None

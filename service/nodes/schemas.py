@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.pagination import page_config
+
 
 class NodeOut(BaseModel):
     model_config = ConfigDict(
@@ -39,6 +41,8 @@ class NodeOut(BaseModel):
 
 
 class NodePage(BaseModel):
+    model_config = page_config(NodeOut)
+
     items: list[NodeOut]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null at the end.")
 

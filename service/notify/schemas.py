@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.models.notify import CHANNEL_KINDS, DELIVERY_STATES
+from service.pagination import page_config
 
 ChannelKind = Literal[CHANNEL_KINDS]  # type: ignore[valid-type]
 DeliveryState = Literal[DELIVERY_STATES]  # type: ignore[valid-type]
@@ -111,6 +112,8 @@ class ChannelOut(BaseModel):
 
 
 class ChannelPage(BaseModel):
+    model_config = page_config(ChannelOut)
+
     items: list[ChannelOut]
 
 
@@ -174,5 +177,7 @@ class DeliveryOut(BaseModel):
 
 
 class DeliveryPage(BaseModel):
+    model_config = page_config(DeliveryOut)
+
     items: list[DeliveryOut]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")

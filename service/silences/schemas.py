@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from service.pagination import page_config
+
 SilenceState = Literal["active", "pending", "expired"]
 SILENCE_STATES: tuple[str, ...] = ("active", "pending", "expired")
 # A year is a long maintenance window; more is likely a unit mistake (milliseconds for seconds).
@@ -108,5 +110,7 @@ class SilenceOut(BaseModel):
 
 
 class SilencePage(BaseModel):
+    model_config = page_config(SilenceOut)
+
     items: list[SilenceOut]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")
