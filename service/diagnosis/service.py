@@ -27,6 +27,7 @@ from service.jobs import service as jobs
 from service.models import Finding as FindingRow
 from service.models import Incident, Job, Node
 from service.nodes import lifecycle as node_lifecycle
+from service.notify import service as notify
 from service.silences import service as silences
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def _act(
         return []
     incident.silence_id = None
     if opened:
-        incidents.announce(session, incident=incident, event="opened", now=now)
+        notify.record_incident_event(session, incident=incident, event="opened", now=now)
     made = decisions.decide_incident(
         session,
         job=job,
@@ -140,7 +141,7 @@ def _act(
         skip_nodes=set(node_silences),
     )
     if made:
-        incidents.announce(session, incident=incident, event="decided", decisions=made, now=now)
+        notify.record_incident_event(session, incident=incident, event="decided", decisions=made, now=now)
     accused = [
         s.node
         for s in proposal.suspects

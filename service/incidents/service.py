@@ -16,6 +16,7 @@ from service.errors import NotFound
 from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage, SuspectOut
 from service.models import Decision, Finding, Incident, Job, Node
 from service.nodes import lifecycle as nodes
+from service.notify import service as notify
 from service.pagination import decode_cursor, encode_cursor
 
 # Decisions whose completion ends an incident: the job runs again without the fault.
@@ -86,17 +87,6 @@ def _resolve_emptied(session: Session, *, job: Job, keep: set[int], now: datetim
             incident.resolution = "merged: its findings belong to another incident"
 
 
-def announce(
-    session: Session, *, incident: Incident, event: str, now: datetime, decisions: Sequence[Decision] = ()
-) -> None:
-    """Queue the chat message for an incident's state change, in this transaction; silenced ones stay quiet."""
-    if incident.silence_id is not None:
-        return
-    from service.notify import service as notify
-
-    notify.record_incident_event(session, incident=incident, event=event, decisions=decisions, now=now)
-
-
 def resolve(session: Session, *, incident: Incident, resolution: str, now: datetime) -> bool:
     """Close an incident: its suspects nothing else accuses are healthy again; chat hears of it."""
     if incident.state == "resolved":
@@ -106,7 +96,7 @@ def resolve(session: Session, *, incident: Incident, resolution: str, now: datet
     incident.updated_at = now
     incident.resolution = resolution[:500]
     nodes.clear_suspects(session, incident=incident, now=now)
-    announce(session, incident=incident, event="resolved", now=now)
+    notify.record_incident_event(session, incident=incident, event="resolved", now=now)
     return True
 
 
