@@ -79,3 +79,22 @@ def test_an_unsilenced_fault_announces_opened_and_decided_once_and_marks_the_sus
     ).all()
     assert events == ["opened", "decided"]
     assert session.scalar(select(Node.state).where(Node.name == "node-1")) == "suspect"
+
+
+def test_when_the_window_ends_the_incident_is_announced_and_decided(client, session, make_token) -> None:
+    channel = _channel(session)
+    token, job = make_token("agent"), f"maint-{uuid.uuid4().hex[:6]}"
+    silence = _silence(session, job_pattern=job)
+    _ship(client, token, job, {2: _kernel(_xid79())})
+    assert diagnose_job(session, job_id=job, settings=get_settings()).decisions == []
+
+    silence.expired_at = datetime.now(UTC) - timedelta(seconds=1)
+    session.flush()
+    result = diagnose_job(session, job_id=job, settings=get_settings())
+    assert len(result.decisions) == 1
+    (incident,) = session.scalars(select(Incident).where(Incident.id.in_(result.incidents))).all()
+    assert incident.silence_id is None
+    events = session.scalars(
+        select(NotificationDelivery.event).where(NotificationDelivery.channel_id == channel.id)
+    ).all()
+    assert sorted(events) == ["decided", "opened"]

@@ -128,8 +128,9 @@ def _act(
         # Findings stay for the record; nothing is decided, announced or held against the nodes.
         incident.silence_id = job_silence.id if job_silence else node_silences[suspects[0]]
         return []
-    incident.silence_id = None
-    if opened:
+    if opened or incident.silence_id is not None:
+        # New, or its maintenance window just ended: people hear of it now (once: events are keyed).
+        incident.silence_id = None
         notify.record_incident_event(session, incident=incident, event="opened", now=now)
     made = decisions.decide_incident(
         session,
