@@ -1,12 +1,12 @@
 """Engine, sessions and the transaction boundary.
 
-Service functions only flush; the request or task boundary commits. Celery tasks enqueued
-while a transaction is open are sent after it commits and dropped if it rolls back.
+Service functions only flush; the request or task boundary commits. Celery tasks enqueued (and other
+actions registered) while a transaction is open run after it commits and are dropped if it rolls back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import get_settings
 
-_PENDING_TASKS = "faultline_pending_tasks"
+_AFTER_COMMIT = "faultline_after_commit"
 
 
 @lru_cache
@@ -50,17 +50,22 @@ def session_scope(factory: sessionmaker[Session] | None = None) -> Iterator[Sess
         session.close()
 
 
+def after_commit(session: Session, action: Callable[[], None]) -> None:
+    """Run `action` once the session's transaction commits; forget it on rollback."""
+    session.info.setdefault(_AFTER_COMMIT, []).append(action)
+
+
 def enqueue_after_commit(session: Session, task: Any, *args: Any, **kwargs: Any) -> None:
     """Send a Celery task once the session's transaction commits; forget it on rollback."""
-    session.info.setdefault(_PENDING_TASKS, []).append((task, args, kwargs))
+    after_commit(session, lambda: task.apply_async(args=args, kwargs=kwargs))
 
 
 @event.listens_for(Session, "after_commit")
-def _send_pending_tasks(session: Session) -> None:
-    for task, args, kwargs in session.info.pop(_PENDING_TASKS, []):
-        task.apply_async(args=args, kwargs=kwargs)
+def _run_after_commit(session: Session) -> None:
+    for action in session.info.pop(_AFTER_COMMIT, []):
+        action()
 
 
 @event.listens_for(Session, "after_rollback")
-def _drop_pending_tasks(session: Session) -> None:
-    session.info.pop(_PENDING_TASKS, None)
+def _drop_after_commit(session: Session) -> None:
+    session.info.pop(_AFTER_COMMIT, None)

@@ -17,13 +17,14 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import unquote_plus, urlsplit
 
-from sqlalchemy import and_, event, select, text, type_coerce, update
+from sqlalchemy import and_, select, text, type_coerce, update
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.orm import Session
 
 from ml import xid
 from ml.alerts import KIND, SOURCE, severity_of, words
 from service.alerts.schemas import Alert, AlertmanagerPayload, AlertsResult, IgnoredAlert
+from service.db import after_commit
 from service.errors import Forbidden
 from service.models import Job, LogEvent, Node
 from service.nodes.service import ensure_nodes
@@ -264,7 +265,7 @@ def store_alerts(
             result.duplicates += 1
     result.diagnosing = sorted(urgent)
     if urgent and on_urgent is not None:
-        _after_commit(session, lambda: on_urgent(urgent))
+        after_commit(session, lambda: on_urgent(urgent))
     return result
 
 
@@ -306,12 +307,3 @@ def _mark_resolved(session: Session, *, alert: Alert) -> bool:
         .execution_options(synchronize_session=False)
     ).first()
     return updated is not None
-
-
-def _after_commit(session: Session, action: Callable[[], None]) -> None:
-    """Run `action` once the session's transaction commits (diagnosis must see the stored alerts)."""
-
-    def run(_: Session) -> None:
-        action()
-
-    event.listen(session, "after_commit", run, once=True)

@@ -8,11 +8,11 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.config import Settings
+from service.decisions import service
 from service.decisions.schemas import DecisionOut
-from service.decisions.service import to_out
 from service.errors import Conflict, NotFound
 from service.incidents import service as incidents
-from service.models import Decision, Incident, Job, Node
+from service.models import Decision, Incident, Node
 from service.nodes import lifecycle as nodes
 
 OUTCOMES = ("done", "failed", "rejected")
@@ -26,12 +26,6 @@ def _locked(session: Session, decision_id: int) -> Decision:
     if decision is None:
         raise NotFound(f"no decision {decision_id}")
     return decision
-
-
-def _out(session: Session, decision: Decision) -> DecisionOut:
-    job = session.scalar(select(Job.external_id).where(Job.id == decision.job_id)) if decision.job_id else None
-    node = session.scalar(select(Node.name).where(Node.id == decision.node_id)) if decision.node_id else None
-    return to_out(decision, job, node)
 
 
 def _refuse_closed(decision: Decision, now: datetime) -> None:
@@ -63,7 +57,7 @@ def acknowledge(
     """A scheduler reports what it did. The same report twice is harmless; a different one is a conflict."""
     decision = _locked(session, decision_id)
     if decision.state == outcome:
-        return _out(session, decision)
+        return service.get(session, decision_id=decision.id)
     if decision.state == "awaiting_approval":
         raise Conflict(f"decision {decision.id} is waiting for a person's approval; do not act on it yet")
     _refuse_closed(decision, now)
@@ -74,7 +68,7 @@ def approve(session: Session, *, decision_id: int, actor: str, now: datetime, se
     """A person lets a decision that waited for approval go to the schedulers, with a fresh deadline."""
     decision = _locked(session, decision_id)
     if decision.state == "pending":
-        return _out(session, decision)
+        return service.get(session, decision_id=decision.id)
     if decision.state != "awaiting_approval":
         _refuse_closed(decision, now)
         raise Conflict(f"decision {decision.id} is {decision.state}: only a decision awaiting approval is approved")
@@ -82,7 +76,7 @@ def approve(session: Session, *, decision_id: int, actor: str, now: datetime, se
     decision.state = "pending"
     decision.actor = actor
     decision.expires_at = now + timedelta(seconds=settings.decision_ttl_s)
-    return _out(session, decision)
+    return service.get(session, decision_id=decision.id)
 
 
 def reject(
@@ -91,7 +85,7 @@ def reject(
     """A person overrules a decision before any scheduler acted on it."""
     decision = _locked(session, decision_id)
     if decision.state == "rejected":
-        return _out(session, decision)
+        return service.get(session, decision_id=decision.id)
     _refuse_closed(decision, now)
     return _finish(session, decision, outcome="rejected", message=message, actor=actor, now=now, settings=settings)
 
@@ -120,7 +114,7 @@ def _finish(
         incident = session.get(Incident, decision.incident_id)
         if incident is not None:
             incidents.resolve_if_mitigated(session, incident=incident, now=now)
-    return _out(session, decision)
+    return service.get(session, decision_id=decision.id)
 
 
 def expire_overdue(session: Session, *, now: datetime) -> list[int]:

@@ -25,7 +25,7 @@ from service.diagnosis.detect import JobSignals, run_all
 from service.incidents import service as incidents
 from service.jobs import service as jobs
 from service.models import Finding as FindingRow
-from service.models import Incident, Job, Node
+from service.models import Incident, Job, Node, Silence
 from service.nodes import lifecycle as node_lifecycle
 from service.notify import service as notify
 from service.silences import service as silences
@@ -91,6 +91,7 @@ def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: date
     proposals = demarcation.demarcate([(fid, f) for fid, f, _ in open_findings])
     applied = incidents.apply_proposals(session, job=job, proposals=proposals, now=now)
     result.incidents = [i.id for i in applied.incidents]
+    active_silences = silences.active_silences(session, now=now) if proposals else []
     for incident, proposal in zip(applied.incidents, proposals, strict=True):
         result.decisions += _act(
             session,
@@ -98,6 +99,7 @@ def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: date
             incident=incident,
             proposal=proposal,
             opened=incident.id in applied.created,
+            active_silences=active_silences,
             now=now,
             settings=settings,
         )
@@ -117,13 +119,14 @@ def _act(
     incident: Incident,
     proposal: demarcation.IncidentProposal,
     opened: bool,
+    active_silences: list[Silence],
     now: datetime,
     settings: Settings,
 ) -> list[int]:
     """Decide an incident and tell people, unless a maintenance window covers it; mark its suspects."""
     suspects = [s.node for s in proposal.suspects if s.node]
-    job_silence = silences.silence_for(session, job=job.external_id, nodes=(), now=now)
-    node_silences = silences.silenced_nodes(session, nodes=suspects, job=job.external_id, now=now)
+    job_silence = silences.covering(active_silences, job=job.external_id, nodes=())
+    node_silences = silences.covered_nodes(active_silences, nodes=suspects, job=job.external_id)
     if job_silence is not None or (suspects and set(suspects) <= set(node_silences)):
         # Findings stay for the record; nothing is decided, announced or held against the nodes.
         incident.silence_id = job_silence.id if job_silence else node_silences[suspects[0]]

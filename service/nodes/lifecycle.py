@@ -71,16 +71,21 @@ def lock(session: Session, *, names: Iterable[str]) -> list[Node]:
 def mark_suspects(
     session: Session, *, incident: Incident, names: Iterable[str], now: datetime, settings: Settings
 ) -> list[str]:
-    """Healthy (or returned) nodes an incident names become suspects; returns those that changed."""
-    changed: list[str] = []
-    for node in lock(session, names=names):
-        already = session.scalar(
-            select(NodeEvent.id).where(
-                NodeEvent.node_id == node.id, NodeEvent.incident_id == incident.id, NodeEvent.kind == "suspect"
-            )
+    """Healthy (or returned) nodes an incident names become suspects; returns those that changed.
+
+    Runs on every diagnosis pass: nodes already marked for this incident are skipped before any row lock,
+    so a long incident does not lock its nodes (which ingest updates) every few seconds.
+    """
+    marked = set(
+        session.scalars(
+            select(Node.name)
+            .join(NodeEvent, NodeEvent.node_id == Node.id)
+            .where(NodeEvent.incident_id == incident.id, NodeEvent.kind == "suspect")
         )
-        if already is not None:
-            continue
+    )
+    new = set(names) - marked
+    changed: list[str] = []
+    for node in lock(session, names=new) if new else []:
         to_state = "suspect" if node.state in ("healthy", "returned") else None
         record(
             session,

@@ -141,24 +141,34 @@ def _first(candidates: Sequence[Silence]) -> Silence | None:
 
 
 def silence_for(session: Session, *, job: str | None, nodes: Iterable[str], now: datetime) -> Silence | None:
-    """The active silence covering this job or any of these nodes, if any.
+    """The active silence covering this job or any of these nodes, if any."""
+    return covering(active_silences(session, now=now), job=job, nodes=nodes)
+
+
+def silenced_nodes(session: Session, *, nodes: Iterable[str], job: str | None, now: datetime) -> dict[str, int]:
+    """node -> id of the active silence covering it in this job."""
+    return covered_nodes(active_silences(session, now=now), nodes=nodes, job=job)
+
+
+def covering(silences: Sequence[Silence], *, job: str | None, nodes: Iterable[str]) -> Silence | None:
+    """Of these (active) silences, the one covering this job or any of these nodes.
 
     A job-only silence matches when the job does; a node-only one when any node does; one with both
     patterns when the job and at least one node match.
     """
     nodes = list(nodes)
-    covering = [
-        s
-        for s in active_silences(session, now=now)
-        if (s.node_pattern is None and matches(s, job=job, node=None))
-        or any(matches(s, job=job, node=n) for n in nodes)
-    ]
-    return _first(covering)
+    return _first(
+        [
+            s
+            for s in silences
+            if (s.node_pattern is None and matches(s, job=job, node=None))
+            or any(matches(s, job=job, node=n) for n in nodes)
+        ]
+    )
 
 
-def silenced_nodes(session: Session, *, nodes: Iterable[str], job: str | None, now: datetime) -> dict[str, int]:
-    """node -> id of the active silence covering it in this job; a job-only silence covers all of the job's nodes."""
-    silences = active_silences(session, now=now)
+def covered_nodes(silences: Sequence[Silence], *, nodes: Iterable[str], job: str | None) -> dict[str, int]:
+    """node -> id of the silence covering it in this job; a job-only silence covers all of the job's nodes."""
     covered: dict[str, int] = {}
     for node in nodes:
         found = _first([s for s in silences if matches(s, job=job, node=node)])
