@@ -124,7 +124,7 @@ def test_schedulers_read_but_do_not_write(client, session, make_token, operator)
     assert client.get(f"{URL}/{created['id']}", headers=scheduler).json()["state"] == "active"
 
 
-# silence_for / silenced_nodes: what diagnosis asks.
+# covering / covered_nodes over the active silences: what diagnosis asks.
 
 
 def _silence(session: Session, *, start: float = -60, end: float = 3600, **patterns: str) -> int:
@@ -135,7 +135,7 @@ def _silence(session: Session, *, start: float = -60, end: float = 3600, **patte
 
 
 def _for(session: Session, job: str | None, *nodes: str) -> int | None:
-    found = silences.silence_for(session, job=job, nodes=nodes, now=NOW)
+    found = silences.covering(silences.active_silences(session, now=NOW), job=job, nodes=nodes)
     return found.id if found else None
 
 
@@ -181,21 +181,25 @@ def test_the_longest_silence_wins(session):
     assert _for(session, "job", "n-1") == longest
 
 
-def test_silenced_nodes_maps_each_node_to_its_silence(session):
+def _covered(session: Session, nodes: list[str], job: str) -> dict[str, int]:
+    return silences.covered_nodes(silences.active_silences(session, now=NOW), nodes=nodes, job=job)
+
+
+def test_covered_nodes_maps_each_node_to_its_silence(session):
     rack = _silence(session, node_pattern="rack7-*")
     only_in_llm = _silence(session, node_pattern="rack3-a", job_pattern="llm-*")
     nodes = ["rack7-a", "rack7-b", "rack3-a", "rack3-b"]
-    assert silences.silenced_nodes(session, nodes=nodes, job="llm-1", now=NOW) == {
+    assert _covered(session, nodes, "llm-1") == {
         "rack7-a": rack,
         "rack7-b": rack,
         "rack3-a": only_in_llm,
     }
-    assert silences.silenced_nodes(session, nodes=nodes, job="bert-1", now=NOW) == {"rack7-a": rack, "rack7-b": rack}
+    assert _covered(session, nodes, "bert-1") == {"rack7-a": rack, "rack7-b": rack}
     whole_job = _silence(session, job_pattern="bert-1", end=7200)
-    assert silences.silenced_nodes(session, nodes=nodes, job="bert-1", now=NOW) == dict.fromkeys(nodes, whole_job)
+    assert _covered(session, nodes, "bert-1") == dict.fromkeys(nodes, whole_job)
 
 
-def test_matching_many_nodes_is_one_query(session):
+def test_matching_many_nodes_against_the_active_silences_is_one_query(session):
     for i in range(20):
         _silence(session, node_pattern=f"rack{i}-*")
     statements: list[str] = []
@@ -203,9 +207,10 @@ def test_matching_many_nodes_is_one_query(session):
     listener = lambda *args: statements.append(args[2])  # noqa: E731
     event.listen(connection, "before_cursor_execute", listener)
     try:
-        covered = silences.silenced_nodes(session, nodes=[f"rack{i % 40}-n{i}" for i in range(2000)], job="j", now=NOW)
-        found = silences.silence_for(session, job="j", nodes=[f"rack{i}-n" for i in range(40, 2000)], now=NOW)
+        active = silences.active_silences(session, now=NOW)
+        covered = silences.covered_nodes(active, nodes=[f"rack{i % 40}-n{i}" for i in range(2000)], job="j")
+        found = silences.covering(active, job="j", nodes=[f"rack{i}-n" for i in range(40, 2000)])
     finally:
         event.remove(connection, "before_cursor_execute", listener)
     assert len(covered) == 1000 and found is None
-    assert len(statements) == 2
+    assert len(statements) == 1

@@ -140,16 +140,6 @@ def _first(candidates: Sequence[Silence]) -> Silence | None:
     return max(candidates, key=lambda s: (s.ends_at, -s.id), default=None)
 
 
-def silence_for(session: Session, *, job: str | None, nodes: Iterable[str], now: datetime) -> Silence | None:
-    """The active silence covering this job or any of these nodes, if any."""
-    return covering(active_silences(session, now=now), job=job, nodes=nodes)
-
-
-def silenced_nodes(session: Session, *, nodes: Iterable[str], job: str | None, now: datetime) -> dict[str, int]:
-    """node -> id of the active silence covering it in this job."""
-    return covered_nodes(active_silences(session, now=now), nodes=nodes, job=job)
-
-
 def covering(silences: Sequence[Silence], *, job: str | None, nodes: Iterable[str]) -> Silence | None:
     """Of these (active) silences, the one covering this job or any of these nodes.
 
