@@ -31,6 +31,8 @@ def _old_samples(engine) -> int:
 def test_task_runs_after_commit_and_never_after_rollback(committed, redis_url, tmp_path):
     factory = sessionmaker(bind=committed)
     broker = redis.Redis.from_url(redis_url)
+    # Beat-scheduled tasks (decision expiry every 10 s) left by earlier tests that ran beat: not this test's.
+    broker.delete("maintenance")
     with running(["faultline", "work", "--concurrency", "1"], log=tmp_path / "worker.log"):
         with factory() as session:
             _insert_old_sample(session, 1)
