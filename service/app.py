@@ -35,6 +35,8 @@ from service.notify import routes as notify_routes
 from service.security import TokenCache
 from service.silences import routes as silences_routes
 from service.tokens import routes as tokens_routes
+from service.ui import render as ui_render
+from service.ui import router as ui_router
 from service.validation import invalid
 
 
@@ -87,13 +89,16 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.include_router(notify_routes.router)
     app.include_router(silences_routes.router)
     app.include_router(tokens_routes.router)
+    ui_router.install(app)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    async def _known_error(_: Request, exc: Exception) -> Response:
+    async def _known_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, FaultlineError) and ui_render.is_ui_request(request):
+            return ui_render.error_page(request, exc)
         response = error_response(exc)
         if response is None:
             raise exc

@@ -83,6 +83,15 @@ class Settings(BaseSettings):
     webhook_retry_base_s: float = Field(default=2.0, gt=0)
     webhook_retry_max_s: float = Field(default=300.0, gt=0)
 
+    # Web UI. A sign-in lasts this long. Behind an authenticating proxy (oauth2-proxy, an SSO gateway), name
+    # the header it puts the user in: requests from the trusted proxy addresses are then signed in as that
+    # user, with `ui_proxy_scope`, or admin for the users listed in `ui_proxy_admins`.
+    ui_session_hours: float = Field(default=12.0, gt=0)
+    ui_trusted_user_header: str | None = None
+    ui_trusted_proxies: list[str] = ["127.0.0.1/32", "::1/128"]
+    ui_proxy_scope: Literal["operator", "admin"] = "operator"
+    ui_proxy_admins: list[str] = []
+
     @model_validator(mode="after")
     def _require_connections(self) -> Settings:
         missing = [f"FAULTLINE_{name.upper()}" for name in ("database_url", "redis_url") if getattr(self, name) is None]

@@ -137,7 +137,8 @@ def session(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 TABLES = (
     "notification_deliveries, notification_channels, node_events, decisions, findings, incidents, silences, "
-    "metric_samples, log_events, stack_dumps, process_snapshots, agent_batches, ranks, gpus, nodes, jobs, api_tokens"
+    "metric_samples, log_events, stack_dumps, process_snapshots, agent_batches, ranks, gpus, nodes, jobs, ui_sessions, "
+    "api_tokens"
 )
 
 
@@ -182,3 +183,77 @@ def make_token(session: Session) -> Any:
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+class UiClient:
+    """A TestClient signed in to the web UI, with the session's CSRF token at hand for form posts."""
+
+    def __init__(self, client: Any, csrf: str) -> None:
+        self.client = client
+        self.csrf = csrf
+
+    def get(self, url: str, **kwargs: Any) -> Any:
+        return self.client.get(url, **kwargs)
+
+    def post(self, url: str, data: dict[str, Any] | None = None, *, htmx: bool = False, **kwargs: Any) -> Any:
+        """A form post carrying the CSRF token (as htmx sends it: a header; else as a form field)."""
+        headers = {"HX-Request": "true", "X-CSRF-Token": self.csrf} if htmx else {}
+        fields = dict(data or {}) if htmx else {"csrf_token": self.csrf, **(data or {})}
+        kwargs.setdefault("follow_redirects", False)
+        return self.client.post(url, data=fields, headers=headers, **kwargs)
+
+
+def sign_in(client: Any, token: str) -> UiClient:
+    """Sign in through the login form; read the CSRF token the pages embed."""
+    import re
+
+    response = client.post("/login", data={"token": token, "next": "/"}, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    page = client.get("/decisions")
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert match, "signed-in pages embed the CSRF token"
+    return UiClient(client, match.group(1))
+
+
+@pytest.fixture
+def ui(client: Any, make_token: Any) -> UiClient:
+    """The web UI, signed in as an operator."""
+    return sign_in(client, make_token("operator", name="oncall-op"))
+
+
+@pytest.fixture
+def admin_ui(client: Any, make_token: Any) -> UiClient:
+    """The web UI, signed in as an admin."""
+    return sign_in(client, make_token("admin", name="root-admin"))
+
+
+class QueryCounter:
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.statements.append(statement)
+
+    @property
+    def count(self) -> int:
+        return len(self.statements)
+
+
+@pytest.fixture
+def count_queries(connection: Connection) -> Any:
+    """`with count_queries() as q: ...; q.count`: statements sent on the test's connection (pages must not
+    send one per row)."""
+    from contextlib import contextmanager
+
+    from sqlalchemy import event
+
+    @contextmanager
+    def counting() -> Iterator[QueryCounter]:
+        counter = QueryCounter()
+        event.listen(connection, "before_cursor_execute", counter)
+        try:
+            yield counter
+        finally:
+            event.remove(connection, "before_cursor_execute", counter)
+
+    return counting

@@ -40,6 +40,7 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/api/v1/decisions/{decision_id}/ack"): READ,
     ("POST", "/api/v1/decisions/{decision_id}/approve"): OPERATOR,
     ("POST", "/api/v1/decisions/{decision_id}/reject"): OPERATOR,
+    ("POST", "/api/v1/decisions/{decision_id}/override"): OPERATOR,
     ("GET", "/api/v1/nodes"): READ,
     ("GET", "/api/v1/nodes/{name}"): READ,
     ("POST", "/api/v1/nodes/{name}/cordon"): OPERATOR,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -88,6 +88,73 @@ def reject(
         return service.get(session, decision_id=decision.id)
     _refuse_closed(decision, now)
     return _finish(session, decision, outcome="rejected", message=message, actor=actor, now=now, settings=settings)
+
+
+def override(
+    session: Session,
+    *,
+    decision_id: int,
+    kind: str,
+    node: str | None,
+    message: str,
+    actor: str,
+    now: datetime,
+    settings: Settings,
+) -> DecisionOut:
+    """A person replaces a decision no scheduler acted on with another action for the same incident.
+
+    The old one is rejected, saying what replaced it; the new one goes to schedulers at once (a person
+    already approved it) and carries a link back.
+    """
+    decision = _locked(session, decision_id)
+    if decision.incident_id is None:
+        raise Conflict(f"decision {decision.id} belongs to no incident: cordon or return the node instead")
+    if decision.state not in OPEN:
+        _refuse_closed(decision, now)
+        raise Conflict(f"decision {decision.id} is {decision.state}: only a pending decision can be overridden")
+    _refuse_closed(decision, now)
+    node_row = None
+    if node is not None:
+        node_row = session.scalar(select(Node).where(Node.name == node))
+        if node_row is None:
+            raise NotFound(f"no node {node!r}")
+    node_id = node_row.id if node_row else None
+    if kind == decision.kind and node_id == decision.node_id:
+        raise Conflict(f"decision {decision.id} already is {kind}{f' {node}' if node else ''}: approve it instead")
+    taken = session.scalar(
+        select(Decision).where(
+            Decision.incident_id == decision.incident_id,
+            Decision.kind == kind,
+            func.coalesce(Decision.node_id, 0) == (node_id or 0),
+        )
+    )
+    if taken is not None:
+        raise Conflict(f"incident {decision.incident_id} already has decision {taken.id} ({kind}, {taken.state})")
+    replacement = Decision(
+        incident_id=decision.incident_id,
+        job_id=decision.job_id,
+        node_id=node_id,
+        kind=kind,
+        state="pending",
+        confidence=1.0,
+        reason=f"{kind}{f' {node}' if node else ''} by {actor}, instead of decision {decision.id}: {message}"[:1000],
+        evidence={**(decision.evidence or {}), "manual": True, "overrides": decision.id, "actor": actor},
+        created_at=now,
+        expires_at=now + timedelta(seconds=settings.decision_ttl_s),
+        actor=actor,
+    )
+    session.add(replacement)
+    session.flush()
+    _finish(
+        session,
+        decision,
+        outcome="rejected",
+        message=f"overridden by decision {replacement.id} ({kind}{f' {node}' if node else ''}): {message}",
+        actor=actor,
+        now=now,
+        settings=settings,
+    )
+    return service.get(session, decision_id=replacement.id)
 
 
 def _finish(

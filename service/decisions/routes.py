@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.db import session_scope
 from service.decisions import lifecycle, service
-from service.decisions.schemas import AckIn, DecisionOut, DecisionPage, RejectIn
+from service.decisions.schemas import AckIn, DecisionOut, DecisionPage, OverrideIn, RejectIn
 from service.deps import DbSession
 from service.errors import ErrorBody
 from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
@@ -135,6 +135,31 @@ def reject_decision(
     return lifecycle.reject(
         session,
         decision_id=decision_id,
+        message=body.message,
+        actor=principal.actor,
+        now=datetime.now(UTC),
+        settings=request.app.state.settings,
+    )
+
+
+@router.post(
+    "/{decision_id}/override",
+    response_model=DecisionOut,
+    responses={**_NOT_FOUND, **_CONFLICT},
+    status_code=201,
+)
+def override_decision(
+    decision_id: int, body: OverrideIn, request: Request, session: DbSession, principal: Operator
+) -> DecisionOut:
+    """Replace a pending decision with another action for its incident; answers the new decision.
+
+    The old decision is rejected with a note naming its replacement.
+    """
+    return lifecycle.override(
+        session,
+        decision_id=decision_id,
+        kind=body.kind,
+        node=body.node,
         message=body.message,
         actor=principal.actor,
         now=datetime.now(UTC),

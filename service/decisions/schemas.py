@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.pagination import page_config
 
@@ -75,3 +75,29 @@ class RejectIn(BaseModel):
     )
 
     message: str | None = Field(default=None, max_length=2000, description="Why a person overruled it.")
+
+
+NODE_KINDS = ("evict", "cordon", "diagnose")
+
+
+class OverrideIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"kind": "evict", "node": "gpu-node-031", "message": "the ECC errors are on 031, not 017"}]
+        },
+    )
+
+    kind: Literal["evict", "cordon", "diagnose", "restart", "rollback", "none"] = Field(
+        description="What to do instead. evict, cordon and diagnose name a node; the others act on the job."
+    )
+    node: str | None = Field(default=None, max_length=253, description="The node, for evict, cordon and diagnose.")
+    message: str = Field(min_length=1, max_length=2000, description="Why a person overruled the decision.")
+
+    @model_validator(mode="after")
+    def _node_matches_kind(self) -> OverrideIn:
+        if self.kind in NODE_KINDS and not self.node:
+            raise ValueError(f"{self.kind} needs a node")
+        if self.kind not in NODE_KINDS and self.node:
+            raise ValueError(f"{self.kind} acts on the job: leave node empty")
+        return self

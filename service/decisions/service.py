@@ -217,7 +217,7 @@ def for_incident(session: Session, *, incident_id: int) -> list[DecisionOut]:
 def list_decisions(
     session: Session,
     *,
-    state: str | None = None,
+    state: str | Sequence[str] | None = None,
     kind: str | Sequence[str] | None = None,
     job: str | None = None,
     node: str | None = None,
@@ -230,7 +230,7 @@ def list_decisions(
     if after is not None:
         query = query.where(Decision.id > after)
     if state:
-        query = query.where(Decision.state == state)
+        query = query.where(Decision.state.in_([state] if isinstance(state, str) else state))
     if kind:
         query = query.where(Decision.kind.in_([kind] if isinstance(kind, str) else kind))
     if job:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from service.config import get_settings
 from service.db import session_scope
 from service.maintenance import service
+from service.ui import sessions
 from service.worker import celery_app
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ def prune_old_signals() -> dict[str, int]:
             metric_retention=timedelta(hours=settings.metric_retention_hours),
             log_retention=timedelta(days=settings.log_retention_days),
         )
+        deleted["ui_sessions"] = sessions.prune_expired(session, now=datetime.now(UTC))
     if any(deleted.values()):
         log.info("pruned old signals: %s", deleted)
     return deleted

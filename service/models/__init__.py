@@ -1,6 +1,6 @@
 """ORM models, one module per table family; importing this package registers them all."""
 
-from service.models.auth import ApiToken
+from service.models.auth import ApiToken, UiSession
 from service.models.base import Base
 from service.models.diagnosis import Decision, Finding, Incident
 from service.models.directives import Directive
@@ -39,5 +39,6 @@ __all__ = [
     "Rank",
     "Silence",
     "StackDump",
+    "UiSession",
     "metric_samples",
 ]

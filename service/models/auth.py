@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, Identity, Text
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Identity, Index, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, created_at_column, in_check
@@ -27,3 +27,25 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = created_at_column()
     expires_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+
+
+class UiSession(Base):
+    """A signed-in web UI user. The cookie holds a random key; only its hash is stored, so a leaked
+    table opens no session. Deleting the row signs the user out everywhere at once."""
+
+    __tablename__ = "ui_sessions"
+    __table_args__ = (
+        CheckConstraint(in_check("scope", SCOPES), name="scope"),
+        Index("ix_ui_sessions_expires_at", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    key_hash: Mapped[str] = mapped_column(Text, unique=True)
+    # The operator token used to sign in; null for a user an authenticating proxy vouched for.
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"))
+    user_name: Mapped[str] = mapped_column(Text)
+    scope: Mapped[str] = mapped_column(Text)
+    # Synchronizer token: every form and htmx request must echo it.
+    csrf_token: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = created_at_column()
+    expires_at: Mapped[datetime]

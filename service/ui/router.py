@@ -1,0 +1,15 @@
+"""Mounts the web UI on the app: its pages, its forms and its static files (served here: no CDN)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.staticfiles import StaticFiles
+
+from service.ui.render import STATIC_DIR
+from service.ui.routes import decisions, overview, signin
+
+
+def install(app: FastAPI) -> None:
+    for module in (signin, overview, decisions):
+        app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -1,0 +1,141 @@
+"""Decisions: the filtered list, and approve, reject and override from any page that shows one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Query, Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from service.db import session_scope
+from service.decisions import lifecycle
+from service.decisions import service as decisions
+from service.decisions.schemas import DecisionOut, OverrideIn
+from service.deps import DbSession
+from service.errors import FaultlineError
+from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
+from service.ui.auth import FormViewer, ViewerDep
+from service.ui.render import error_page, is_htmx, page, redirect
+from service.validation import invalid
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/decisions")
+def decision_list(
+    request: Request,
+    session: DbSession,
+    _: ViewerDep,
+    state: str = "",
+    kind: str = "",
+    job: str = "",
+    node: str = "",
+    cursor: str = "",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> Response:
+    params = {k: v for k, v in {"state": state, "kind": kind, "job": job, "node": node, "cursor": cursor}.items() if v}
+    result = decisions.list_decisions(
+        session,
+        state=state or None,
+        kind=kind or None,
+        job=job or None,
+        node=node or None,
+        limit=limit,
+        cursor=cursor or None,
+    )
+    return page(
+        request,
+        "decisions.html",
+        {"page": result, "params": params, "states": DECISION_STATES, "kinds": DECISION_KINDS},
+    )
+
+
+def _act(request: Request, return_to: str, action: Callable[..., DecisionOut], verb: str) -> Response:
+    """Run one lifecycle step in its own transaction; htmx gets the decision's new card, a plain form a redirect."""
+    try:
+        with session_scope(request.app.state.sessionmaker) as session:
+            decision = action(session)
+    except FaultlineError as exc:
+        if is_htmx(request):
+            return error_page(request, exc)
+        return redirect(request, return_to, flash=f"Not done: {exc.message}")
+    if is_htmx(request):
+        return page(request, "_decision.html", {"d": decision, "return_to": return_to, "done": verb})
+    return redirect(
+        request, return_to, flash=f"Decision {decision.id} {verb}: {decision.kind} is now {decision.state}."
+    )
+
+
+@router.post("/decisions/{decision_id}/approve")
+def approve(
+    request: Request, decision_id: int, viewer: FormViewer, return_to: Annotated[str, Form()] = "/"
+) -> Response:
+    settings = request.app.state.settings
+    return _act(
+        request,
+        return_to,
+        lambda s: lifecycle.approve(
+            s, decision_id=decision_id, actor=viewer.actor, now=datetime.now(UTC), settings=settings
+        ),
+        "approved",
+    )
+
+
+@router.post("/decisions/{decision_id}/reject")
+def reject(
+    request: Request,
+    decision_id: int,
+    viewer: FormViewer,
+    message: Annotated[str, Form()] = "",
+    return_to: Annotated[str, Form()] = "/",
+) -> Response:
+    settings = request.app.state.settings
+    return _act(
+        request,
+        return_to,
+        lambda s: lifecycle.reject(
+            s,
+            decision_id=decision_id,
+            message=message.strip() or None,
+            actor=viewer.actor,
+            now=datetime.now(UTC),
+            settings=settings,
+        ),
+        "rejected",
+    )
+
+
+@router.post("/decisions/{decision_id}/override")
+def override(
+    request: Request,
+    decision_id: int,
+    viewer: FormViewer,
+    kind: Annotated[str, Form()],
+    message: Annotated[str, Form()],
+    node: Annotated[str, Form()] = "",
+    return_to: Annotated[str, Form()] = "/",
+) -> Response:
+    settings = request.app.state.settings
+    try:
+        body = OverrideIn(kind=kind, node=node.strip() or None, message=message.strip())  # type: ignore[arg-type]
+    except ValidationError as exc:
+        error = invalid(exc.errors())
+        return error_page(request, error) if is_htmx(request) else redirect(request, return_to, flash=error.message)
+    return _act(
+        request,
+        return_to,
+        lambda s: lifecycle.override(
+            s,
+            decision_id=decision_id,
+            kind=body.kind,
+            node=body.node,
+            message=body.message,
+            actor=viewer.actor,
+            now=datetime.now(UTC),
+            settings=settings,
+        ),
+        "replaced the overridden one",
+    )

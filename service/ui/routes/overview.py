@@ -1,0 +1,22 @@
+"""The overview page."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from service.deps import DbSession
+from service.ui.auth import ViewerDep
+from service.ui.render import page
+from service.ui.views import overview as view
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/")
+def overview(request: Request, session: DbSession, _: ViewerDep) -> Response:
+    settings = request.app.state.settings
+    o = view.overview(session, now=datetime.now(UTC), window_s=settings.diagnosis_window_s)
+    return page(request, "overview.html", {"o": o})
