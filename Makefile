@@ -8,7 +8,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
-.PHONY: install demo test lint
+.PHONY: install demo test lint assets
 
 install: $(VENV)/.installed
 
@@ -21,3 +21,10 @@ lint: $(VENV)/.installed
 
 test: lint
 	$(VENV)/bin/python -m pytest
+
+# The web UI's front-end files come from npm (service/ui/assets/package.json) and are committed under
+# service/ui/static/vendor, so installs need no npm and browsers no CDN. Run after changing a version there.
+assets:
+	npm ci --prefix service/ui/assets --no-audit --no-fund
+	cp service/ui/assets/node_modules/htmx.org/dist/htmx.min.js service/ui/static/vendor/htmx.min.js
+	cp service/ui/assets/node_modules/htmx.org/LICENSE service/ui/static/vendor/htmx.LICENSE

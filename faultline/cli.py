@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--no-worker", action="store_true", help="do not run a Celery worker alongside")
     ingest.add_argument("--json", type=Path, help="also write the figures to this file")
     _data_dir_option(ingest)
+    ui = bench_sub.add_parser("ui", help="time every web UI page at 2,048 nodes and 3,000 incidents")
+    ui.add_argument("--nodes", type=int, default=2048)
+    ui.add_argument("--incidents", type=int, default=3000)
+    ui.add_argument("--open-incidents", type=int, default=60, help="of those, still open")
+    ui.add_argument("--rounds", type=int, default=10, help="requests per page")
+    ui.add_argument("--json", type=Path, help="also write the figures to this file")
+    _data_dir_option(ui)
     agent_bench.add_parser(bench_sub)
     # Commands with their own argument parsers; listed here for --help, dispatched by `main` (see _PASSTHROUGH).
     bench_sub.add_parser("stacks", help="stack aggregation over 16,384 synthetic ranks (see --help)", add_help=False)

@@ -8,11 +8,13 @@ from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import faultline
 from service import health
@@ -24,7 +26,7 @@ from service.decisions.waiting import DecisionWaiter
 from service.diagnosis.trigger import DiagnosisTrigger
 from service.directives import routes as directives_routes
 from service.directives.cache import DirectiveCache
-from service.errors import ErrorBody, FaultlineError, error_response
+from service.errors import ErrorBody, FaultlineError, NotFound, error_response
 from service.incidents import routes as incidents_routes
 from service.ingest import routes as ingest_routes
 from service.ingest.schemas import IngestBatch, IngestResult
@@ -106,6 +108,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     for known in (FaultlineError, OperationalError, psycopg.OperationalError):
         app.add_exception_handler(known, _known_error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if ui_render.is_ui_request(request) and exc.status_code == 404:
+            return ui_render.error_page(request, NotFound(f"nothing at {request.url.path}"))
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:

@@ -147,6 +147,10 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "ui":
+        from service.bench import ui
+
+        return ui.run(args)
     from service.bench import ingest
 
     return ingest.run(args)

@@ -174,6 +174,7 @@ def run_demo(
         )
         _print(
             f"""
+  web UI       {url}/   (sign in with the operator or admin token below)
   API          {url}   (OpenAPI docs: {url}/docs, health: {url}/healthz)
   agent token     {tokens["agent"]}
   operator token  {tokens["operator"]}

@@ -92,6 +92,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             "(the CPU build; CI does this)",
             red=True,
         )
+    browser = [r for r in terminalreporter.stats.get("skipped", []) if "Chromium not installed" in str(r.longrepr)]
+    if browser:
+        terminalreporter.write_sep("!", f"WEB UI BROWSER TESTS SKIPPED ({len(browser)})", red=True, bold=True)
+        terminalreporter.write_line(
+            "They drive Debian's Chromium at /usr/bin/chromium (or FAULTLINE_CHROMIUM): "
+            "sudo apt-get install chromium (CI does this)",
+            red=True,
+        )
 
 
 @pytest.fixture(scope="session")

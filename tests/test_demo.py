@@ -143,6 +143,11 @@ def test_demo_runs_the_readme_examples_and_stops_cleanly(tmp_path):
             return got.status_code == 200 and len(got.json()["ranks"]) == 16
 
         wait_for(demo_job_mapped, timeout=90, what="the simulated cluster's ranks")
+        # The web UI, signed in with the banner's operator token, maps the simulated job's nodes.
+        with httpx.Client(base_url=url) as browser:
+            signed_in = browser.post("/login", data={"token": tokens["operator"], "next": "/"})
+            assert signed_in.status_code == 200 and "Cluster map" in signed_in.text
+            assert 'href="/jobs/demo-job"' in signed_in.text and 'data-node="node-001"' in signed_in.text
         ranks = httpx.get(f"{url}/api/v1/jobs/demo-job", headers=scheduler).json()["ranks"]
         assert {(r["rank"], r["node"]) for r in ranks} == {(r, f"node-{r // 8:03d}") for r in range(16)}
 

@@ -75,6 +75,14 @@ SCHEDULER_WRITES = {("POST", "/api/v1/jobs"), ("POST", "/api/v1/decisions/{decis
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 # FastAPI's own pages (Starlette routes, not APIRoutes): no data behind them.
 FRAMEWORK = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+# The web UI answers people with a session cookie, not a bearer token: every page and form outside /api needs a
+# signed-in operator or admin, except these; pages under UI_ADMIN need an admin (tests/test_ui_auth.py: how).
+UI_PUBLIC = {("GET", "/login"), ("POST", "/login"), ("*", "/static")}
+UI_ADMIN = "/tokens"
+
+
+def _is_ui(key: tuple[str, str]) -> bool:
+    return not key[1].startswith("/api/") and key not in PUBLIC and key[1] not in FRAMEWORK
 
 
 def _shape(path: str) -> str:
@@ -112,7 +120,7 @@ def served() -> dict[tuple[str, str], Any]:
 
 def test_every_served_route_has_decided_scopes(served):
     decided = {(method, _shape(path)) for method, path in [*SCOPES_BY_ROUTE, *PUBLIC]}
-    undecided = sorted(key for key in served if key not in decided)
+    undecided = sorted(key for key in served if key not in decided and not _is_ui(key))
     assert not undecided, (
         f"routes without a scope decision: {undecided}; add each to SCOPES_BY_ROUTE (or PUBLIC) in tests/test_scopes.py"
     )
@@ -180,3 +188,27 @@ def test_scopes(client, served, tokens, method, path):
 @pytest.mark.parametrize(("method", "path"), sorted(PUBLIC))
 def test_public_routes_need_no_token(client, method, path):
     assert client.request(method, path).status_code not in (401, 403)
+
+
+def test_every_ui_page_and_form_needs_a_signed_in_person(client, served, make_token):
+    """A stranger is sent to sign in; an operator reaches all but the admin pages; an admin reaches all."""
+    from tests.conftest import sign_in
+
+    ui_routes = sorted(key for key in served if _is_ui(key) and key not in UI_PUBLIC)
+    assert ("GET", "/") in ui_routes
+    problems = []
+    for method, path in ui_routes:
+        url = _url(path, served[(method, path)])
+        answer = client.request(method, url, follow_redirects=False)
+        if answer.status_code != 303 or not answer.headers["location"].startswith("/login?next="):
+            problems.append(f"stranger {method} {path}: {answer.status_code}")
+    operator = sign_in(client, make_token("operator", name="op"))
+    # Signing out last: it ends the session the other requests use.
+    for method, path in sorted(ui_routes, key=lambda key: key == ("POST", "/logout")):
+        url = _url(path, served[(method, path)])
+        data = {"csrf_token": operator.csrf} if method != "GET" else None
+        status = client.request(method, url, data=data, follow_redirects=False).status_code
+        admin_only = path.startswith(UI_ADMIN)
+        if (admin_only and status != 403) or (not admin_only and status in (401, 403)) or status >= 500:
+            problems.append(f"operator {method} {path}: {status}")
+    assert not problems, problems

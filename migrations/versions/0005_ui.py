@@ -1,4 +1,4 @@
-"""ui: web UI sessions (signed in with an operator token or vouched for by an authenticating proxy)
+"""ui: web UI sessions (signed in with an operator token or vouched for by an authenticating proxy); findings by node
 
 Revision ID: 0005
 Revises: 0004
@@ -35,8 +35,13 @@ def upgrade() -> None:
         sa.UniqueConstraint("key_hash", name=op.f("uq_ui_sessions_key_hash")),
     )
     op.create_index("ix_ui_sessions_expires_at", "ui_sessions", ["expires_at"])
+    # A node's page lists the incidents whose findings name it; the cluster map reads the last minutes' findings.
+    op.create_index("ix_findings_node_id", "findings", ["node_id"])
+    op.create_index("ix_findings_created_at", "findings", ["created_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_findings_created_at", table_name="findings")
+    op.drop_index("ix_findings_node_id", table_name="findings")
     op.drop_index("ix_ui_sessions_expires_at", table_name="ui_sessions")
     op.drop_table("ui_sessions")

@@ -156,14 +156,27 @@ def get(session: Session, *, incident_id: int) -> IncidentOut:
 
 
 def list_incidents(
-    session: Session, *, job: str | None, state: str | None, limit: int, cursor: str | None
+    session: Session,
+    *,
+    job: str | None,
+    state: str | None,
+    limit: int,
+    cursor: str | None,
+    severity: str | None = None,
+    root_cause: str | None = None,
 ) -> IncidentPage:
-    """Newest first, keyset-paginated on id."""
+    """Newest first, keyset-paginated on id. `state="unresolved"` means open or mitigating."""
     query = select(Incident, Job.external_id).join(Job, Job.id == Incident.job_id).order_by(Incident.id.desc())
     if job:
         query = query.where(Job.external_id == job)
-    if state:
+    if state == "unresolved":
+        query = query.where(Incident.state != "resolved")
+    elif state:
         query = query.where(Incident.state == state)
+    if severity:
+        query = query.where(Incident.severity == severity)
+    if root_cause:
+        query = query.where(Incident.root_cause == root_cause)
     if cursor:
         query = query.where(Incident.id < decode_cursor(cursor))
     rows = session.execute(query.limit(limit + 1)).all()

@@ -36,6 +36,8 @@ class Finding(Base):
         CheckConstraint(in_check("subject_kind", SUBJECT_KINDS), name="subject_kind"),
         Index("ix_findings_job_id_created_at", "job_id", "created_at"),
         Index("ix_findings_incident_id", "incident_id"),
+        Index("ix_findings_node_id", "node_id"),
+        Index("ix_findings_created_at", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)

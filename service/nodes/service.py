@@ -47,8 +47,16 @@ def _out(node: Node, *, current_job: str | None, gpus: int) -> NodeOut:
     )
 
 
-def list_nodes(session: Session, *, state: str | None, lemon: bool | None, limit: int, cursor: str | None) -> NodePage:
-    """Nodes in creation order, keyset-paginated; one query per page, whatever its size."""
+def list_nodes(
+    session: Session,
+    *,
+    state: str | None,
+    lemon: bool | None,
+    limit: int,
+    cursor: str | None,
+    name: str | None = None,
+) -> NodePage:
+    """Nodes in creation order, keyset-paginated; one query per page, whatever its size. `name`: a substring."""
     gpu_count = select(func.count(Gpu.id)).where(Gpu.node_id == Node.id).scalar_subquery()
     query = (
         select(Node, Job.external_id, gpu_count)
@@ -60,6 +68,8 @@ def list_nodes(session: Session, *, state: str | None, lemon: bool | None, limit
         query = query.where(Node.state == state)
     if lemon is not None:
         query = query.where(Node.lemon.is_(lemon))
+    if name:
+        query = query.where(Node.name.icontains(name, autoescape=True))
     if cursor:
         query = query.where(Node.id > decode_cursor(cursor))
     rows = session.execute(query).all()

@@ -81,3 +81,10 @@ class TokenCreated(TokenOut):
     )
 
     token: str = Field(description="The bearer token. Shown only here: store it now.")
+
+
+class TokenPage(BaseModel):
+    """A page of tokens, newest first (the web UI's listing: one agent token per node adds up)."""
+
+    items: list[TokenOut]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")

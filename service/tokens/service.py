@@ -7,13 +7,14 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from service.errors import InvalidInput, NotFound
 from service.models import ApiToken
 from service.models.auth import SCOPES
-from service.tokens.schemas import TokenCreated, TokenIn, TokenOut, TokenState
+from service.pagination import decode_cursor, encode_cursor
+from service.tokens.schemas import TokenCreated, TokenIn, TokenOut, TokenPage, TokenState
 
 TOKEN_PREFIX = "fl_"
 
@@ -89,6 +90,31 @@ def to_principal(record: ApiToken) -> Principal:
 
 def list_all(session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
+
+
+def list_page(
+    session: Session, *, scope: str | None, state: TokenState | None, now: datetime, limit: int, cursor: str | None
+) -> TokenPage:
+    """Newest first, keyset-paginated on id, optionally of one scope and in one state."""
+    query = select(ApiToken).order_by(ApiToken.id.desc()).limit(limit + 1)
+    if scope:
+        query = query.where(ApiToken.scope == scope)
+    if state == "revoked":
+        query = query.where(ApiToken.revoked_at.is_not(None))
+    elif state == "expired":
+        query = query.where(ApiToken.revoked_at.is_(None), ApiToken.expires_at <= now)
+    elif state == "active":
+        query = query.where(
+            ApiToken.revoked_at.is_(None), or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now)
+        )
+    if cursor:
+        query = query.where(ApiToken.id < decode_cursor(cursor))
+    rows = list(session.scalars(query))
+    page = rows[:limit]
+    return TokenPage(
+        items=[describe(r, now=now) for r in page],
+        next_cursor=encode_cursor(page[-1].id) if len(rows) > limit else None,
+    )
 
 
 def revoke(session: Session, *, token_id: int) -> ApiToken:

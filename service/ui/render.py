@@ -84,13 +84,14 @@ def _finish(request: Request, response: Response) -> Response:
 
 def page(request: Request, template: str, context: dict[str, Any], *, status_code: int = 200) -> Response:
     """A page (or an htmx fragment) with the viewer, their CSRF token and a flash message left by the last form."""
-    flash = request.cookies.get(FLASH_COOKIE)
+    flash = unquote(request.cookies.get(FLASH_COOKIE) or "")
     response = templates.TemplateResponse(
         request,
         template,
         {
             "viewer": getattr(request.state, "viewer", None),
-            "flash": unquote(flash) if flash else None,
+            "flash": flash.removeprefix("!") or None,
+            "flash_refused": flash.startswith("!"),
             "now": datetime.now(UTC),
             "path": request.url.path,
             **context,
@@ -102,11 +103,13 @@ def page(request: Request, template: str, context: dict[str, Any], *, status_cod
     return _finish(request, response)
 
 
-def redirect(request: Request, url: str, *, flash: str | None = None) -> Response:
-    """After a form: back to a page (303, so a reload does not post again), with a one-time message."""
+def redirect(request: Request, url: str, *, flash: str | None = None, refused: bool = False) -> Response:
+    """After a form: back to a page (303, so a reload does not post again), with a one-time message;
+    `refused` shows it as an error (nothing was done)."""
     response = RedirectResponse(safe_next(url), status_code=303)
     if flash:
-        response.set_cookie(FLASH_COOKIE, quote(flash[:300]), max_age=60, httponly=True, samesite="lax", path="/")
+        value = quote(("!" if refused else "") + flash[:300])
+        response.set_cookie(FLASH_COOKIE, value, max_age=60, httponly=True, samesite="lax", path="/")
     return _finish(request, response)
 
 

@@ -6,10 +6,21 @@ from fastapi import FastAPI
 from starlette.staticfiles import StaticFiles
 
 from service.ui.render import STATIC_DIR
-from service.ui.routes import decisions, overview, signin
+from service.ui.routes import (
+    channels,
+    decisions,
+    incident_list,
+    incidents,
+    jobs,
+    nodes,
+    overview,
+    signin,
+    silences,
+    tokens,
+)
 
 
 def install(app: FastAPI) -> None:
-    for module in (signin, overview, decisions):
+    for module in (signin, overview, decisions, incident_list, silences, channels, tokens, incidents, nodes, jobs):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -19,6 +19,7 @@ from service.errors import FaultlineError
 from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import error_page, is_htmx, page, redirect
+from service.ui.views import incident as incident_view
 from service.validation import invalid
 
 router = APIRouter(include_in_schema=False)
@@ -55,15 +56,20 @@ def decision_list(
 
 def _act(request: Request, return_to: str, action: Callable[..., DecisionOut], verb: str) -> Response:
     """Run one lifecycle step in its own transaction; htmx gets the decision's new card, a plain form a redirect."""
+    choices = None
     try:
         with session_scope(request.app.state.sessionmaker) as session:
             decision = action(session)
+            # On an incident's page the card keeps its override form.
+            if is_htmx(request) and decision.incident_id and return_to.startswith("/incidents/"):
+                choices = incident_view.override_choices(session, incident_id=decision.incident_id)
     except FaultlineError as exc:
         if is_htmx(request):
             return error_page(request, exc)
-        return redirect(request, return_to, flash=f"Not done: {exc.message}")
+        return redirect(request, return_to, flash=f"Not done: {exc.message}", refused=True)
     if is_htmx(request):
-        return page(request, "_decision.html", {"d": decision, "return_to": return_to, "done": verb})
+        context = {"d": decision, "return_to": return_to, "done": verb, "override_nodes": choices}
+        return page(request, "_decision.html", context)
     return redirect(
         request, return_to, flash=f"Decision {decision.id} {verb}: {decision.kind} is now {decision.state}."
     )
@@ -123,7 +129,9 @@ def override(
         body = OverrideIn(kind=kind, node=node.strip() or None, message=message.strip())  # type: ignore[arg-type]
     except ValidationError as exc:
         error = invalid(exc.errors())
-        return error_page(request, error) if is_htmx(request) else redirect(request, return_to, flash=error.message)
+        if is_htmx(request):
+            return error_page(request, error)
+        return redirect(request, return_to, flash=error.message, refused=True)
     return _act(
         request,
         return_to,

@@ -1,0 +1,332 @@
+"""Nodes: the filtered list, and one node's state, GPUs with their counters, logs, incidents and history."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.dialects.postgresql import distinct_on
+from sqlalchemy.orm import Session
+
+from service.models import Finding, Incident, Job, LogEvent, Node
+from service.models.signals import metric_samples
+from service.nodes import lifecycle
+from service.nodes import service as nodes
+from service.nodes.schemas import NodeDetail, NodePage
+
+# A GPU's counters older than this are not "recent": an agent that stopped reporting shows blanks, not stale values.
+COUNTERS_WINDOW_S = 600.0
+LOG_LIMIT = 50
+# Progress lines come every few seconds from every rank: they would push an Xid off the page within a minute.
+# Bounded in time so a node with nothing but progress lines does not scan its whole history.
+LOG_SKIP_KINDS = ("step",)
+LOG_WINDOW = timedelta(hours=24)
+INCIDENT_LIMIT = 50
+# Which manual transitions the node's state allows: the forms shown are the ones that can succeed.
+ACTIONS_FROM: dict[str, tuple[str, ...]] = {
+    "cordon": lifecycle._CORDON_FROM,
+    "repair": lifecycle._REPAIR_FROM,
+    "return": lifecycle._RETURN_FROM,
+}
+# The columns of metric_samples the GPU table shows (see service/metric_fields.py for where each comes from).
+_COUNTER_COLUMNS = (
+    "gpu_util",
+    "sm_active",
+    "tensor_active",
+    "power_usage",
+    "power_limit",
+    "gpu_temp",
+    "memory_temp",
+    "fb_used",
+    "fb_free",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "row_remap_failure",
+    "xid_last",
+    "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+    "pcie_replay",
+)
+_NVLINK_ERRORS = ("nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors")
+_XID_KINDS = ("xid", "sxid")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One formatted counter: its text, `bad`/`warn` when it says something is wrong, a tooltip."""
+
+    text: str
+    level: str | None = None
+    title: str | None = None
+
+
+@dataclass
+class GpuCounters:
+    index: int
+    uuid: str | None
+    model: str | None
+    pci_bus_id: str | None
+    sampled_at: datetime | None
+    values: dict[str, float | None]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [spec(self.values) for _, spec in COUNTER_CELLS]
+
+
+@dataclass
+class LogLine:
+    id: int
+    ts: datetime
+    kind: str
+    source: str
+    severity: str | None
+    rank: int | None
+    line: str
+    job_id: str | None
+    xid: int | None
+    meaning: str | None
+
+    @property
+    def highlight(self) -> bool:
+        return self.kind in _XID_KINDS or self.xid is not None
+
+    @property
+    def first_line(self) -> str:
+        return self.line.split("\n", 1)[0]
+
+    @property
+    def rest(self) -> str:
+        """What follows the first line (a traceback, the rest of a multi-line kernel message)."""
+        return self.line.split("\n", 1)[1] if "\n" in self.line else ""
+
+
+@dataclass
+class NodeIncident:
+    id: int
+    job_id: str
+    state: str
+    severity: str
+    root_cause: str
+    blame: str
+    summary: str | None
+    suspect_confidence: float | None  # None: the node is in its findings but not among its suspects
+    opened_at: datetime
+    resolved_at: datetime | None
+    resolution: str | None
+
+
+@dataclass
+class NodeView:
+    node: NodeDetail
+    gpus: list[GpuCounters]
+    logs: list[LogLine]
+    incidents: list[NodeIncident]
+    actions: list[str]
+    quarantined: bool
+    counters_window_s: float
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "" if value is None else f"{value:,.{digits}f}"
+
+
+def _pct(value: float | None, *, ratio: bool) -> Cell:
+    if value is None:
+        return Cell("")
+    return Cell(f"{value * 100 if ratio else value:.0f}%")
+
+
+def _pair(a: float | None, b: float | None, unit: str, digits: int = 0) -> str:
+    if a is None and b is None:
+        return ""
+    return f"{_num(a, digits) or '?'} / {_num(b, digits) or '?'}{unit}"
+
+
+def _errors(*values: float | None, level: str = "bad", title: str | None = None) -> Cell:
+    """Counters that should stay at zero: blank when unknown, highlighted when any is above zero."""
+    if all(v is None for v in values):
+        return Cell("")
+    text = " / ".join(_num(v) if v is not None else "?" for v in values)
+    return Cell(text, level if any((v or 0) > 0 for v in values) else None, title)
+
+
+def _memory(v: dict[str, float | None]) -> Cell:
+    used, free = v["fb_used"], v["fb_free"]
+    if used is None:
+        return Cell("")
+    total = used + free if free is not None else None
+    text = f"{used / 1024:.1f} / {total / 1024:.1f} GiB" if total else f"{used / 1024:.1f} GiB"
+    return Cell(text, title=f"{used:.0f} MiB used, {_num(free) or '?'} MiB free")
+
+
+def _temperature(v: dict[str, float | None]) -> Cell:
+    hot = (v["gpu_temp"] or 0) >= 87 or (v["memory_temp"] or 0) >= 95
+    return Cell(_pair(v["gpu_temp"], v["memory_temp"], " °C"), "warn" if hot else None, "GPU / memory temperature")
+
+
+def _nvlink(v: dict[str, float | None]) -> Cell:
+    values = [v[c] for c in _NVLINK_ERRORS]
+    if all(x is None for x in values):
+        return Cell("")
+    total = sum(x or 0 for x in values)
+    title = ", ".join(f"{c.removeprefix('nvlink_').replace('_', ' ')} {_num(v[c]) or '?'}" for c in _NVLINK_ERRORS)
+    return Cell(_num(total), "bad" if total > 0 else None, title)
+
+
+# (header, formatter): the GPU table's counter columns, in order.
+COUNTER_CELLS: tuple[tuple[str, Callable[[dict[str, float | None]], Cell]], ...] = (
+    ("util", lambda v: _pct(v["gpu_util"], ratio=False)),
+    ("SM active", lambda v: _pct(v["sm_active"], ratio=True)),
+    ("tensor", lambda v: _pct(v["tensor_active"], ratio=True)),
+    ("power", lambda v: Cell(_pair(v["power_usage"], v["power_limit"], " W"), title="usage / limit")),
+    ("temp", _temperature),
+    ("memory", _memory),
+    (
+        "ECC SBE / DBE",
+        lambda v: _errors(v["ecc_sbe_volatile"], v["ecc_dbe_volatile"], title="volatile single / double-bit errors"),
+    ),
+    (
+        "remapped rows",
+        lambda v: _errors(
+            v["remapped_rows_correctable"],
+            v["remapped_rows_uncorrectable"],
+            v["row_remap_failure"],
+            title="correctable / uncorrectable / remap failure",
+        ),
+    ),
+    ("last Xid", lambda v: _errors(v["xid_last"], title="DCGM_FI_DEV_XID_ERRORS: the last Xid seen")),
+    ("NVLink errors", _nvlink),
+    ("PCIe replays", lambda v: _errors(v["pcie_replay"], level="warn", title="cumulative PCIe replay counter")),
+)
+
+
+def list_nodes(
+    session: Session, *, state: str | None, lemon: bool | None, name: str | None, limit: int, cursor: str | None
+) -> NodePage:
+    """One page of nodes: the domain listing, with the name filter the UI adds."""
+    return nodes.list_nodes(session, state=state, lemon=lemon, name=name, limit=limit, cursor=cursor)
+
+
+def gpu_counters(session: Session, *, name: str, now: datetime, window_s: float) -> dict[int, GpuCounters]:
+    """The latest sample of each of the node's GPUs within the window: one DISTINCT ON query."""
+    ms = metric_samples.c
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    rows = session.execute(
+        select(ms.gpu, ms.ts, *(ms[c] for c in _COUNTER_COLUMNS))
+        .ext(distinct_on(ms.gpu))
+        .where(ms.node_id == node_id, ms.ts >= now - timedelta(seconds=window_s))
+        .order_by(ms.gpu, ms.ts.desc())
+    ).all()
+    return {
+        row.gpu: GpuCounters(
+            index=row.gpu,
+            uuid=None,
+            model=None,
+            pci_bus_id=None,
+            sampled_at=row.ts,
+            values={c: getattr(row, c) for c in _COUNTER_COLUMNS},
+        )
+        for row in rows
+    }
+
+
+def _gpus(detail: NodeDetail, counters: dict[int, GpuCounters]) -> list[GpuCounters]:
+    """Every GPU the node registered, and any that only its samples mention, with their counters or blanks."""
+    out: dict[int, GpuCounters] = {}
+    for g in detail.gpu_list:
+        sample = counters.get(g.index)
+        out[g.index] = GpuCounters(
+            index=g.index,
+            uuid=g.uuid,
+            model=g.model,
+            pci_bus_id=g.pci_bus_id,
+            sampled_at=sample.sampled_at if sample else None,
+            values=sample.values if sample else dict.fromkeys(_COUNTER_COLUMNS),
+        )
+    for index, sample in counters.items():
+        out.setdefault(index, sample)
+    return [out[i] for i in sorted(out)]
+
+
+def recent_logs(session: Session, *, name: str, now: datetime, limit: int = LOG_LIMIT) -> list[LogLine]:
+    """The node's newest log events of the last day, Xid lines among them, progress lines left out."""
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    rows = session.execute(
+        select(LogEvent, Job.external_id)
+        .outerjoin(Job, Job.id == LogEvent.job_id)
+        .where(LogEvent.node_id == node_id, LogEvent.ts >= now - LOG_WINDOW, LogEvent.kind.not_in(LOG_SKIP_KINDS))
+        .order_by(LogEvent.ts.desc(), LogEvent.id.desc())
+        .limit(limit)
+    ).all()
+    out = []
+    for e, job in rows:
+        fields: dict[str, Any] = e.fields or {}
+        code = fields.get("xid", fields.get("sxid"))
+        out.append(
+            LogLine(
+                id=e.id,
+                ts=e.ts,
+                kind=e.kind,
+                source=e.source,
+                severity=e.severity,
+                rank=e.rank,
+                line=e.line,
+                job_id=job,
+                xid=code if isinstance(code, int) else None,
+                meaning=fields.get("mnemonic") or fields.get("action"),
+            )
+        )
+    return out
+
+
+def incidents_of(session: Session, *, name: str, limit: int = INCIDENT_LIMIT) -> list[NodeIncident]:
+    """Incidents, open or not, that name the node as a suspect or in a finding: newest first, one query."""
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    in_findings = select(Finding.incident_id).where(Finding.node_id == node_id, Finding.incident_id.is_not(None))
+    rows = session.execute(
+        select(Incident, Job.external_id)
+        .join(Job, Job.id == Incident.job_id)
+        .where(or_(Incident.id.in_(in_findings), Incident.suspects.contains([{"node": name}])))
+        .order_by(Incident.id.desc())
+        .limit(limit)
+    ).all()
+    return [
+        NodeIncident(
+            id=i.id,
+            job_id=job,
+            state=i.state,
+            severity=i.severity,
+            root_cause=i.root_cause,
+            blame=i.blame,
+            summary=i.summary,
+            suspect_confidence=next(
+                (float(s.get("confidence") or 0.0) for s in i.suspects or [] if s.get("node") == name), None
+            ),
+            opened_at=i.opened_at,
+            resolved_at=i.resolved_at,
+            resolution=i.resolution,
+        )
+        for i, job in rows
+    ]
+
+
+def node_view(session: Session, *, name: str, now: datetime, window_s: float = COUNTERS_WINDOW_S) -> NodeView:
+    """Everything the node page shows, in a fixed number of queries (NotFound for an unknown node)."""
+    detail = nodes.describe(session, name=name)
+    return NodeView(
+        node=detail,
+        gpus=_gpus(detail, gpu_counters(session, name=name, now=now, window_s=window_s)),
+        logs=recent_logs(session, name=name, now=now),
+        incidents=incidents_of(session, name=name),
+        actions=[action for action, allowed in ACTIONS_FROM.items() if detail.state in allowed],
+        quarantined=detail.quarantined_until is not None and detail.quarantined_until > now,
+        counters_window_s=window_s,
+    )
