@@ -59,7 +59,7 @@ def _seed(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     pages = {
         "overview": "/",
         "incidents": "/incidents",
-        "incidents (open, page 1)": "/incidents?state=open",
+        "incidents (unresolved)": "/incidents?state=unresolved",
         "incident": f"/incidents/{incident}",
         "nodes": "/nodes",
         "node": f"/nodes/{node}",
