@@ -144,7 +144,7 @@ def test_demo_runs_the_readme_examples_and_stops_cleanly(tmp_path):
 
         wait_for(demo_job_mapped, timeout=90, what="the simulated cluster's ranks")
         # The web UI, signed in with the banner's operator token, maps the simulated job's nodes.
-        with httpx.Client(base_url=url) as browser:
+        with httpx.Client(base_url=url, follow_redirects=True) as browser:
             signed_in = browser.post("/login", data={"token": tokens["operator"], "next": "/"})
             assert signed_in.status_code == 200 and "Cluster map" in signed_in.text
             assert 'href="/jobs/demo-job"' in signed_in.text and 'data-node="node-001"' in signed_in.text

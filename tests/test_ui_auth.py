@@ -125,3 +125,12 @@ def test_operator_decisions_through_the_ui_are_recorded_as_the_person(ui, sessio
     row = session.get(Decision, decision.id)
     session.refresh(row)
     assert (row.state, row.outcome_message, row.actor) == ("rejected", "known flaky link", "operator:oncall-op")
+
+
+def test_expired_sessions_are_pruned_and_live_ones_kept(ui, session) -> None:
+    from service.ui import sessions
+
+    now = datetime.now(UTC)
+    assert sessions.prune_expired(session, now=now) == 0
+    assert sessions.prune_expired(session, now=now + timedelta(hours=13)) == 1
+    assert count(session, "ui_sessions") == 0

@@ -22,9 +22,9 @@ SYSTEM_ACTOR = "faultline"
 # States a node is out of service in: a scheduler must not place work there.
 OUT_OF_SERVICE = ("cordoned", "evicted", "in_repair")
 # Where each manual transition may start from.
-_CORDON_FROM = ("healthy", "suspect", "returned")
-_REPAIR_FROM = ("suspect", "cordoned", "evicted")
-_RETURN_FROM = ("suspect", "cordoned", "evicted", "in_repair")
+CORDON_FROM = ("healthy", "suspect", "returned")
+REPAIR_FROM = ("suspect", "cordoned", "evicted")
+RETURN_FROM = ("suspect", "cordoned", "evicted", "in_repair")
 
 
 def record(
@@ -181,7 +181,7 @@ def cordon(session: Session, *, node: Node, reason: str, actor: str, now: dateti
     """A person takes the node out of service; False when it already is."""
     if node.state == "cordoned":
         return False
-    if node.state not in _CORDON_FROM:
+    if node.state not in CORDON_FROM:
         raise Conflict(f"node {node.name} is {node.state}: it is already out of service")
     record(session, node=node, kind="cordon", actor=actor, now=now, to_state="cordoned", reason=reason)
     return True
@@ -191,7 +191,7 @@ def repair(session: Session, *, node: Node, reason: str, actor: str, now: dateti
     """The node went to repair; False when it already is."""
     if node.state == "in_repair":
         return False
-    if node.state not in _REPAIR_FROM:
+    if node.state not in REPAIR_FROM:
         raise Conflict(f"node {node.name} is {node.state}; only a suspect or out-of-service node goes to repair")
     record(session, node=node, kind="repair", actor=actor, now=now, to_state="in_repair", reason=reason)
     return True
@@ -211,7 +211,7 @@ def return_to_service(
     """Back to service, if quarantine and diagnostics allow; False when it already is."""
     if node.state in ("healthy", "returned"):
         return False
-    if node.state not in _RETURN_FROM:
+    if node.state not in RETURN_FROM:
         raise Conflict(f"node {node.name} is {node.state} and cannot be returned")
     if diagnostics is not None and not diagnostics.get("passed"):
         raise Conflict(f"node {node.name} failed its diagnostics: it stays out of service")

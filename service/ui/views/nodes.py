@@ -27,9 +27,9 @@ LOG_WINDOW = timedelta(hours=24)
 INCIDENT_LIMIT = 50
 # Which manual transitions the node's state allows: the forms shown are the ones that can succeed.
 ACTIONS_FROM: dict[str, tuple[str, ...]] = {
-    "cordon": lifecycle._CORDON_FROM,
-    "repair": lifecycle._REPAIR_FROM,
-    "return": lifecycle._RETURN_FROM,
+    "cordon": lifecycle.CORDON_FROM,
+    "repair": lifecycle.REPAIR_FROM,
+    "return": lifecycle.RETURN_FROM,
 }
 # The columns of metric_samples the GPU table shows (see service/metric_fields.py for where each comes from).
 _COUNTER_COLUMNS = (
