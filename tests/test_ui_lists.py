@@ -263,3 +263,16 @@ def test_silence_pages_and_query_count(ui, session, count_queries) -> None:
     assert link is not None
     second = ui.get(link)
     assert "few-0-*" in second.text and "many-59-*" not in second.text
+
+
+def test_the_api_filters_incidents_as_the_list_page_does(client, session, make_token) -> None:
+    from tests.conftest import bearer
+
+    job = rows.job(session)
+    open_ = rows.incident(session, job=job, severity="critical", root_cause="network", state="open")
+    rows.incident(session, job=job, severity="minor", root_cause="pcie", state="resolved")
+    headers = bearer(make_token("scheduler"))
+    got = client.get("/api/v1/incidents?state=unresolved&severity=critical&root_cause=network", headers=headers)
+    assert got.status_code == 200
+    assert [i["id"] for i in got.json()["items"]] == [open_.id]
+    assert client.get("/api/v1/incidents?severity=huge", headers=headers).status_code == 422

@@ -15,7 +15,8 @@ from service.tokens.service import Principal
 
 router = APIRouter(prefix="/api/v1/incidents", tags=["incidents"])
 Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]
-State = Literal[INCIDENT_STATES]  # type: ignore[valid-type]
+State = Literal[(*INCIDENT_STATES, "unresolved")]  # type: ignore[valid-type]
+Severity = Literal["critical", "major", "minor"]
 
 
 @router.get("", response_model=IncidentPage, responses={422: {"description": "Unknown filter value or bad cursor"}})
@@ -23,12 +24,16 @@ def list_incidents(
     session: DbSession,
     _: Reader,
     job: Annotated[str | None, Query(description="The job's external id")] = None,
-    state: Annotated[State | None, Query()] = None,
+    state: Annotated[State | None, Query(description="`unresolved`: open or mitigating")] = None,
+    severity: Annotated[Severity | None, Query()] = None,
+    root_cause: Annotated[str | None, Query(description="e.g. `gpu_hardware`, `network`, `hang`")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
 ) -> IncidentPage:
     """Incidents, newest first (without their findings: open one for those)."""
-    return service.list_incidents(session, job=job, state=state, limit=limit, cursor=cursor)
+    return service.list_incidents(
+        session, job=job, state=state, severity=severity, root_cause=root_cause, limit=limit, cursor=cursor
+    )
 
 
 @router.get("/{incident_id}", response_model=IncidentOut, responses={404: {"description": "Unknown incident"}})
