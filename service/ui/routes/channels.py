@@ -8,7 +8,6 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
@@ -21,7 +20,7 @@ from service.notify.schemas import ChannelIn, ChannelUpdate
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import page, redirect
 from service.ui.views import admin
-from service.validation import invalid
+from service.validation import validated
 
 router = APIRouter(include_in_schema=False)
 FAILED_PAGE_SIZE = 20
@@ -99,16 +98,14 @@ def create_channel(
         k: v.strip() for k, v in (("group_wait_s", group_wait_s), ("rate_limit_per_minute", rate_limit_per_minute))
     }
     try:
-        try:
-            channel_in = ChannelIn(
-                name=name.strip(),
-                kind=kind,  # type: ignore[arg-type]
-                url=url.strip(),
-                enabled=bool(enabled),
-                **{k: v for k, v in numbers.items() if v},  # type: ignore[arg-type]
-            )
-        except ValidationError as exc:
-            raise invalid(exc.errors()) from None
+        channel_in = validated(
+            ChannelIn,
+            name=name.strip(),
+            kind=kind,
+            url=url.strip(),
+            enabled=bool(enabled),
+            **{k: v for k, v in numbers.items() if v},
+        )
         with session_scope(request.app.state.sessionmaker) as session:
             created = notify.create_channel(
                 session, channel_in=channel_in, principal=admin.principal(viewer), settings=request.app.state.settings

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from service.db import session_scope
@@ -15,12 +14,12 @@ from service.decisions import lifecycle
 from service.decisions import service as decisions
 from service.decisions.schemas import DecisionOut, OverrideIn
 from service.deps import DbSession
-from service.errors import FaultlineError
+from service.errors import FaultlineError, InvalidInput
 from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import error_page, is_htmx, page, redirect
 from service.ui.views import incident as incident_view
-from service.validation import invalid
+from service.validation import validated
 
 router = APIRouter(include_in_schema=False)
 
@@ -126,9 +125,8 @@ def override(
 ) -> Response:
     settings = request.app.state.settings
     try:
-        body = OverrideIn(kind=kind, node=node.strip() or None, message=message.strip())  # type: ignore[arg-type]
-    except ValidationError as exc:
-        error = invalid(exc.errors())
+        body = validated(OverrideIn, kind=kind, node=node.strip() or None, message=message.strip())
+    except InvalidInput as error:
         if is_htmx(request):
             return error_page(request, error)
         return redirect(request, return_to, flash=error.message, refused=True)

@@ -8,7 +8,7 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 from fastapi import APIRouter, Form, Query, Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
@@ -21,7 +21,7 @@ from service.nodes.schemas import CordonIn, NodeDetail, ReturnIn
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import page, redirect
 from service.ui.views import nodes as view
-from service.validation import invalid
+from service.validation import validated
 
 router = APIRouter(include_in_schema=False)
 M = TypeVar("M", bound=BaseModel)
@@ -45,7 +45,7 @@ def node_list(
     if lemon and lemon not in _LEMON:
         raise InvalidInput(f"lemon: {lemon!r} is not one of {', '.join(_LEMON)}")
     params = {k: v for k, v in {"state": state, "lemon": lemon, "name": name, "cursor": cursor}.items() if v}
-    result = view.list_nodes(
+    result = nodes.list_nodes(
         session,
         state=state or None,
         lemon=_LEMON.get(lemon),
@@ -66,10 +66,7 @@ def _body(model: type[M], **fields: Any) -> M:
     """The form as the API's body, so the UI accepts what the API accepts; a missing reason said plainly."""
     if not fields.get("reason"):
         raise InvalidInput("give a reason: it is recorded in the node's history")
-    try:
-        return model(**fields)
-    except ValidationError as exc:
-        raise invalid(exc.errors()) from None
+    return validated(model, **fields)
 
 
 def _act(request: Request, name: str, verb: str, action: Callable[[Session], NodeDetail]) -> Response:

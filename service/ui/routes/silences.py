@@ -7,7 +7,6 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
@@ -19,7 +18,7 @@ from service.silences.schemas import SILENCE_STATES, SilenceIn, SilenceState
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import page, redirect, timestamp
 from service.ui.views import admin
-from service.validation import invalid
+from service.validation import validated
 
 router = APIRouter(include_in_schema=False)
 PAGE_SIZE = 50
@@ -71,17 +70,15 @@ def _silence_in(form: dict[str, str], *, author: str) -> SilenceIn:
     """The API's schema over the form's fields: the same rules, the same messages."""
     duration = admin.duration_s(form["duration"], form["unit"])
     ends_at = admin.utc_time(form["ends_at"], field="ends_at")
-    try:
-        return SilenceIn(
-            node_pattern=form["node_pattern"].strip() or None,
-            job_pattern=form["job_pattern"].strip() or None,
-            duration_s=duration,
-            ends_at=ends_at,
-            author=author[:200],
-            comment=form["comment"].strip(),
-        )
-    except ValidationError as exc:
-        raise invalid(exc.errors()) from None
+    return validated(
+        SilenceIn,
+        node_pattern=form["node_pattern"].strip() or None,
+        job_pattern=form["job_pattern"].strip() or None,
+        duration_s=duration,
+        ends_at=ends_at,
+        author=author[:200],
+        comment=form["comment"].strip(),
+    )
 
 
 @router.post("/silences")

@@ -7,7 +7,6 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
@@ -20,7 +19,7 @@ from service.tokens.schemas import TokenCreated, TokenIn, TokenState
 from service.ui.auth import AdminDep, FormViewer
 from service.ui.render import page, redirect
 from service.ui.views import admin
-from service.validation import invalid
+from service.validation import validated
 
 router = APIRouter(include_in_schema=False)
 PAGE_SIZE = 100
@@ -84,15 +83,13 @@ def token_list(
 def _token_in(form: dict[str, str]) -> TokenIn:
     """The API's schema over the form's fields: the same rules, the same messages."""
     ttl_s = admin.duration_s(form["ttl"], form["unit"], field="ttl_s")
-    try:
-        return TokenIn(
-            scope=form["scope"],  # type: ignore[arg-type]
-            name=form["name"].strip() or None,
-            node_name=form["node_name"].strip() or None,
-            ttl_s=ttl_s,
-        )
-    except ValidationError as exc:
-        raise invalid(exc.errors()) from None
+    return validated(
+        TokenIn,
+        scope=form["scope"],
+        name=form["name"].strip() or None,
+        node_name=form["node_name"].strip() or None,
+        ttl_s=ttl_s,
+    )
 
 
 @router.post("/tokens")

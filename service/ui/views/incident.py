@@ -209,7 +209,7 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
         logs=log_groups(logs),
         log_count=len(logs),
         logs_omitted=max(0, len(log_ids) - LOG_LIMIT),
-        override_nodes=suspect_names + sorted(n for n in states if n not in suspect_names),
+        override_nodes=_suspects_first(suspect_names, states),
         silence=_silence(session, silence_id=incident.silence_id) if incident.silence_id else None,
         decisions=sorted(incident.decisions, key=lambda d: (d.state not in _OPEN, -d.id)),
         waiting=sum(d.state in _OPEN for d in incident.decisions),
@@ -303,12 +303,15 @@ def _job_nodes(session: Session, *, incident_id: int, suspects: list[str]) -> di
     return dict(session.execute(select(Node.name, Node.state).where(condition).order_by(Node.name)).all())  # type: ignore[arg-type]
 
 
-def override_choices(session: Session, *, incident_id: int) -> list[str]:
+def _suspects_first(suspects: list[str], job_nodes: Iterable[str]) -> list[str]:
     """Nodes an operator may name instead: the incident's suspects first, then the job's other nodes."""
+    return suspects + sorted(n for n in job_nodes if n not in suspects)
+
+
+def override_choices(session: Session, *, incident_id: int) -> list[str]:
+    """The override list of an incident's decision card, read on its own (after an htmx action)."""
     suspects = [s["node"] for s in session.scalar(select(Incident.suspects).where(Incident.id == incident_id)) or []]
-    return suspects + sorted(
-        n for n in _job_nodes(session, incident_id=incident_id, suspects=suspects) if n not in suspects
-    )
+    return _suspects_first(suspects, _job_nodes(session, incident_id=incident_id, suspects=suspects))
 
 
 def _silence(session: Session, *, silence_id: int) -> SilenceView | None:

@@ -15,7 +15,7 @@ from service.models import Finding, Incident, Job, LogEvent, Node
 from service.models.signals import metric_samples
 from service.nodes import lifecycle
 from service.nodes import service as nodes
-from service.nodes.schemas import NodeDetail, NodePage
+from service.nodes.schemas import NodeDetail
 
 # A GPU's counters older than this are not "recent": an agent that stopped reporting shows blanks, not stale values.
 COUNTERS_WINDOW_S = 600.0
@@ -206,13 +206,6 @@ COUNTER_CELLS: tuple[tuple[str, Callable[[dict[str, float | None]], Cell]], ...]
     ("NVLink errors", _nvlink),
     ("PCIe replays", lambda v: _errors(v["pcie_replay"], level="warn", title="cumulative PCIe replay counter")),
 )
-
-
-def list_nodes(
-    session: Session, *, state: str | None, lemon: bool | None, name: str | None, limit: int, cursor: str | None
-) -> NodePage:
-    """One page of nodes: the domain listing, with the name filter the UI adds."""
-    return nodes.list_nodes(session, state=state, lemon=lemon, name=name, limit=limit, cursor=cursor)
 
 
 def gpu_counters(session: Session, *, name: str, now: datetime, window_s: float) -> dict[int, GpuCounters]:
