@@ -1,20 +1,23 @@
 """The node agent's loop: collect, batch, spool, ship; act on the service's directives.
 
-Logs are polled several times a second, so a critical event (a fatal Xid, a crash, a traceback) is
-shipped within a fraction of a second instead of waiting for the interval. GPU counters are read
-once per interval and the training processes every few seconds (they change slowly).
+GPU counters are sampled every sample interval (1 s by default) and shipped every ship interval (5 s):
+one batch carries every sample since the one before, each with its own time, so a cluster makes a fifth
+of the requests without coarser data. Logs are polled several times a second, and a critical event (a
+fatal Xid, a crash, a traceback, an NCCL error) or a stack dump is shipped at once with whatever was
+gathered so far, instead of waiting for the ship tick. Training processes are scanned every few seconds
+(they change slowly).
 """
 
 from __future__ import annotations
 
 import gzip
 import logging
+import math
 import queue
 import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -30,6 +33,7 @@ from agents.gpu import DcgmExporter, GpuReading, GpuSource, open_nvml
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
 from agents.procs import ProcessScanner, Worker
+from agents.samples import SampleBuffer, left_over
 from agents.shipper import Shipper
 from agents.spool import Spool
 from agents.stacks import dump_all
@@ -37,6 +41,11 @@ from agents.stacks import dump_all
 log = logging.getLogger("faultline.agent")
 
 TICK = 0.2  # seconds between log polls
+# A tick this close is due now: sample and ship ticks that coincide (5 x 1 s, 1 x 5 s) must not drift apart
+# by a rounding error and put the last sample of a batch into the next one.
+TICK_SLACK = 0.001
+# Ship early when a batch holds this many GPU samples (the service takes up to 100,000 per batch).
+MAX_BATCH_METRICS = 50_000
 IDLE_FLUSH = 1.0  # a multi-line block (traceback) with no new line for this long is complete
 EXIT_AUTH = 3
 # A job's log lines outlive its processes (the traceback of a crash is written as they die): events are
@@ -68,6 +77,25 @@ class _Stream:
         self.pending = False
 
 
+class _Ticker:
+    """Due every `interval` seconds from `start`; after a stall (suspend, slow disk) the missed ticks are
+    skipped rather than run in a burst."""
+
+    def __init__(self, interval: float, start: float) -> None:
+        self.interval = interval
+        self.start = start
+        self.count = 0
+        self.due = start
+
+    def fire(self, now: float) -> bool:
+        if now + TICK_SLACK < self.due:
+            return False
+        # Computed from the start, not accumulated, so coinciding tickers stay exactly in step.
+        self.count = max(self.count + 1, math.floor((now - self.start) / self.interval) + 1)
+        self.due = self.start + self.count * self.interval
+        return True
+
+
 class Agent:
     def __init__(self, config: AgentConfig, *, out: TextIO | None = None) -> None:
         self.config = config
@@ -91,6 +119,8 @@ class Agent:
                 max_batches=config.spool_max_batches,
             )
             positions = self._load_positions()
+        # GPU samples wait here for the ship tick, journaled beside the spool.
+        self.samples = SampleBuffer(config.spool_path if self.spool is not None else None)
         self.kernel: LineSource | None = self._open_kernel(from_start, positions)
         self.logs = GlobFollower(config.logs, from_start=from_start, positions=positions)
         self.step_patterns = (*config.step_patterns, *DEFAULT_STEP_PATTERNS)
@@ -104,6 +134,7 @@ class Agent:
             self.shipper = Shipper(
                 self.spool, server=config.server, token=config.token, on_directives=self._on_directives
             )
+            self._recover_samples()
 
     # -- sources ---------------------------------------------------------------------------------
 
@@ -175,6 +206,12 @@ class Agent:
             self.inventory = [r.inventory() for r in readings]
         return readings
 
+    def take_sample(self) -> None:
+        """Read every GPU once, stamped with this instant, into the batch being gathered."""
+        readings = self.read_gpus()
+        ts = datetime.now(UTC).isoformat()
+        self.samples.add([{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in readings])
+
     # -- directives ------------------------------------------------------------------------------
 
     def _on_directives(self, directives: list[dict[str, Any]]) -> None:
@@ -205,7 +242,8 @@ class Agent:
 
     # -- batches ---------------------------------------------------------------------------------
 
-    def build_batch(self, *, gpus: list[GpuReading], processes: bool) -> dict[str, Any]:
+    def build_batch(self, *, processes: bool) -> dict[str, Any]:
+        """A batch of everything gathered since the last one: samples, events, stack dumps."""
         now = datetime.now(UTC)
         ts = now.isoformat()
         stacks: list[dict[str, Any]] = []
@@ -226,11 +264,11 @@ class Agent:
         if processes:
             heartbeat["gpus"] = self.inventory
         batch: dict[str, Any] = {
-            "batch_id": str(uuid.uuid4()),
+            "batch_id": self.samples.batch_id,  # the samples' journal names it: a replay is stored once
             "node": self.config.node_name,
             "sent_at": ts,
             "heartbeat": heartbeat,
-            "metrics": [{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in gpus],
+            "metrics": self.samples.metrics,
             "logs": [e.to_wire() for e in self.events],
             "stacks": stacks,
             "processes": [w.snapshot(now) for w in self.workers] if processes else [],
@@ -244,11 +282,34 @@ class Agent:
         if self.config.dry_run:
             self.out.write(orjson.dumps(batch).decode() + "\n")
             self.out.flush()
+            self.samples.shipped()
             return
+        self._spool(batch)
+        self.samples.shipped()  # after the batch is spooled: a kill in between re-sends the same batch id
+        self._save_positions()  # only now are the lines read so far safe on disk
+
+    def _spool(self, batch: dict[str, Any]) -> None:
         assert self.spool is not None
         counts = {kind: len(batch[kind]) for kind in ("metrics", "logs", "stacks", "processes")}
         self.spool.put(gzip.compress(orjson.dumps(batch), compresslevel=5), counts)
-        self._save_positions()  # only now are the lines read so far safe on disk
+
+    def _recover_samples(self) -> None:
+        """Spool the samples a killed agent had taken but not yet shipped, under the batch id they had."""
+        for path, batch_id, metrics in left_over(self.config.spool_path):
+            if metrics:
+                self._spool(
+                    {
+                        "batch_id": batch_id,
+                        "node": self.config.node_name,
+                        "sent_at": datetime.now(UTC).isoformat(),
+                        "metrics": metrics,
+                        "logs": [],
+                        "stacks": [],
+                        "processes": [],
+                    }
+                )
+                log.info("spooled %d GPU samples the previous agent had not shipped", len(metrics))
+            path.unlink(missing_ok=True)
 
     def _positions_file(self) -> Path:
         return self.config.spool_path.parent / f"{self.config.spool_path.name}.positions.json"
@@ -277,43 +338,54 @@ class Agent:
         if self.shipper is not None:
             self._ship_thread = threading.Thread(target=self.shipper.run, name="shipper", daemon=True)
             self._ship_thread.start()
+        config = self.config
+        assert config.sample_interval is not None  # resolved by AgentConfig.check
         log.info(
-            "agent %s for node %s: interval %gs, server %s, spool %s",
+            "agent %s for node %s: sampling every %gs, shipping every %gs, server %s, spool %s",
             AGENT_VERSION,
-            self.config.node_name,
-            self.config.interval,
-            self.config.server or "(dry run)",
-            self.config.spool_path if self.spool else "-",
+            config.node_name,
+            config.sample_interval,
+            config.ship_interval,
+            config.server or "(dry run)",
+            config.spool_path if self.spool is not None else "-",
         )
-        next_batch = next_procs = time.monotonic()
+        start = time.monotonic()
+        sample, ship = _Ticker(config.sample_interval, start), _Ticker(config.ship_interval, start)
+        next_procs = start
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
                 _, critical = self.poll_logs(now)
                 if self.shipper is not None and self.shipper.auth_error:
                     return EXIT_AUTH
-                if now >= next_batch:
+                if sample.fire(now):
+                    self.take_sample()  # first, so a coinciding ship tick carries it
+                if ship.fire(now) or len(self.samples) >= MAX_BATCH_METRICS:
                     processes = now >= next_procs
                     if processes:
                         self.workers = self.scan()
-                        next_procs = now + self.config.process_interval
-                    self.emit(self.build_batch(gpus=self.read_gpus(), processes=processes))
-                    next_batch += self.config.interval
-                    if next_batch < now:  # fell behind (suspended, slow disk): do not burst to catch up
-                        next_batch = now + self.config.interval
+                        next_procs = now + config.process_interval
+                    self.emit(self.build_batch(processes=processes))
                 elif critical or not self.stacks.empty():
-                    self.emit(self.build_batch(gpus=[], processes=False))
-                self.stopping.wait(TICK)
+                    self.emit(self.build_batch(processes=False))  # at once, with the samples gathered so far
+                self.stopping.wait(self._sleep(sample, ship))
         finally:
             self._shutdown()
         return 0
+
+    @staticmethod
+    def _sleep(*tickers: _Ticker) -> float:
+        """Until the next log poll, or the next tick if that is sooner."""
+        now = time.monotonic()
+        return max(0.0, min(TICK, *(t.due - now for t in tickers)))
 
     def _run_once(self) -> int:
         while self.poll_logs(time.monotonic())[0]:
             pass  # a source holding more than one poll's worth (READ_LIMIT) needs several reads
         self.flush_parsers()
         self.workers = self.scan()
-        self.emit(self.build_batch(gpus=self.read_gpus(), processes=True))
+        self.take_sample()
+        self.emit(self.build_batch(processes=True))
         code = 0
         if self.shipper is not None and not self.shipper.drain(timeout=30):
             log.error(
@@ -329,8 +401,8 @@ class Agent:
         log.info("stopping: shipping what is left")
         self.poll_logs(time.monotonic())  # lines written since the last tick
         self.flush_parsers()
-        if self.events or not self.stacks.empty():
-            self.emit(self.build_batch(gpus=[], processes=False))
+        if self.events or not self.stacks.empty() or len(self.samples):
+            self.emit(self.build_batch(processes=False))  # samples taken since the last ship tick too
         if self.shipper is not None:
             self.shipper.stopping.set()
             if self._ship_thread is not None:
@@ -343,6 +415,7 @@ class Agent:
         self._close_sources()
 
     def _close_sources(self) -> None:
+        self.samples.close()
         if self.kernel is not None:
             self.kernel.close()
         self.logs.close()

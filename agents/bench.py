@@ -1,9 +1,13 @@
-"""`faultline bench agent`: the agent's CPU and memory on a busy node.
+"""`faultline bench agent`: the agent's CPU, memory and shipping cost on a busy node.
 
 A real agent process follows two growing training logs, scrapes an 8-GPU dcgm-exporter page every
-second, scans /proc (with eight torchrun-like workers on it) and ships gzip batches to a local
-receiver. The agent's own CPU time (utime + stime from /proc) and RSS are sampled from outside.
-Target: at most 2% of one core and 80 MB RSS at a 1-second interval.
+sample interval, scans /proc (with eight torchrun-like workers on it) and ships gzip batches to a local
+receiver every ship interval. The agent's own CPU time (utime + stime from /proc) and RSS are sampled
+from outside. Target: at most 2% of one core and 80 MB RSS.
+
+It runs twice: with the given intervals (the agent's defaults: sample 1 s, ship 5 s) and with one batch
+per sample (ship every 1 s, the old default), and prints requests per second (per node, and for a
+2,048-node cluster) and gzip bytes per GPU sample side by side: the trade-off of the ship interval.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import orjson
 
 CPU_TARGET_PCT = 2.0
 RSS_TARGET_MB = 80.0
+CLUSTER_NODES = 2048  # 16,384 GPUs at 8 per node
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -79,7 +84,7 @@ def exporter_page(gpus: int, rng: random.Random) -> bytes:
 @contextmanager
 def local_endpoints(gpus: int) -> Iterator[dict[str, Any]]:
     """A dcgm-exporter page and an ingest receiver on one loopback port."""
-    stats: dict[str, Any] = {"batches": 0, "bytes": 0, "items": 0}
+    stats: dict[str, Any] = {"batches": 0, "bytes": 0, "items": 0, "gpu_samples": 0}
     rng = random.Random(7)
 
     class Handler(BaseHTTPRequestHandler):
@@ -94,6 +99,7 @@ def local_endpoints(gpus: int) -> Iterator[dict[str, Any]]:
             stats["batches"] += 1
             stats["bytes"] += len(raw)
             stats["items"] += sum(len(batch[k]) for k in ("metrics", "logs", "stacks", "processes"))
+            stats["gpu_samples"] += len(batch["metrics"])
             self._answer(b'{"status":"accepted","directives":[]}', "application/json")
 
         def _answer(self, body: bytes, content_type: str) -> None:
@@ -140,7 +146,13 @@ def _rss_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE / 2**20
 
 
-def run_bench(*, duration: float, warmup: float, interval: float, gpus: int, logs: int, rate: float) -> dict[str, Any]:
+def _shipped(endpoints: dict[str, Any]) -> tuple[int, int, int]:
+    return endpoints["batches"], endpoints["bytes"], endpoints["gpu_samples"]
+
+
+def run_bench(
+    *, duration: float, warmup: float, sample_interval: float, ship_interval: float, gpus: int, logs: int, rate: float
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="faultline-bench-agent-") as tmp, local_endpoints(gpus) as endpoints:
         root = Path(tmp)
         paths = [root / f"rank{i}.log" for i in range(logs)]
@@ -159,7 +171,8 @@ def run_bench(*, duration: float, warmup: float, interval: float, gpus: int, log
         writer.start()
         command = [
             sys.executable, "-m", "faultline", "agent", "--server", endpoints["url"], "--token", "bench",
-            "--node-name", "bench-node", "--interval", str(interval), "--dcgm-url", endpoints["url"] + "/metrics",
+            "--node-name", "bench-node", "--sample-interval", str(sample_interval),
+            "--ship-interval", str(ship_interval), "--dcgm-url", endpoints["url"] + "/metrics",
             "--kmsg", "none", "--spool-dir", str(root / "spool"), *[a for p in paths for a in ("--log", str(p))],
         ]  # fmt: skip
         agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "wb"))  # noqa: SIM115
@@ -170,13 +183,14 @@ def run_bench(*, duration: float, warmup: float, interval: float, gpus: int, log
             time.sleep(warmup)
             if agent.poll() is not None:
                 raise SystemExit("the agent exited: " + (root / "agent.log").read_text()[-2000:])
-            cpu0, t0, batches0 = _cpu_seconds(agent.pid), time.monotonic(), endpoints["batches"]
+            cpu0, t0, shipped0 = _cpu_seconds(agent.pid), time.monotonic(), _shipped(endpoints)
             rss = []
             while time.monotonic() - t0 < duration:
                 time.sleep(1.0)
                 rss.append(_rss_mb(agent.pid))
-            cpu_pct = 100 * (_cpu_seconds(agent.pid) - cpu0) / (time.monotonic() - t0)
-            batches = endpoints["batches"] - batches0
+            elapsed = time.monotonic() - t0
+            cpu_pct = 100 * (_cpu_seconds(agent.pid) - cpu0) / elapsed
+            batches, sent, samples = (b - a for a, b in zip(shipped0, _shipped(endpoints), strict=True))
         finally:
             stop.set()
             agent.send_signal(signal.SIGTERM)
@@ -184,8 +198,10 @@ def run_bench(*, duration: float, warmup: float, interval: float, gpus: int, log
             for w in workers:
                 w.kill()
                 w.wait()
+    requests_per_s = batches / elapsed
     return {
-        "interval_s": interval,
+        "sample_interval_s": sample_interval,
+        "ship_interval_s": ship_interval,
         "gpus": gpus,
         "followed_logs": logs,
         "log_lines_per_s": rate * logs,
@@ -194,35 +210,56 @@ def run_bench(*, duration: float, warmup: float, interval: float, gpus: int, log
         "rss_mb_max": round(max(rss), 1),
         "rss_mb_mean": round(sum(rss) / len(rss), 1),
         "batches_shipped": batches,
-        "bytes_per_batch_gzip": round(endpoints["bytes"] / max(1, endpoints["batches"])),
+        "requests_per_s": round(requests_per_s, 3),
+        f"requests_per_s_at_{CLUSTER_NODES}_nodes": round(requests_per_s * CLUSTER_NODES),
+        "gpu_samples_shipped": samples,
+        # Everything a batch carries (logs, processes, heartbeat), over the GPU samples in it.
+        "bytes_per_gpu_sample_gzip": round(sent / max(1, samples), 1),
+        "bytes_per_batch_gzip": round(sent / max(1, batches)),
         "cpu_target_met": cpu_pct <= CPU_TARGET_PCT,
         "rss_target_met": max(rss) <= RSS_TARGET_MB,
     }
 
 
 def add_parser(bench_sub: Any) -> None:
-    agent = bench_sub.add_parser("agent", help="the agent's CPU and RSS on a busy 8-GPU node (target: 2%%, 80 MB)")
-    agent.add_argument("--duration", type=float, default=60.0, help="seconds measured (default 60)")
+    agent = bench_sub.add_parser(
+        "agent",
+        help="the agent's CPU, RSS, requests/s and bytes per sample on a busy 8-GPU node (target: 2%%, 80 MB)",
+    )
+    agent.add_argument("--duration", type=float, default=60.0, help="seconds measured, per run (default 60)")
     agent.add_argument("--warmup", type=float, default=10.0)
-    agent.add_argument("--interval", type=float, default=1.0)
+    agent.add_argument("--sample-interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    agent.add_argument(
+        "--ship-interval", "--interval", type=float, default=5.0, help="seconds between batches (default 5)"
+    )
+    agent.add_argument(
+        "--no-baseline", action="store_true", help="skip the second run, which ships every sample (every 1 s)"
+    )
     agent.add_argument("--gpus", type=int, default=8)
     agent.add_argument("--logs", type=int, default=2, help="followed training logs (default 2)")
     agent.add_argument("--lines-per-second", type=float, default=5.0, help="per log (default 5)")
     agent.add_argument("--json", type=Path, help="also write the figures to this file")
 
 
+def _print_table(runs: dict[str, dict[str, Any]]) -> None:
+    names = list(runs)
+    keys = list(runs[names[0]])
+    width = max(map(len, keys))
+    columns = [max(len(name), *(len(str(run[k])) for k in keys)) for name, run in runs.items()]
+    print(f"{'':<{width}}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, columns, strict=True)))
+    for key in keys:
+        cells = "  ".join(f"{run[key]!s:>{w}}" for run, w in zip(runs.values(), columns, strict=True))
+        print(f"{key:<{width}}  {cells}")
+
+
 def run(args: argparse.Namespace) -> int:
-    figures = run_bench(
-        duration=args.duration,
-        warmup=args.warmup,
-        interval=args.interval,
-        gpus=args.gpus,
-        logs=args.logs,
-        rate=args.lines_per_second,
-    )
-    width = max(map(len, figures))
-    for key, value in figures.items():
-        print(f"{key:<{width}}  {value}")
+    settings = {"duration": args.duration, "warmup": args.warmup, "gpus": args.gpus, "logs": args.logs}
+    settings["rate"] = args.lines_per_second
+    label = f"sample {args.sample_interval:g}s/ship {args.ship_interval:g}s"
+    runs = {label: run_bench(sample_interval=args.sample_interval, ship_interval=args.ship_interval, **settings)}
+    if not args.no_baseline and (args.sample_interval, args.ship_interval) != (1.0, 1.0):
+        runs["ship every 1s"] = run_bench(sample_interval=1.0, ship_interval=1.0, **settings)
+    _print_table(runs)
     if args.json:
-        args.json.write_text(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode())
+        args.json.write_text(orjson.dumps(runs, option=orjson.OPT_INDENT_2).decode())
     return 0

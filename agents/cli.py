@@ -22,7 +22,25 @@ def add_parser(sub: Any) -> None:
     agent.add_argument("--server", help="faultline service URL, e.g. https://faultline.example:8080")
     agent.add_argument("--token", help=f"agent-scope API token (prefer {ENV_PREFIX}TOKEN: flags show in ps)")
     agent.add_argument("--node-name", help="this node's name (default: the hostname)")
-    agent.add_argument("--interval", type=float, help="seconds between batches (default 5)")
+    agent.add_argument(
+        "--sample-interval",
+        type=float,
+        metavar="S",
+        help="seconds between GPU counter samples (default 1, or the ship interval if shorter)",
+    )
+    agent.add_argument(
+        "--ship-interval",
+        type=float,
+        metavar="S",
+        help="seconds between batches, each carrying every sample since the last; critical events go at once "
+        "(default 5)",
+    )
+    agent.add_argument(
+        "--interval",
+        type=float,
+        metavar="S",
+        help="old name of --ship-interval (the sample interval then defaults to min(1, S))",
+    )
     agent.add_argument("--dcgm-url", help="dcgm-exporter endpoint, e.g. http://localhost:9400/metrics (default: NVML)")
     agent.add_argument(
         "--kmsg",
@@ -64,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             "token",
             "node_name",
             "interval",
+            "sample_interval",
+            "ship_interval",
             "dcgm_url",
             "kmsg",
             "logs",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,11 @@ from typing import Any
 from agents.procs import DEFAULT_JOB_ENV
 
 ENV_PREFIX = "FAULTLINE_AGENT_"
+DEFAULT_SAMPLE_INTERVAL = 1.0
+DEFAULT_SHIP_INTERVAL = 5.0
+# `interval`, the agent's first setting, meant "seconds between batches" (one GPU scrape per batch): it is
+# the ship interval now, and the sample interval follows it down below one second.
+_ALIASES = {"interval": "ship_interval"}
 
 
 class ConfigError(Exception):
@@ -28,7 +35,10 @@ class AgentConfig:
     server: str | None = None
     token: str | None = None
     node_name: str = field(default_factory=socket.gethostname)
-    interval: float = 5.0
+    # GPU counters are read every sample_interval (each sample keeps its own time) and shipped every
+    # ship_interval: one request per node per ship tick. None: min(1 s, ship_interval).
+    sample_interval: float | None = None
+    ship_interval: float = DEFAULT_SHIP_INTERVAL
     dcgm_url: str | None = None
     kmsg: str = "auto"  # "auto" (/dev/kmsg when readable), "none", "journald", a device or a file
     logs: list[str] = field(default_factory=list)
@@ -46,6 +56,11 @@ class AgentConfig:
     log_level: str = "info"
 
     @property
+    def interval(self) -> float:
+        """The old name of the ship interval."""
+        return self.ship_interval
+
+    @property
     def spool_path(self) -> Path:
         return self.spool_dir or _default_spool_root() / self.node_name
 
@@ -58,14 +73,32 @@ class AgentConfig:
                 raise ConfigError(f"{flags} required (or {envs}, or the config file), unless --dry-run")
             if not self.server.startswith(("http://", "https://")):  # type: ignore[union-attr]
                 raise ConfigError(f"--server must be an http(s) URL, not {self.server!r}")
-        if self.interval <= 0 or self.process_interval <= 0 or self.stack_timeout <= 0:
-            raise ConfigError("--interval, process_interval and stack_timeout must be positive")
+        self._check_intervals()
         if not self.node_name:
             raise ConfigError("--node-name must not be empty")
+
+    def _check_intervals(self) -> None:
+        _positive("--ship-interval (or --interval)", self.ship_interval)
+        if self.sample_interval is None:
+            self.sample_interval = min(DEFAULT_SAMPLE_INTERVAL, self.ship_interval)
+        _positive("--sample-interval", self.sample_interval)
+        if self.sample_interval > self.ship_interval:
+            raise ConfigError(
+                f"--sample-interval ({self.sample_interval:g} s) must not be longer than --ship-interval "
+                f"({self.ship_interval:g} s): every batch carries the samples taken since the one before"
+            )
+        if self.process_interval <= 0 or self.stack_timeout <= 0:
+            raise ConfigError("process_interval and stack_timeout must be positive")
+
+
+def _positive(name: str, seconds: float) -> None:
+    if not (math.isfinite(seconds) and seconds > 0):  # NaN compares false to everything
+        raise ConfigError(f"{name} must be a number of seconds > 0, not {seconds:g}")
 
 
 _LISTS = {"logs", "job_env", "step_patterns"}
 _NAMES = {f.name for f in fields(AgentConfig)}
+_KNOWN = _NAMES | set(_ALIASES)
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -87,6 +120,17 @@ def _coerce(name: str, value: Any) -> Any:
     return str(value)
 
 
+def _resolve_aliases(values: dict[str, Any], *, where: str, spell: Callable[[str], str]) -> dict[str, Any]:
+    """Old setting names to new ones within one source, so each source still overrides the next as a whole."""
+    out = dict(values)
+    for old, new in _ALIASES.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{where}: {spell(old)} is the old name of {spell(new)}; give only one of them")
+            out[new] = out.pop(old)
+    return out
+
+
 def load(flags: dict[str, Any], *, config_file: Path | None, environ: dict[str, str] | None = None) -> AgentConfig:
     """Merge the sources; `flags` holds only what was given on the command line."""
     environ = os.environ if environ is None else environ
@@ -98,16 +142,17 @@ def load(flags: dict[str, Any], *, config_file: Path | None, environ: dict[str, 
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config file {path}: {exc}") from None
         table = table.get("agent", table)  # a bare file, or an [agent] table in a shared one
+        from_file: dict[str, Any] = {}
         for key, value in table.items():
             name = key.replace("-", "_")
-            if name not in _NAMES:
-                raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(_NAMES))})")
-            merged[name] = value
-    for name in _NAMES:
-        value = environ.get(ENV_PREFIX + name.upper())
-        if value is not None:
-            merged[name] = value
-    merged.update({k: v for k, v in flags.items() if v is not None and (v != [] or k not in _LISTS)})
+            if name not in _KNOWN:
+                raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(_KNOWN))})")
+            from_file[name] = value
+        merged.update(_resolve_aliases(from_file, where=str(path), spell=repr))
+    from_env = {name: environ[ENV_PREFIX + name.upper()] for name in _KNOWN if ENV_PREFIX + name.upper() in environ}
+    merged.update(_resolve_aliases(from_env, where="environment", spell=lambda name: ENV_PREFIX + name.upper()))
+    given = {k: v for k, v in flags.items() if v is not None and (v != [] or k not in _LISTS)}
+    merged.update(_resolve_aliases(given, where="flags", spell=lambda name: "--" + name.replace("_", "-")))
     try:
         config = AgentConfig(**{name: _coerce(name, value) for name, value in merged.items()})
     except (TypeError, ValueError) as exc:

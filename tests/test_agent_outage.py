@@ -59,8 +59,11 @@ def test_service_down_for_a_minute_and_agent_killed_loses_and_duplicates_nothing
     with receiver() as dcgm:
         dcgm.page = _exporter_page
         agent_args = [
-            "faultline", "agent", "--server", url, "--node-name", "n1", "--interval", "1",
-            "--dcgm-url", f"{dcgm.url}/metrics", "--kmsg", "none", "--log", str(log), "--spool-dir", str(spool),
+            # Two samples per GPU in every batch: the service must store each sample, and a killed agent's
+            # unshipped samples must come back from its journal, once.
+            "faultline", "agent", "--server", url, "--node-name", "n1", "--sample-interval", "0.5",
+            "--ship-interval", "1", "--dcgm-url", f"{dcgm.url}/metrics", "--kmsg", "none", "--log", str(log),
+            "--spool-dir", str(spool),
         ]  # fmt: skip
         env = {"FAULTLINE_AGENT_TOKEN": token}
         with running(serve, log=tmp_path / "api-1.log") as api:
@@ -99,7 +102,7 @@ def test_service_down_for_a_minute_and_agent_killed_loses_and_duplicates_nothing
         assert list(steps) == list(range(1, written[0] + 1))  # every line once, none lost, none twice
         rows, distinct = conn.execute(text("SELECT count(*), count(DISTINCT (ts, gpu)) FROM metric_samples")).one()
         assert rows == distinct  # no sample stored twice
-        # Every scrape's samples are stored, except at most the one the killed agent held unspooled.
+        # Every scrape's samples are stored, except at most the one the kill cut between reading and journaling.
         assert GPUS * (dcgm.gets - 1) <= rows <= GPUS * dcgm.gets
         assert dcgm.gets >= OUTAGE_S  # the agent went on collecting while the service was down
 

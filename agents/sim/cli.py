@@ -31,7 +31,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--scenario", default="healthy", help=f"one of: {', '.join(SCENARIOS)} (default healthy)")
     p.add_argument("--server", help="faultline API URL the agents ship to")
     p.add_argument("--token", help="agent token (default: env FAULTLINE_AGENT_TOKEN)")
-    p.add_argument("--interval", type=_positive, default=1.0, help="agent shipping interval, seconds (default 1)")
+    p.add_argument(
+        "--ship-interval",
+        "--interval",
+        dest="interval",
+        type=_positive,
+        default=1.0,
+        help="seconds between an agent's batches (default 1, so scenarios resolve fast; a real agent's is 5)",
+    )
+    p.add_argument(
+        "--sample-interval",
+        type=_positive,
+        help="seconds between an agent's GPU samples (default: the agent's, min(1, ship interval))",
+    )
     p.add_argument("--fault-after", type=float, default=30.0, help="inject the fault after this many seconds (30)")
     p.add_argument("--fault-every", type=_positive, default=120.0, help="demo: seconds between faults (120)")
     p.add_argument("--duration", type=_positive, help="stop after this many seconds (default: until Ctrl-C)")
@@ -69,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         server=args.server,
         token=args.token or os.environ.get("FAULTLINE_AGENT_TOKEN"),
         interval=args.interval,
+        sample_interval=args.sample_interval,
         agents=not args.no_agents,
         agent_command=tuple(shlex.split(args.agent_command)) if args.agent_command else defaults.agent_command,
         port=args.port,
@@ -88,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--step-seconds must be at least 0.2")
     if args.fault_after < 0:
         problems.append("--fault-after must be >= 0")
+    if args.sample_interval is not None and args.sample_interval > args.interval:
+        problems.append("--sample-interval must not be longer than --ship-interval")
     config = config_from_args(args)
     if config.agents and not (config.server and config.token):
         problems.append("agents need --server and --token (or FAULTLINE_AGENT_TOKEN); or pass --no-agents")

@@ -35,7 +35,10 @@ class SimConfig:
     dir: Path = Path(".faultline/sim")
     server: str | None = None
     token: str | None = None
+    # The agents' ship interval (passed as `--interval`, its older name) and sample interval (None: the
+    # agent's default, min(1 s, ship interval)). Shipping every second keeps scenarios quick.
     interval: float = 1.0
+    sample_interval: float | None = None
     agents: bool = True
     # The agent program; the runner appends the per-node flags. Default: this Python's `faultline agent`.
     agent_command: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "faultline", "agent"))

@@ -150,6 +150,8 @@ class SimRunner:
             "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
             "--watch-pid", str(self.launchers[n].pid), "--spool-dir", str(node_dir / "spool"),
         ]  # fmt: skip
+        if config.sample_interval is not None:
+            command += ["--sample-interval", str(config.sample_interval)]
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.
