@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from celery import Celery
+from celery.signals import beat_init
 from kombu import Queue
 
 from service.config import get_settings
@@ -49,6 +50,13 @@ def create_celery() -> Celery:
         worker_hijack_root_logger=False,
         timezone="UTC",
         beat_schedule={
+            # Partitions for the next hours (partitions.DEFAULT_AHEAD), so rows rarely meet the default one.
+            "ensure-partitions": {
+                "task": "maintenance.ensure_partitions",
+                "schedule": timedelta(minutes=10),
+                "options": {"expires": 600},
+            },
+            # Retention: drops partitions past it (and prunes agent_batches and expired UI sessions).
             "prune-old-signals": {"task": "maintenance.prune_old_signals", "schedule": timedelta(minutes=10)},
             "expire-decisions": {
                 "task": "maintenance.expire_decisions",
@@ -74,3 +82,10 @@ def create_celery() -> Celery:
 
 
 celery_app = create_celery()
+
+
+@beat_init.connect
+def _ensure_partitions_at_start(sender: object, **_: object) -> None:
+    # An interval entry first runs one interval after beat starts; a database migrated long ago (a demo
+    # folder reused days later) needs the current hour's partitions now, not in 10 minutes.
+    celery_app.send_task("maintenance.ensure_partitions", expires=600)

@@ -1,33 +1,26 @@
-"""Retention: old signals are deleted in bounded chunks so the hot tables stay small."""
+"""Retention of the one signal table that is not partitioned: agent_batches, pruned in bounded chunks.
+
+The partitioned signal tables (service/maintenance/partitions.py) lose whole partitions instead.
+"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-# table -> timestamp column; metric samples have their own (shorter) retention
-_LOG_TABLES = {"log_events": "ts", "stack_dumps": "ts", "process_snapshots": "ts", "agent_batches": "received_at"}
+from service.maintenance.partitions import delete_in_chunks
 
 
-def prune_old_signals(
-    session: Session, *, metric_retention: timedelta, log_retention: timedelta, chunk: int = 50_000
-) -> dict[str, int]:
-    """Delete one chunk per table of signals older than their retention; return rows deleted."""
-    now = datetime.now(UTC)
-    cutoffs = {"metric_samples": ("ts", now - metric_retention)}
-    cutoffs.update({table: (column, now - log_retention) for table, column in _LOG_TABLES.items()})
-    deleted: dict[str, int] = {}
-    for table, (column, cutoff) in cutoffs.items():
-        # ctid chunks: metric_samples has no primary key, and a bounded delete keeps locks short.
-        result = session.execute(
-            text(
-                f"DELETE FROM {table} WHERE ctid = ANY(ARRAY("
-                f"SELECT ctid FROM {table} WHERE {column} < :cutoff LIMIT :chunk))"
-            ),
-            {"cutoff": cutoff, "chunk": chunk},
-        )
-        deleted[table] = result.rowcount
+def prune_agent_batches(
+    session: Session, *, now: datetime, retention: timedelta, chunk: int = 50_000, max_chunks: int = 40
+) -> int:
+    """Delete batch records older than `retention`, up to `chunk` x `max_chunks` rows; return rows deleted.
+
+    One row per node per batch: 2,048 nodes shipping every second add 1.2 M rows per 10-minute beat
+    interval, so one run may delete up to 2 M, in statements of `chunk` rows each."""
+    deleted = delete_in_chunks(
+        session.connection(), "agent_batches", "received_at", cutoff=now - retention, chunk=chunk, max_chunks=max_chunks
+    )
     session.flush()
     return deleted

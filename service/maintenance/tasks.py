@@ -3,28 +3,51 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from typing import Any
 
 from service.config import get_settings
 from service.db import session_scope
-from service.maintenance import service
+from service.maintenance import partitions, service
 from service.ui import sessions
 from service.worker import celery_app
 
 log = logging.getLogger(__name__)
 
 
+@celery_app.task(name="maintenance.ensure_partitions")
+def ensure_partitions() -> dict[str, list[str]]:
+    """Idempotent: partitions that exist are left alone."""
+    now = datetime.now(UTC)
+    created: dict[str, list[str]] = {}
+    for spec in partitions.TABLES:
+        # One table a transaction: the locks an attach takes end with it.
+        with session_scope() as session:
+            created.update(partitions.ensure_partitions(session, now=now, tables=(spec,)))
+    if created:
+        log.info("created partitions: %s", created)
+    return created
+
+
 @celery_app.task(name="maintenance.prune_old_signals")
-def prune_old_signals() -> dict[str, int]:
-    """Idempotent: deleting what is already gone deletes nothing."""
+def prune_old_signals() -> dict[str, Any]:
+    """Idempotent: dropping what is already gone drops nothing."""
     settings = get_settings()
+    now = datetime.now(UTC)
+    retention = {spec.name: spec.retention(settings) for spec in partitions.TABLES}
+    pruned: dict[str, Any] = {}
+    for spec in partitions.TABLES:
+        # One table a transaction: a DETACH holds the table's exclusive lock until the commit.
+        with session_scope() as session:
+            dropped = partitions.drop_expired_partitions(session, now=now, retention=retention, tables=(spec,))
+        for table, what in dropped.items():
+            if what.partitions or what.default_rows:
+                pruned[table] = {"partitions": what.partitions, "default_rows": what.default_rows}
     with session_scope() as session:
-        deleted = service.prune_old_signals(
-            session,
-            metric_retention=timedelta(hours=settings.metric_retention_hours),
-            log_retention=timedelta(days=settings.log_retention_days),
+        pruned["agent_batches"] = service.prune_agent_batches(
+            session, now=now, retention=partitions.log_retention(settings)
         )
-        deleted["ui_sessions"] = sessions.prune_expired(session, now=datetime.now(UTC))
-    if any(deleted.values()):
-        log.info("pruned old signals: %s", deleted)
-    return deleted
+        pruned["ui_sessions"] = sessions.prune_expired(session, now=now)
+    if any(pruned.values()):
+        log.info("pruned old signals: %s", pruned)
+    return pruned

@@ -48,7 +48,8 @@ class AgentBatch(Base):
 
 
 # One row per GPU per timestamp, DCGM fields as columns. No primary key on purpose: this is the
-# hottest table, written by COPY; batch ids already make writes idempotent.
+# hottest table, written by COPY; batch ids already make writes idempotent. Partitioned by hour of ts
+# (service/maintenance/partitions.py): retention drops whole partitions.
 metric_samples = Table(
     "metric_samples",
     Base.metadata,
@@ -60,6 +61,8 @@ metric_samples = Table(
     Column("extra", JSONB, nullable=True),
     Index("ix_metric_samples_job_id_ts", "job_id", "ts"),
     Index("ix_metric_samples_node_id_ts", "node_id", "ts"),
+    Index("ix_metric_samples_ts", "ts", postgresql_using="brin"),
+    postgresql_partition_by="RANGE (ts)",
 )
 
 METRIC_SAMPLE_COLUMNS: tuple[str, ...] = tuple(c.name for c in metric_samples.columns)
@@ -89,13 +92,15 @@ class LogEvent(Base):
             unique=True,
             postgresql_where=text("source = 'alertmanager'"),
         ),
+        {"postgresql_partition_by": "RANGE (ts)"},
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     batch_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     node_id: Mapped[int] = mapped_column(BigInteger)
     job_id: Mapped[int | None] = mapped_column(BigInteger)
-    ts: Mapped[datetime]
+    # Partitioned by day of ts, which a partitioned table's primary key must include.
+    ts: Mapped[datetime] = mapped_column(primary_key=True)
     source: Mapped[str] = mapped_column(Text)
     path: Mapped[str | None] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(Text)
@@ -113,13 +118,15 @@ class StackDump(Base):
     __table_args__ = (
         Index("ix_stack_dumps_job_id_ts", "job_id", "ts"),
         Index("ix_stack_dumps_directive_id", "directive_id"),
+        {"postgresql_partition_by": "RANGE (ts)"},
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     batch_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     node_id: Mapped[int] = mapped_column(BigInteger)
     job_id: Mapped[int | None] = mapped_column(BigInteger)
-    ts: Mapped[datetime]
+    # Partitioned by day of ts, which a partitioned table's primary key must include.
+    ts: Mapped[datetime] = mapped_column(primary_key=True)
     rank: Mapped[int | None] = mapped_column(Integer)
     pid: Mapped[int] = mapped_column(Integer)
     directive_id: Mapped[str | None] = mapped_column(Text)
@@ -134,13 +141,15 @@ class ProcessSnapshot(Base):
     __table_args__ = (
         Index("ix_process_snapshots_job_id_ts", "job_id", "ts"),
         Index("ix_process_snapshots_node_id_ts", "node_id", "ts"),
+        {"postgresql_partition_by": "RANGE (ts)"},
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     batch_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     node_id: Mapped[int] = mapped_column(BigInteger)
     job_id: Mapped[int | None] = mapped_column(BigInteger)
-    ts: Mapped[datetime]
+    # Partitioned by day of ts, which a partitioned table's primary key must include.
+    ts: Mapped[datetime] = mapped_column(primary_key=True)
     pid: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int | None] = mapped_column(Integer)
     local_rank: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,453 @@
+"""`faultline bench storage`: what a GPU sample costs on disk, and what retention costs, partitioned or not.
+
+Generates `--hours` of a `--gpus` cluster at one sample per GPU per second (the 24 DCGM fields of the ingest
+benchmark's synthetic job) inside PostgreSQL, into hourly partitions of metric_samples for a synthetic day far
+in the future (2090), so the real rows of a live database are never in the way. Measures bytes per GPU-sample
+(heap and indexes, pg_total_relation_size over the partitions) and projects them to 16,384 GPUs; then times
+retention as beat runs it (DETACH and DROP of whole partitions) for those rows and for a whole day of 10 GPUs,
+and the old retention (50,000-row DELETEs, then VACUUM) on `--delete-minutes` of the same cluster in an
+unpartitioned copy with the old indexes, projected linearly to the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, text
+
+from service.bench.ingest import say, start_backend
+from service.maintenance import partitions
+from service.metric_fields import FIELD_TO_COLUMN
+from service.synthetic import COUNTERS, GAUGES
+
+METRICS = partitions.REGISTRY["metric_samples"]
+TARGET_GPUS = 16_384
+SMALL_GPUS = 10
+# Synthetic days no live database has rows for; partitions there are the benchmark's own.
+BIG_DAY = datetime(2090, 1, 1, tzinfo=UTC)
+SMALL_DAY = datetime(2091, 1, 1, tzinfo=UTC)
+PLAIN = "bench_storage_unpartitioned"
+OLD_CHUNK = 50_000  # rows per DELETE in the old retention task (one chunk per table per 10-minute run)
+OLD_RUN_S = 600
+JOB_ID = -4242  # no real job has a negative id
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="faultline bench storage", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=2048, help="GPUs sampled every second (default %(default)s)")
+    parser.add_argument(
+        "--hours",
+        type=int,
+        default=2,
+        help="hours of samples (default %(default)s: about 15 M rows at 2,048 GPUs, 1.5 minutes on 2 cores; 24 is a "
+        "full day, 177 M rows)",
+    )
+    parser.add_argument(
+        "--delete-minutes",
+        type=int,
+        default=10,
+        help="minutes of the same cluster deleted row by row for the comparison (default %(default)s)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="use the embedded PostgreSQL of this folder instead of FAULTLINE_DATABASE_URL (default, when neither "
+        "is given: a throwaway embedded one)",
+    )
+    return parser
+
+
+def _columns() -> list[tuple[str, str]]:
+    """(column, SQL value) of each synthetic field: gauges noisy, counters rising with time (s) per GPU (g)."""
+    values: list[tuple[str, str]] = []
+    for field in GAUGES:
+        values.append((FIELD_TO_COLUMN[field], "40 + random() * 60"))
+    for i, field in enumerate(COUNTERS):
+        values.append((FIELD_TO_COLUMN[field], f"s * {10 ** (i % 7 + 3)}.5 + g"))
+    return values
+
+
+def _insert_sql(table: str, *, start: datetime, first_s: int, last_s: int, gpus: int) -> str:
+    columns = _columns()
+    names = ", ".join(c for c, _ in columns)
+    exprs = ", ".join(v for _, v in columns)
+    return (
+        f"INSERT INTO {table} (ts, node_id, gpu, job_id, {names}) "
+        f"SELECT timestamptz '{start.isoformat()}' + s * interval '1 second', -1 - g / 8, (g % 8)::smallint, "
+        f"{JOB_ID}, {exprs} FROM generate_series({first_s}, {last_s}) s, generate_series(0, {gpus - 1}) g"
+    )
+
+
+def _step_s(gpus: int) -> int:
+    """Seconds of samples per INSERT (one transaction each): about a million rows, dividing an hour."""
+    return max((s for s in (60, 300, 600, 1200, 1800, 3600) if s * gpus <= 1_500_000), default=60)
+
+
+def _generate(
+    engine: Engine, table: str, *, start: datetime, seconds: int, gpus: int, what: str, progress: bool = True
+) -> float:
+    """Insert `seconds` of samples of `gpus` GPUs from `start`; returns the seconds it took."""
+    began = time.perf_counter()
+    step = _step_s(gpus)
+    for first in range(0, seconds, step):
+        last = min(seconds, first + step) - 1
+        with engine.begin() as conn:
+            conn.execute(text(_insert_sql(table, start=start, first_s=first, last_s=last, gpus=gpus)))
+        if progress and ((last + 1) % 3600 == 0 or last + 1 == seconds):
+            rows = (last + 1) * gpus
+            say(f"{what}: {rows:,} rows ({(last + 1) / 3600:.2f} h) in {time.perf_counter() - began:.0f} s")
+    return time.perf_counter() - began
+
+
+def _bench_partitions(conn: Connection, day: datetime) -> list[str]:
+    prefix = f"{METRICS.name}_p{day:%Y}"
+    return [n for n in partitions.list_partitions(conn, METRICS) if n.startswith(prefix)]
+
+
+def _make_partitions(engine: Engine, day: datetime, hours: int) -> list[str]:
+    with engine.begin() as conn:
+        partitions.ensure_table_partitions(conn, METRICS, start=day, end=day + timedelta(hours=hours - 1))
+        return _bench_partitions(conn, day)
+
+
+def _sizes(conn: Connection, names: list[str]) -> dict[str, int]:
+    """Heap (with TOAST, free space and visibility maps) and each index kind, summed over the tables."""
+    out = {"total": 0, "heap": 0}
+    for name in names:
+        out["total"] += conn.execute(text("SELECT pg_total_relation_size(CAST(:t AS regclass))"), {"t": name}).scalar()
+        out["heap"] += conn.execute(text("SELECT pg_table_size(CAST(:t AS regclass))"), {"t": name}).scalar()
+        for index, size in conn.execute(
+            text(
+                "SELECT a.amname || ' (' || pg_get_indexdef(i.indexrelid, 1, true) || "
+                "coalesce(', ' || nullif(pg_get_indexdef(i.indexrelid, 2, true), ''), '') || ')', "
+                "pg_relation_size(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "JOIN pg_am a ON a.oid = c.relam WHERE i.indrelid = CAST(:t AS regclass)"
+            ),
+            {"t": name},
+        ):
+            out[index] = out.get(index, 0) + size
+    return out
+
+
+def _checkpoint(engine: Engine) -> float:
+    """Write the fresh rows out first: a partition past retention was flushed to disk hours ago, and the
+    drop's timing should not include the writeback of what was just generated."""
+    began = time.perf_counter()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("CHECKPOINT"))
+    return time.perf_counter() - began
+
+
+def _wal_lsn(engine: Engine) -> str:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT pg_current_wal_lsn()::text")).scalar()
+
+
+def _wal_since(engine: Engine, lsn: str) -> int:
+    """WAL bytes written since `lsn` (by the whole server: the benchmark is its only writer)."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(:l AS pg_lsn))"), {"l": lsn}).scalar()
+        )
+
+
+def _drop_partitions(engine: Engine, names: list[str]) -> list[float]:
+    """Retention as beat runs it: DETACH and DROP, then commit (which unlinks the files); seconds for each."""
+    each: list[float] = []
+    for name in names:
+        began = time.perf_counter()
+        with engine.begin() as conn:
+            conn.execute(text("SELECT set_config('lock_timeout', :v, true)"), {"v": partitions.LOCK_TIMEOUT})
+            partitions.drop_partition(conn, METRICS, name)
+        each.append(time.perf_counter() - began)
+    return each
+
+
+def _total_size(conn: Connection, table: str) -> int:
+    return conn.execute(text(f"SELECT pg_total_relation_size('{table}')")).scalar()
+
+
+def _old_retention(engine: Engine, *, gpus: int, minutes: int) -> dict[str, Any]:
+    """The retention of revision 0005 on an unpartitioned copy holding twice `minutes` of samples: the older
+    half is deleted in 50,000-row DELETEs (one transaction each), then VACUUM reclaims it for reuse."""
+    seconds = minutes * 60
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE IF EXISTS {PLAIN}"))
+        conn.execute(text(f"CREATE TABLE {PLAIN} (LIKE metric_samples INCLUDING DEFAULTS)"))
+        conn.execute(text(f"CREATE INDEX ON {PLAIN} (job_id, ts)"))
+        conn.execute(text(f"CREATE INDEX ON {PLAIN} (node_id, ts)"))
+    _generate(engine, PLAIN, start=BIG_DAY, seconds=2 * seconds, gpus=gpus, what="unpartitioned copy")
+    with engine.begin() as conn:
+        conn.execute(text(f"ANALYZE {PLAIN}"))
+        before = _total_size(conn, PLAIN)
+    _checkpoint(engine)
+    lsn = _wal_lsn(engine)
+    cutoff = BIG_DAY + timedelta(seconds=seconds)
+    deleted = statements = 0
+    began = time.perf_counter()
+    while True:
+        with engine.begin() as conn:
+            n = conn.execute(
+                text(
+                    f"DELETE FROM {PLAIN} WHERE ctid = ANY(ARRAY("
+                    f"SELECT ctid FROM {PLAIN} WHERE ts < :cutoff LIMIT :chunk))"
+                ),
+                {"cutoff": cutoff, "chunk": OLD_CHUNK},
+            ).rowcount
+        deleted += n
+        statements += 1
+        if statements % 20 == 0:
+            say(f"old retention: {deleted:,} rows deleted in {time.perf_counter() - began:.0f} s")
+        if n < OLD_CHUNK:
+            break
+    delete_s = time.perf_counter() - began
+    with engine.begin() as conn:
+        after_delete = _total_size(conn, PLAIN)
+    began = time.perf_counter()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"VACUUM {PLAIN}"))
+        vacuum_s = time.perf_counter() - began
+        after_vacuum = _total_size(conn, PLAIN)
+    wal = _wal_since(engine, lsn)
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE {PLAIN}"))
+    return {
+        "rows_kept": 2 * seconds * gpus - deleted,
+        "rows": deleted,
+        "statements": statements,
+        "delete_s": round(delete_s, 3),
+        "vacuum_s": round(vacuum_s, 3),
+        "rows_per_s": round(deleted / (delete_s + vacuum_s)) if deleted else 0,
+        "bytes_before": before,
+        "bytes_after_delete": after_delete,
+        "bytes_after_vacuum": after_vacuum,
+        "wal_bytes": wal,
+    }
+
+
+def _cleanup(engine: Engine) -> None:
+    """Partitions and tables a previous, interrupted run may have left."""
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE IF EXISTS {PLAIN}"))
+        for day in (BIG_DAY, SMALL_DAY):
+            for name in _bench_partitions(conn, day):
+                partitions.drop_partition(conn, METRICS, name)
+
+
+def _conditions(conn: Connection, kind: str) -> dict[str, Any]:
+    settings = {
+        name: conn.execute(text(f"SHOW {name}")).scalar()
+        for name in ("server_version", "shared_buffers", "synchronous_commit", "max_wal_size")
+    }
+    return {"database": kind, "cpu_cores": os.cpu_count(), **settings}
+
+
+@contextlib.contextmanager
+def _database(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
+    from service import migrate
+
+    with contextlib.ExitStack() as stack:
+        workdir = Path(tempfile.mkdtemp(prefix="faultline-bench-storage-"))
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)  # last: after the embedded server stops
+        backend = start_backend(args.data_dir, workdir, stack)
+        say(f"database: {backend.kind}; applying migrations ...")
+        migrate.upgrade(backend.database_url)
+        engine = create_engine(backend.database_url)
+        stack.callback(engine.dispose)
+        yield engine, backend.kind
+
+
+def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, Any]:
+    seconds = args.hours * 3600
+    rows = seconds * args.gpus
+    with engine.connect() as conn:
+        conditions = _conditions(conn, kind)
+    _cleanup(engine)
+    try:
+        names = _make_partitions(engine, BIG_DAY, args.hours)
+        say(f"generating {args.gpus:,} GPUs x {args.hours} h at 1 s: {rows:,} rows into {len(names)} partitions ...")
+        gen_s = _generate(engine, "metric_samples", start=BIG_DAY, seconds=seconds, gpus=args.gpus, what="generated")
+        with engine.begin() as conn:
+            stored = conn.execute(
+                text("SELECT count(*) FROM metric_samples WHERE ts >= :a AND ts < :b"),
+                {"a": BIG_DAY, "b": BIG_DAY + timedelta(seconds=seconds)},
+            ).scalar()
+            sizes = _sizes(conn, names)
+        checkpoint_s = _checkpoint(engine)
+        say(f"dropping the {len(names)} partitions (retention) ...")
+        lsn = _wal_lsn(engine)
+        drop_each = _drop_partitions(engine, names)
+        drop_wal = _wal_since(engine, lsn)
+        with engine.begin() as conn:
+            left = _bench_partitions(conn, BIG_DAY)
+
+        small_names = _make_partitions(engine, SMALL_DAY, 24)
+        small_rows = 24 * 3600 * SMALL_GPUS
+        say(f"a day of {SMALL_GPUS} GPUs: {small_rows:,} rows into {len(small_names)} partitions ...")
+        _generate(
+            engine, "metric_samples", start=SMALL_DAY, seconds=24 * 3600, gpus=SMALL_GPUS, what="", progress=False
+        )
+        with engine.begin() as conn:
+            small_sizes = _sizes(conn, small_names)
+        _checkpoint(engine)
+        small_each = _drop_partitions(engine, small_names)
+
+        say(f"old retention on {args.delete_minutes} min of {args.gpus:,} GPUs in an unpartitioned copy ...")
+        old = _old_retention(engine, gpus=args.gpus, minutes=args.delete_minutes)
+    finally:
+        _cleanup(engine)
+
+    per_sample = sizes["total"] / stored
+    day_16k = TARGET_GPUS * 86_400
+    drop_s = sum(drop_each)
+    delete_same_s = stored / old["rows_per_s"] if old["rows_per_s"] else None
+    return {
+        "conditions": conditions,
+        "gpus": args.gpus,
+        "hours": args.hours,
+        "fields_per_sample": len(GAUGES) + len(COUNTERS),
+        "rows": stored,
+        "generate_s": round(gen_s, 1),
+        "rows_per_s_generated": round(stored / gen_s),
+        "partitions": len(names),
+        "bytes": sizes,
+        "bytes_per_sample": round(per_sample, 1),
+        "projected_16k": {
+            "samples_per_day": day_16k,
+            "bytes_per_day": round(per_sample * day_16k),
+            "bytes_per_hourly_partition": round(per_sample * TARGET_GPUS * 3600),
+        },
+        "drop": {
+            "checkpoint_before_s": round(checkpoint_s, 2),
+            "partitions": len(names),
+            "rows": stored,
+            "bytes": sizes["total"],
+            "seconds": round(drop_s, 4),
+            "per_partition_ms": [round(s * 1000, 2) for s in drop_each],
+            "partitions_left": len(left),
+            "wal_bytes": drop_wal,
+        },
+        "drop_small_day": {
+            "gpus": SMALL_GPUS,
+            "partitions": len(small_names),
+            "rows": small_rows,
+            "bytes": small_sizes["total"],
+            "seconds": round(sum(small_each), 4),
+            "per_partition_ms": [round(s * 1000, 2) for s in small_each],
+        },
+        "old_delete": {
+            **old,
+            "minutes": args.delete_minutes,
+            "projected_s_for_same_rows": round(delete_same_s, 1) if delete_same_s else None,
+            "projected_h_for_a_day_at_16k": round(day_16k / old["rows_per_s"] / 3600, 2) if old["rows_per_s"] else None,
+            "old_task_rows_per_day": OLD_CHUNK * 86_400 // OLD_RUN_S,
+        },
+    }
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def _median_ms(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def format_report(f: dict[str, Any]) -> str:
+    c = f["conditions"]
+    b = f["bytes"]
+    old = f["old_delete"]
+    drop, small = f["drop"], f["drop_small_day"]
+    p = f["projected_16k"]
+    rows = f["rows"]
+    parts = ", ".join(f"{name} {size / rows:.1f}" for name, size in b.items() if name not in ("total", "heap"))
+    drop_ms = drop["seconds"] * 1000
+    lines = [
+        f"storage bench: metric_samples, {f['gpus']:,} GPUs x {f['hours']} h at 1 s = {rows:,} rows "
+        f"({f['fields_per_sample']} DCGM fields each), {_plural(f['partitions'], 'hourly partition')}",
+        f"conditions: {c['database']}, PostgreSQL {c['server_version']}, shared_buffers {c['shared_buffers']}, "
+        f"synchronous_commit {c['synchronous_commit']}, {c['cpu_cores']} CPU cores; rows made by INSERT ... "
+        f"generate_series in {f['generate_s']:.0f} s ({f['rows_per_s_generated']:,} rows/s, indexes maintained)",
+        "",
+        "size",
+        f"  on disk          {_mib(b['total'])} = {f['bytes_per_sample']:.1f} bytes per GPU-sample: heap "
+        f"{b['heap'] / rows:.1f}, {parts}",
+        f"  at {TARGET_GPUS:,} GPUs   {p['samples_per_day'] / 1e9:.2f} B samples/day = {_mib(p['bytes_per_day'])}/day; "
+        f"an hourly partition {_mib(p['bytes_per_hourly_partition'])}; 72 h of retention "
+        f"{_mib(p['bytes_per_day'] * 3)}",
+        "",
+        "retention by partition drop (DETACH, DROP, commit; after a CHECKPOINT, as a partition past retention is "
+        "long written out)",
+        f"  {f['gpus']:,} GPUs x {f['hours']} h".ljust(19)
+        + f"{_plural(drop['partitions'], 'partition')}, {_mib(drop['bytes'])}: "
+        f"{drop_ms:,.0f} ms (median {_median_ms(drop['per_partition_ms']):,.1f} ms a partition); WAL "
+        f"{drop['wal_bytes'] / 1024:,.0f} KiB; left: no partition, no dead row, nothing for VACUUM",
+        f"  {small['gpus']} GPUs x 24 h".ljust(19)
+        + f"{_plural(small['partitions'], 'partition')}, {_mib(small['bytes'])}: "
+        f"{small['seconds'] * 1000:,.0f} ms (median {_median_ms(small['per_partition_ms']):,.1f} ms a partition)",
+        f"  cost             per partition, plus the filesystem freeing the files at commit "
+        f"({drop_ms / max(drop['bytes'] / 2**30, 1e-9):,.0f} ms per GiB here); nothing per row",
+        "",
+        f"retention by DELETE (as before partitioning: {OLD_CHUNK:,}-row DELETEs on a plain table with its two btree "
+        "indexes, then VACUUM)",
+        f"  sample           the older {old['minutes']} min of a {2 * old['minutes']}-min copy: {old['rows']:,} rows "
+        f"in {old['statements']} DELETEs, {old['delete_s']:.1f} s + VACUUM {old['vacuum_s']:.1f} s = "
+        f"{old['rows_per_s']:,} rows/s; WAL {_mib(old['wal_bytes'])} ({old['wal_bytes'] / max(old['rows'], 1):.0f} "
+        "bytes a row)",
+        f"  size             {_mib(old['bytes_before'])} before, {_mib(old['bytes_after_delete'])} after the DELETEs, "
+        f"{_mib(old['bytes_after_vacuum'])} after VACUUM (the space stays allocated, for reuse)",
+    ]
+    if old["projected_s_for_same_rows"]:
+        lines.append(
+            f"  same rows        {rows:,}: about {old['projected_s_for_same_rows']:,.0f} s by DELETE (linear from the "
+            f"sample; optimistic, the sample stays in memory) vs {drop['seconds']:.2f} s by drop: "
+            f"{old['projected_s_for_same_rows'] / drop['seconds']:,.0f}x"
+        )
+    if old["projected_h_for_a_day_at_16k"] is not None:
+        wal_day = old["wal_bytes"] / max(old["rows"], 1) * p["samples_per_day"]
+        lines.append(
+            f"  at {TARGET_GPUS:,} GPUs   about {old['projected_h_for_a_day_at_16k']:.1f} h of DELETE and VACUUM and "
+            f"{_mib(wal_day)} of WAL per day of data; the old beat task (one {OLD_CHUNK:,}-row DELETE per table every "
+            f"{OLD_RUN_S // 60} min) deleted {old['old_task_rows_per_day'] / 1e6:.1f} M rows/day of the "
+            f"{p['samples_per_day'] / 1e9:.2f} B arriving"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if min(args.gpus, args.hours, args.delete_minutes) < 1 or args.hours > 24 * 7:
+        say("--gpus, --hours and --delete-minutes must be at least 1, --hours at most a week")
+        return 2
+    try:
+        with _database(args) as (engine, kind):
+            figures = _measure(args, engine, kind)
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    print(format_report(figures))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        say(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
