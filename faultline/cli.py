@@ -82,7 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = bench_sub.add_parser("ingest", help="drive the HTTP ingest API with agent-shaped batches")
     ingest.add_argument("--nodes", type=int, default=2048)
     ingest.add_argument("--gpus-per-node", type=int, default=8)
-    ingest.add_argument("--interval", type=float, default=1.0, help="seconds between a node's batches")
+    ingest.add_argument(
+        "--ship-interval",
+        "--interval",
+        type=float,
+        default=5.0,
+        help="seconds between a node's batches (default 5, the agent's)",
+    )
+    ingest.add_argument(
+        "--sample-interval", type=float, default=1.0, help="seconds between a GPU's samples in a batch (default 1)"
+    )
     ingest.add_argument("--duration", type=float, default=60.0, help="seconds of paced load")
     ingest.add_argument("--capacity-seconds", type=float, default=15.0, help="seconds of unpaced load after it")
     ingest.add_argument("--api-workers", type=int, default=2, help="API processes to start")
@@ -100,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     agent_bench.add_parser(bench_sub)
     # Commands with their own argument parsers; listed here for --help, dispatched by `main` (see _PASSTHROUGH).
     bench_sub.add_parser("stacks", help="stack aggregation over 16,384 synthetic ranks (see --help)", add_help=False)
+    bench_sub.add_parser(
+        "storage", help="bytes per GPU-sample and retention time, partition drop vs DELETE (see --help)", add_help=False
+    )
+    bench_sub.add_parser("diagnosis", help="diagnosis passes of a 1,024 to 16,384-GPU job (see --help)", add_help=False)
+    bench_sub.add_parser(
+        "scale-eval",
+        help="time from an injected fault (straggler, fatal Xid) to the decision on a 16,384-GPU job (see --help)",
+        add_help=False,
+    )
     sub.add_parser(
         "ml",
         help="the log classifier: `faultline ml train` (versioned artifact), `faultline ml predict LINE`",
@@ -113,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
 _PASSTHROUGH: dict[tuple[str, ...], str] = {
     ("ml",): "ml.classifier.cli:main",  # takes `train ...` / `predict ...` itself
     ("bench", "stacks"): "ml.bench_stacks:main",
+    ("bench", "storage"): "service.bench.storage:main",
+    ("bench", "diagnosis"): "service.bench.diagnosis:main",
+    ("bench", "scale-eval"): "service.bench.scale_eval:main",
     ("eval",): "service.evaluation.cli:main",
 }
 

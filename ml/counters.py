@@ -11,7 +11,7 @@ of its node keep reporting has fallen off the bus; a silent node, or a job whose
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,6 +46,13 @@ LOST_INTERVALS = 3
 LOST_MIN_S = 10.0
 LOST_MIN_LATER_SAMPLES = 2
 FUTURE_SKEW = timedelta(minutes=5)  # samples stamped further ahead of `now` than this are clock errors
+
+# The job-wide medians a caller may supply: name -> the counter columns whose per-GPU increases are summed.
+PEER_MEDIANS: dict[str, tuple[str, ...]] = {
+    "nvlink": NVLINK_ERRORS,
+    "nvlink_recovery": (NVLINK_RECOVERY,),
+    "pcie": (PCIE_REPLAY,),
+}
 
 _log = logging.getLogger(__name__)
 _KEYS = ["node", "gpu"]
@@ -189,7 +196,7 @@ def _stamp(ts: Any) -> str:
 # --- rules ----------------------------------------------------------------------------------------------------
 
 
-def _uncorrectable(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]:
+def _uncorrectable(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """Any increase of an uncorrectable-error counter: the GPU's memory is failing."""
     hits: dict[tuple[str, int], list[tuple[str, pd.Series]]] = {}
     for column in UNCORRECTABLE:
@@ -218,7 +225,7 @@ def _uncorrectable(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Findin
     return findings
 
 
-def _row_remap_failure(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]:
+def _row_remap_failure(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """The GPU has no spare rows left (a state, not a counter): it needs replacing."""
     values = _numeric(df, ROW_REMAP_FAILURE)
     if values is None:
@@ -243,7 +250,7 @@ def _row_remap_failure(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Fi
     return findings
 
 
-def _xid_counter(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]:
+def _xid_counter(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """DCGM's last-Xid field changing to a hardware Xid (the kernel log may not reach us)."""
     values = _numeric(df, XID_LAST)
     if values is None:
@@ -276,8 +283,11 @@ def _xid_counter(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]
     return findings
 
 
-def _peer_outliers(df: pd.DataFrame, columns: Sequence[str], min_errors: float) -> tuple[pd.DataFrame, float]:
-    """Per GPU: new errors summed over `columns` and per minute; the GPUs far above the job's median."""
+def _peer_outliers(
+    df: pd.DataFrame, columns: Sequence[str], min_errors: float, median: float | None = None
+) -> tuple[pd.DataFrame, float]:
+    """Per GPU: new errors summed over `columns` and per minute; the GPUs far above the job's median (`median`
+    when the caller knows it from GPUs that are not in `df`)."""
     parts = [_increases(df, c).set_index(_KEYS)["increase"].rename(c) for c in columns if c in df.columns]
     parts = [p for p in parts if not p.empty]
     if not parts:
@@ -285,19 +295,23 @@ def _peer_outliers(df: pd.DataFrame, columns: Sequence[str], min_errors: float) 
     table = pd.concat(parts, axis=1).fillna(0.0)
     table["total"] = table.sum(axis=1)
     table["per_min"] = table["total"] / _span_minutes(df).reindex(table.index).fillna(1.0)
-    median = float(table["total"].median())
+    if median is None:
+        median = float(table["total"].median())
     outliers = table[(table["total"] >= min_errors) & (table["total"] >= PEER_FACTOR * (median + 1.0))]
     return outliers, median
 
 
-def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]:
+def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """NVLink CRC/replay errors rising on one GPU far faster than on its peers, or link recoveries."""
-    outliers, median = _peer_outliers(df, NVLINK_ERRORS, NVLINK_MIN_ERRORS)
+    outliers, median = _peer_outliers(df, NVLINK_ERRORS, NVLINK_MIN_ERRORS, medians.get("nvlink"))
     recovery = _increases(df, NVLINK_RECOVERY).set_index(_KEYS)["increase"] if NVLINK_RECOVERY in df else None
     flagged: dict[tuple[str, int], dict[str, Any]] = {}
     for (node, gpu), row in outliers.iterrows():
         flagged[(node, int(gpu))] = {"errors": float(row["total"]), "per_min": float(row["per_min"])}
-    if recovery is not None and not recovery.empty and float(recovery.median()) == 0.0:
+    recovery_median = medians.get("nvlink_recovery")
+    if recovery_median is None and recovery is not None and not recovery.empty:
+        recovery_median = float(recovery.median())
+    if recovery is not None and not recovery.empty and recovery_median == 0.0:
         for (node, gpu), value in recovery[recovery > 0].items():
             flagged.setdefault((node, int(gpu)), {"errors": 0.0, "per_min": 0.0})["recoveries"] = float(value)
     first_ts = _first_rise(df, (*NVLINK_ERRORS, NVLINK_RECOVERY))
@@ -313,9 +327,9 @@ def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]:
     )
 
 
-def _pcie(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]:
+def _pcie(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """PCIe replays rising on one GPU far faster than on its peers: a marginal link or riser (diagnose)."""
-    outliers, median = _peer_outliers(df, (PCIE_REPLAY,), PCIE_MIN_REPLAYS)
+    outliers, median = _peer_outliers(df, (PCIE_REPLAY,), PCIE_MIN_REPLAYS, medians.get("pcie"))
     flagged = {
         (node, int(gpu)): {"errors": float(row["total"]), "per_min": float(row["per_min"])}
         for (node, gpu), row in outliers.iterrows()
@@ -411,7 +425,7 @@ def _gpu_timing(rows: pd.DataFrame) -> pd.DataFrame:
     return timing.merge(nodes, left_on="node", right_index=True)
 
 
-def _lost_gpus(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]:
+def _lost_gpus(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """GPUs whose samples stopped while the other GPUs of their node kept reporting."""
     rows = _reporting(df)
     timing = _gpu_timing(rows)
@@ -448,8 +462,12 @@ def _lost_gpus(df: pd.DataFrame, job: JobInfo, now: datetime) -> list[Finding]:
 _RULES = (_uncorrectable, _row_remap_failure, _xid_counter, _nvlink, _pcie, _lost_gpus)
 
 
-def detect(job: JobInfo, metrics: pd.DataFrame, *, now: datetime) -> list[Finding]:
-    """Findings from a job's GPU counters (cumulative columns are differenced per GPU)."""
+def detect(
+    job: JobInfo, metrics: pd.DataFrame, *, now: datetime, peer_medians: Mapping[str, float] | None = None
+) -> list[Finding]:
+    """Findings from a job's GPU counters (cumulative columns are differenced per GPU). A service that passes
+    only the GPUs worth a look (and their nodes) gives the job-wide medians of per-GPU new errors in
+    `peer_medians` ("nvlink", "nvlink_recovery", "pcie"); see PEER_MEDIANS."""
     try:
         df = _prepare(metrics, job, now)
     except Exception:
@@ -460,7 +478,7 @@ def detect(job: JobInfo, metrics: pd.DataFrame, *, now: datetime) -> list[Findin
     findings: list[Finding] = []
     for rule in _RULES:
         try:
-            findings += rule(df, job, now)
+            findings += rule(df, job, now, peer_medians or {})
         except Exception:  # one rule's bug must not hide the others' findings
             _log.warning("counters rule %s failed", rule.__name__, exc_info=True)
     return findings

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ml import parallel
+from ml import parallel, windows
 from ml.findings import Finding, JobInfo
+from ml.metrics import WINDOW_S
 
 DETECTOR = "peers"
 
@@ -92,56 +93,114 @@ SPECS: dict[str, MetricSpec] = {
 _ACTIVITY = (("sm_active", 0.1), ("tensor_active", 0.02), ("power_ratio", 0.25), ("gpu_util", 10.0))
 
 
+SPAN_S = 30.0  # one sub-window of the comparison: three 10 s windows
+
+
 def detect(
     job: JobInfo,
     metrics: pd.DataFrame,
     *,
     now: datetime,
-    window_s: float = 30,
+    window_s: float = SPAN_S,
     continuity_s: float = 120,
     metrics_priority: Sequence[str] = DEFAULT_PRIORITY,
 ) -> list[Finding]:
-    """GPUs that are their peers' outlier on a metric in every sub-window of the continuity period."""
+    """GPUs that are their peers' outlier on a metric in every sub-window of the continuity period, from raw
+    samples: the same spans a service computes one at a time from stored windows (`summarize_span`)."""
     try:
-        return _detect(job, metrics, _utc(now), float(window_s), float(continuity_s), tuple(metrics_priority))
+        now = _utc(now)
+        n_total = max(1, round(continuity_s / window_s)) * HISTORY_FACTOR
+        latest_end = windows.floor_time(now)
+        since = latest_end - timedelta(seconds=n_total * window_s + WINDOW_S)
+        frame = metrics[pd.to_datetime(metrics["ts"], utc=True, errors="coerce", format="mixed") >= since]
+        rolled = windows.from_samples(frame)
+        spans = {}
+        for i in range(n_total):
+            end = latest_end - timedelta(seconds=i * window_s)
+            spans[end.isoformat()] = summarize_span(
+                job, rolled, end=end, span_s=window_s, metrics_priority=metrics_priority
+            )
+        return from_spans(job, spans, latest_end=latest_end, span_s=window_s, continuity_s=continuity_s)
     except (LookupError, ValueError, TypeError, AttributeError, ArithmeticError):
         return []  # unreadable input: nothing to claim
 
 
-def _detect(
-    job: JobInfo, metrics: pd.DataFrame, now: datetime, window_s: float, continuity_s: float, priority: tuple[str, ...]
-) -> list[Finding]:
-    if window_s <= 0 or continuity_s <= 0 or not isinstance(metrics, pd.DataFrame) or metrics.empty:
-        return []
-    n_cont = max(1, round(continuity_s / window_s))
-    n_total = n_cont * HISTORY_FACTOR
-    frame = _prepare(job, metrics, now, window_s, n_total)
-    if frame.empty:
-        return []
-    active = _active_windows(frame, n_total)
-    if not all(active.get(w, False) for w in range(n_cont)):
-        return []  # the job is quiet in part of the continuity period: nothing to compare
-    frame = _drop_idle_units(frame)
-    stages = _pipeline_stages(job, frame["unit"].unique())
-    suspects: dict[str, list[dict[str, Any]]] = {}
-    zscores: dict[str, list[dict[str, float]]] = {}  # metric -> per continuity window: unit -> z
-    for metric in dict.fromkeys(priority):
+def summarize_span(
+    job: JobInfo,
+    rolled: pd.DataFrame,
+    *,
+    end: datetime,
+    span_s: float = SPAN_S,
+    metrics_priority: Sequence[str] = DEFAULT_PRIORITY,
+) -> dict[str, Any]:
+    """One sub-window ending at `end`, from window rows (ml/windows.py): whether the job was working, and per
+    metric every GPU's distance from its peers (only the large ones, |z| >= SUPPORT_Z) and the outliers.
+    Plain JSON, so a service can keep it between passes."""
+    result: dict[str, Any] = {"active": False, "metrics": {}}
+    frame = _span_frame(job, rolled, _utc(end), span_s)
+    if frame is None:
+        return result
+    in_span = frame[~frame["previous"]]
+    active = _span_active(in_span)
+    result["active"] = active
+    if not active:
+        return result
+    frame = frame[frame["unit"].isin(_busy_units(in_span))]
+    # Unit codes once for every metric (factorizing 65,000 strings per metric costs more than the metric).
+    units, uid = np.unique(frame["unit"].to_numpy(), return_inverse=True)
+    stages = _pipeline_stages(job, units)
+    for metric in dict.fromkeys(metrics_priority):
         if metric not in frame.columns:
             continue
         spec = _spec(metric)
-        summaries = _window_summaries(frame, metric, spec, n_total)
+        summaries = _span_summaries(frame, units, uid, metric, spec)
         if summaries is None:
             continue
         groups = np.array([stages.get(u, -1) for u in summaries.units])
-        per_window = {w: _grouped_outliers(summaries, w, spec, groups) for w in range(n_total) if active.get(w, False)}
-        zscores[metric] = [per_window[w][0] for w in range(n_cont)]
-        for unit, record in _continuous({w: o for w, (_, o) in per_window.items()}, n_cont).items():
+        zs, out = _grouped_outliers(summaries, 0, spec, groups)
+        result["metrics"][metric] = {
+            "z": {u: round(z, 3) for u, z in zs.items() if abs(z) >= SUPPORT_Z},
+            "out": out,
+        }
+    return result
+
+
+def from_spans(
+    job: JobInfo,
+    spans: dict[str, dict[str, Any]],
+    *,
+    latest_end: datetime,
+    span_s: float = SPAN_S,
+    continuity_s: float = 120,
+) -> list[Finding]:
+    """Findings from span summaries keyed by their end (ISO): the GPUs flagged in every span of the continuity
+    period, back to back from `latest_end`. A span that is missing or quiet ends the comparison."""
+    n_cont = max(1, round(continuity_s / span_s))
+    latest_end = _utc(latest_end)
+    chain = []
+    for i in range(n_cont * HISTORY_FACTOR):
+        span = spans.get((latest_end - timedelta(seconds=i * span_s)).isoformat())
+        if span is None:
+            break
+        chain.append(span)
+    if len(chain) < n_cont or not all(span["active"] for span in chain[:n_cont]):
+        return []
+    metrics = dict.fromkeys(m for span in chain for m in span["metrics"])
+    suspects: dict[str, list[dict[str, Any]]] = {}
+    zscores: dict[str, list[dict[str, float]]] = {}
+    for metric in metrics:
+        spec = _spec(metric)
+        per_window = {
+            w: span["metrics"].get(metric, {}).get("out", {}) for w, span in enumerate(chain) if span["active"]
+        }
+        zscores[metric] = [chain[w]["metrics"].get(metric, {}).get("z", {}) for w in range(n_cont)]
+        for unit, record in _continuous(per_window, n_cont).items():
             record.update(metric=metric, category=spec.category, weight=spec.weight)
             suspects.setdefault(unit, []).append(record)
     findings = []
     for unit, records in suspects.items():
         support = _support(unit, records, zscores)
-        findings += _findings(job, unit, records, support, now, window_s, n_cont)
+        findings += _findings(job, unit, records, support, latest_end, span_s, n_cont)
     return findings
 
 
@@ -157,27 +216,25 @@ def _utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
-def _prepare(job: JobInfo, metrics: pd.DataFrame, now: datetime, window_s: float, n_total: int) -> pd.DataFrame:
-    """Rows of the analyzed span with a unit ("node/gpu") and a window index (0 = the latest)."""
-    frame = metrics.copy()
-    frame["ts"] = pd.to_datetime(frame["ts"], utc=True, errors="coerce", format="mixed")
-    frame["gpu"] = _numeric(frame["gpu"])
-    frame = frame.dropna(subset=["ts", "node", "gpu"])
-    age = (pd.Timestamp(now) - frame["ts"]).dt.total_seconds()
-    # One window more than analyzed: a counter's first difference needs the sample before.
-    frame = frame[(age >= 0) & (age < (n_total + 1) * window_s)].copy()
+def _span_frame(job: JobInfo, rolled: pd.DataFrame, end: datetime, span_s: float) -> pd.DataFrame | None:
+    """The span's window rows (and, flagged `previous`, the window before it, which a counter's first
+    difference needs) of the job's GPUs, with a unit ("node/gpu")."""
+    if not isinstance(rolled, pd.DataFrame) or rolled.empty:
+        return None
+    starts = pd.to_datetime(rolled["window_start"], utc=True)
+    begin = pd.Timestamp(end) - pd.Timedelta(seconds=span_s)
+    frame = rolled[(starts >= begin - pd.Timedelta(seconds=WINDOW_S)) & (starts < pd.Timestamp(end))].copy()
     nodes = set(job.nodes)
     if nodes and frame["node"].isin(nodes).any():
         frame = frame[frame["node"].isin(nodes)]  # GPUs of other jobs are no peers
     if frame.empty:
-        return frame
-    frame["node"] = frame["node"].astype(str)
-    frame["unit"] = frame["node"] + "/" + frame["gpu"].astype(int).astype(str)
-    frame["w"] = (age.loc[frame.index] // window_s).astype(int)
+        return None
+    frame["previous"] = pd.to_datetime(frame["window_start"], utc=True) < begin
+    frame["unit"] = frame["node"].astype(str) + "/" + frame["gpu"].astype(int).astype(str)
     if "power_usage" in frame.columns and "power_limit" in frame.columns:
         limit = _numeric(frame["power_limit"])
         frame["power_ratio"] = _numeric(frame["power_usage"]) / limit.where(limit > 0)
-    return frame.sort_values(["unit", "ts"])
+    return frame.sort_values(["unit", "window_start"])
 
 
 def _pipeline_stages(job: JobInfo, units: Any) -> dict[str, int]:
@@ -220,25 +277,25 @@ def _activity(frame: pd.DataFrame) -> tuple[pd.Series, float] | None:
     return None
 
 
-def _active_windows(frame: pd.DataFrame, n_total: int) -> dict[int, bool]:
-    """Whether the job (its median GPU) is working in each window; all are, when nothing tells."""
+def _span_active(frame: pd.DataFrame) -> bool:
+    """Whether the job (its median GPU) is working in the span; it is, when nothing tells."""
+    if frame.empty:
+        return False
     gauge = _activity(frame)
     if gauge is None:
-        return dict.fromkeys(range(n_total), True)
+        return True
     values, threshold = gauge
-    per_unit = values.groupby([frame["w"], frame["unit"]]).median()
-    job_level = per_unit.groupby(level="w").median()
-    return {int(w): bool(v >= threshold) for w, v in job_level.items()}
+    return bool(values.groupby(frame["unit"]).median().median() >= threshold)
 
 
-def _drop_idle_units(frame: pd.DataFrame) -> pd.DataFrame:
-    """GPUs idle through the whole span while the job works are not in this job (a half-used node)."""
+def _busy_units(frame: pd.DataFrame) -> list[str]:
+    """GPUs idle through the span while the job works are not in this job (a half-used node)."""
     gauge = _activity(frame)
     if gauge is None:
-        return frame
+        return list(frame["unit"].unique())
     values, threshold = gauge
     busy = values.groupby(frame["unit"]).max() >= threshold
-    return frame[frame["unit"].isin(busy[busy].index)]
+    return list(busy[busy].index)
 
 
 # --- per metric ---
@@ -253,29 +310,44 @@ class Summaries:
     counts: np.ndarray
 
 
-def _window_summaries(frame: pd.DataFrame, metric: str, spec: MetricSpec, n_total: int) -> Summaries | None:
-    """The metric's 10%-trimmed mean per unit and window (spikes and duty-cycle phases averaged out)."""
-    units, uid = np.unique(frame["unit"].to_numpy(), return_inverse=True)
+def _span_summaries(
+    frame: pd.DataFrame, units: np.ndarray, uid: np.ndarray, metric: str, spec: MetricSpec
+) -> Summaries | None:
+    """Per GPU over the span: the metric's mean (windows weighted by their samples), or for a cumulative
+    counter its per-second increase from the window before the span to the span's last window. `uid` codes
+    each row's unit as an index into `units`."""
+    counts = np.bincount(
+        uid, weights=np.where(frame["previous"], 0, frame["n"].to_numpy(dtype=float)), minlength=len(units)
+    )
+    peak = f"{metric}_max"
+    if spec.counter and peak in frame.columns:
+        top = _numeric(frame[peak]).to_numpy(dtype=float)
+        if _is_cumulative(uid, top):
+            ts = (pd.to_datetime(frame["last_ts"], utc=True) - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+            ok = np.isfinite(top)  # rows are sorted by unit and time
+            u, v, t = uid[ok], top[ok], ts[ok]
+            present, head = np.unique(u, return_index=True)
+            tail = len(u) - 1 - np.unique(u[::-1], return_index=True)[1]
+            first, last, t0, t1 = (np.full(len(units), np.nan) for _ in range(4))
+            first[present], t0[present] = v[head], t[head]
+            last[present], t1[present] = v[tail], t[tail]
+            dt = t1 - t0
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rate = np.where((dt > 0) & (last >= first), (last - first) / dt, np.nan)
+            return _summaries(units, rate, counts)
     v = _numeric(frame[metric]).to_numpy(dtype=float)
-    w = frame["w"].to_numpy()
-    if spec.counter and _is_cumulative(uid, v):
-        uid, v, w = _rates(uid, v, w, frame["ts"].to_numpy(dtype="datetime64[ns]"))
-    ok = np.isfinite(v) & (w >= 0) & (w < n_total)
-    uid, v, w = uid[ok], v[ok], w[ok]
-    if v.size == 0:
+    weight = np.where(frame["previous"] | ~np.isfinite(v), 0.0, frame["n"].to_numpy(dtype=float))
+    total = np.bincount(uid, weights=weight, minlength=len(units))
+    sums = np.bincount(uid, weights=np.where(weight > 0, v, 0.0) * weight, minlength=len(units))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(total > 0, sums / total, np.nan)
+    return _summaries(units, means, np.where(total > 0, counts, 0))
+
+
+def _summaries(units: np.ndarray, values: np.ndarray, counts: np.ndarray) -> Summaries | None:
+    if not np.isfinite(values).any():
         return None
-    gid = uid * n_total + w
-    order = np.lexsort((v, gid))
-    gid, v = gid[order], v[order]
-    groups, first, n = np.unique(gid, return_index=True, return_counts=True)
-    k = np.floor(0.1 * n).astype(int)
-    cs = np.concatenate(([0.0], np.cumsum(v)))
-    means = (cs[first + n - k] - cs[first + k]) / (n - 2 * k)
-    values = np.full(len(units) * n_total, np.nan)
-    counts = np.zeros(len(units) * n_total)
-    values[groups], counts[groups] = means, n
-    shape = (len(units), n_total)
-    return Summaries([str(u) for u in units], values.reshape(shape), counts.reshape(shape))
+    return Summaries([str(u) for u in units], values.reshape(-1, 1), counts.astype(float).reshape(-1, 1))
 
 
 def _same_unit_diff(uid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -290,14 +362,6 @@ def _is_cumulative(uid: np.ndarray, v: np.ndarray) -> bool:
     if dv.size < 3:
         return False
     return bool(np.mean(dv >= 0) >= 0.95 and np.mean(dv > 0) >= 0.5)
-
-
-def _rates(uid: np.ndarray, v: np.ndarray, w: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-second increases of a cumulative counter, in the later sample's window; resets dropped."""
-    dv, same = _same_unit_diff(uid, v)
-    dt = np.diff(ts).astype("timedelta64[ns]").astype(float) / 1e9
-    keep = same & (dt > 0) & (dv >= 0)
-    return uid[1:][keep], dv[keep] / dt[keep], w[1:][keep]
 
 
 def _grouped_outliers(
@@ -376,11 +440,11 @@ def _support(
     categories = {r["category"] for r in records}
     done = {r["metric"] for r in records}
     out = []
-    for metric, windows in zscores.items():
+    for metric, per_span in zscores.items():
         spec = _spec(metric)
-        if metric in done or spec.category not in categories or not windows:
+        if metric in done or spec.category not in categories or not per_span:
             continue
-        z = [win.get(unit) for win in windows]
+        z = [win.get(unit) for win in per_span]
         if any(v is None for v in z) or abs(z[0] or 0.0) < Z_MIN:
             continue
         zz = np.array(z, dtype=float)

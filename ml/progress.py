@@ -38,6 +38,7 @@ _ACTIVITY = (("tensor_active", 0.05, 0.01), ("sm_active", 0.15, 0.05), ("power_u
 COLLAPSE_RATIO = 0.3
 POWER_COLLAPSE_RATIO = 0.45  # power never reaches zero: idle draw is a fifth of a working GPU's
 MIN_COVERAGE = 0.8  # of the timeout's buckets that must have samples to claim a collapse
+ACTIVITY_COLUMNS = tuple(column for column, _, _ in _ACTIVITY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +74,21 @@ def detect(
     processes: pd.DataFrame | None,
     metrics: pd.DataFrame | None,
     now: datetime,
+    activity: pd.DataFrame | None = None,
 ) -> list[Finding]:
-    """A job-level hang finding when steps (or, lacking any, GPU activity) stopped while processes live."""
+    """A job-level hang finding when steps (or, lacking any, GPU activity) stopped while processes live.
+    GPU activity comes as raw `metrics`, or already summarized per bucket as `job_activity` shapes it."""
     try:
         now = utc(now)
-        live = liveness(job, processes, metrics, now)
+        if activity is None:
+            activity = job_activity(job, metrics, now)
+        live = liveness(job, processes, activity, now)
         if live is None or not live.ok:
             return []
         points = step_points(steps)
         if points:
-            return _step_hang(job, points, live, metrics, now)
-        return _activity_hang(job, live, metrics, now)
+            return _step_hang(job, points, live, activity, now)
+        return _activity_hang(job, live, activity, now)
     except (LookupError, ValueError, TypeError, AttributeError, ArithmeticError):
         return []  # unreadable input: nothing to claim
 
@@ -167,13 +172,13 @@ def snapshot_interval(frame: pd.DataFrame) -> float:
 
 
 def liveness(
-    job: JobInfo, processes: pd.DataFrame | None, metrics: pd.DataFrame | None, now: datetime
+    job: JobInfo, processes: pd.DataFrame | None, activity: pd.DataFrame | None, now: datetime
 ) -> Liveness | None:
     """The job's live ranks from process snapshots, else from GPU memory held; None when nothing tells."""
     frame = process_frame(processes, now)
     if frame is not None:
         return _from_processes(job, frame, now)
-    return _from_gpu_memory(job, metrics, now)
+    return _from_gpu_memory(activity, now)
 
 
 def _from_processes(job: JobInfo, frame: pd.DataFrame, now: datetime) -> Liveness:
@@ -204,18 +209,14 @@ def _restart_time(ranked: pd.DataFrame, live: pd.DataFrame) -> datetime | None:
     return mine.loc[mine["pid"] == current, "ts"].min().floor("us").to_pydatetime()
 
 
-def _from_gpu_memory(job: JobInfo, metrics: pd.DataFrame | None, now: datetime) -> Liveness | None:
+def _from_gpu_memory(activity: pd.DataFrame | None, now: datetime) -> Liveness | None:
     """Without process snapshots: a GPU still holding memory has a live process (a lost GPU's series end)."""
-    frame = metric_frame(job, metrics, now)
-    if frame is None or "fb_used" not in frame.columns:
+    if activity is None or "gpus_seen" not in activity.columns or not activity["gpus_seen"].max() > 0:
         return None
-    used = numeric(frame["fb_used"])
-    recent = frame["ts"] >= pd.Timestamp(now - timedelta(seconds=FRESH_S))
-    latest = used[recent].groupby(frame.loc[recent, "unit"]).last().dropna()
-    units = frame.loc[used.notna(), "unit"].nunique()
-    if units == 0:
-        return None
-    return Liveness(int((latest >= FB_USED_ALIVE_MIB).sum()), int(units), "gpu_memory")
+    recent = activity[activity.index >= (now - timedelta(seconds=FRESH_S)).timestamp() - BUCKET_S]
+    # The busiest recent bucket: the newest may be half-filled (GPUs are sampled apart).
+    alive = int(recent["gpus_alive"].max()) if not recent.empty else 0
+    return Liveness(alive, int(activity["gpus_seen"].max()), "gpu_memory")
 
 
 def metric_frame(job: JobInfo, metrics: pd.DataFrame | None, now: datetime) -> pd.DataFrame | None:
@@ -240,7 +241,7 @@ def metric_frame(job: JobInfo, metrics: pd.DataFrame | None, now: datetime) -> p
 
 
 def _step_hang(
-    job: JobInfo, points: list[StepPoint], live: Liveness, metrics: pd.DataFrame | None, now: datetime
+    job: JobInfo, points: list[StepPoint], live: Liveness, activity: pd.DataFrame | None, now: datetime
 ) -> list[Finding]:
     changes = _changes(points)
     last = max((pts[-1] for pts in changes.values()), key=lambda p: (p.ts, p.step))
@@ -252,7 +253,7 @@ def _step_hang(
     if stalled < timeout:
         return []
     last_step = last.step
-    busy = _gpus_computing(job, metrics, now, timeout)
+    busy = _gpus_computing(activity, now, timeout)
     confidence = 0.75 if busy else 0.9
     evidence: dict[str, Any] = {
         "signals": [{"type": "log", "id": last.record_id}],
@@ -299,15 +300,14 @@ def _effective_timeout(timeout: float, changes: dict[tuple[str, int | None], lis
     return max(float(timeout), LOG_GAP_FACTOR * typical)
 
 
-def _gpus_computing(job: JobInfo, metrics: pd.DataFrame | None, now: datetime, span: float) -> bool:
+def _gpus_computing(activity: pd.DataFrame | None, now: datetime, span: float) -> bool:
     """Whether the job's GPUs kept computing (tensor/SM activity) through the stall."""
-    frame = metric_frame(job, metrics, now)
-    if frame is None:
+    if activity is None:
         return False
-    recent = frame[frame["ts"] >= pd.Timestamp(now - timedelta(seconds=min(span, 120.0)))]
+    recent = activity[activity.index >= (now - timedelta(seconds=min(span, 120.0))).timestamp() - BUCKET_S]
     for column, working, _ in _ACTIVITY[:2]:
         if column in recent.columns:
-            values = numeric(recent[column]).groupby(recent["unit"]).median().dropna()
+            values = recent[column].dropna()
             if not values.empty:
                 return bool(values.median() >= working)
     return False
@@ -316,32 +316,48 @@ def _gpus_computing(job: JobInfo, metrics: pd.DataFrame | None, now: datetime, s
 # --- hang from GPU activity (no step records) ---
 
 
-def _activity_hang(job: JobInfo, live: Liveness, metrics: pd.DataFrame | None, now: datetime) -> list[Finding]:
-    frame = metric_frame(job, metrics, now)
+def _activity_hang(job: JobInfo, live: Liveness, activity: pd.DataFrame | None, now: datetime) -> list[Finding]:
     timeout = float(job.hang_timeout_s)
-    if frame is None or timeout <= 0:
+    if activity is None or timeout <= 0:
         return []
     for column, working, floor in _ACTIVITY:
-        if column not in frame.columns:
+        if column not in activity.columns:
             continue
-        level = _job_level(frame, column)
-        if level is None:
+        level = activity[column].dropna()
+        if level.empty:
             continue
         return _collapse(job, live, level, column, working, floor, now, timeout)
     return []
 
 
-def _job_level(frame: pd.DataFrame, column: str) -> pd.Series | None:
-    """The job's median GPU per time bucket (indexed by bucket start, seconds since the epoch)."""
-    values = numeric(frame[column])
-    ok = values.notna()
-    if ok.mean() < 0.5:
+def job_activity(job: JobInfo, metrics: pd.DataFrame | None, now: datetime) -> pd.DataFrame | None:
+    """Per BUCKET_S bucket (index: its start, epoch seconds): the job's median GPU of each activity gauge
+    (a GPU's bucket mean), and how many GPUs report memory use (`gpus_seen`) and hold enough for a live
+    process (`gpus_alive`). A service computes the same per stored window."""
+    frame = metric_frame(job, metrics, now)
+    if frame is None:
         return None
     seconds = (frame["ts"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds()  # whatever the stamps' resolution
     bucket = (seconds // BUCKET_S * BUCKET_S).astype("int64")
-    per_unit = values[ok].groupby([bucket[ok], frame["unit"][ok]]).mean()
-    level = per_unit.groupby(level=0).median().sort_index()
-    return level if not level.empty else None
+    columns: dict[str, pd.Series] = {}
+    for column in ACTIVITY_COLUMNS:
+        if column not in frame.columns:
+            continue
+        values = numeric(frame[column])
+        ok = values.notna()
+        if ok.mean() < 0.5:
+            continue  # too sparse to speak for the job
+        per_unit = values[ok].groupby([bucket[ok], frame["unit"][ok]]).mean()
+        columns[column] = per_unit.groupby(level=0).median()
+    if "fb_used" in frame.columns:
+        used = numeric(frame["fb_used"])
+        ok = used.notna()
+        last = used[ok].groupby([bucket[ok], frame["unit"][ok]]).last()
+        columns["gpus_alive"] = (last >= FB_USED_ALIVE_MIB).groupby(level=0).sum()
+        columns["gpus_seen"] = last.groupby(level=0).size()
+    if not columns:
+        return None
+    return pd.DataFrame(columns).sort_index()
 
 
 def _collapse(
@@ -355,7 +371,8 @@ def _collapse(
     timeout: float,
 ) -> list[Finding]:
     """A hang finding when the job worked before and its activity stayed collapsed for the timeout."""
-    start = now.timestamp() - timeout
+    # Judge the timeout up to the newest bucket: stored windows close a little after real time.
+    start = min(now.timestamp(), float(level.index.max()) + BUCKET_S) - timeout
     before, during = level[level.index < start - BUCKET_S], level[level.index >= start]
     expected_buckets = timeout / BUCKET_S
     if before.empty or len(during) < MIN_COVERAGE * expected_buckets:

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     # Diagnosis: how often every active job is examined, over how much recent data.
     diagnosis_interval_s: float = Field(default=5.0, gt=0)
     diagnosis_window_s: float = Field(default=300.0, ge=30)
+    # A 10 s metric window is summarized this long after its end: agents ship every 5 s, so its samples
+    # have arrived by then. Later samples stay raw (plots, evidence) but miss their window.
+    window_grace_s: float = Field(default=6.0, ge=0)
     # A job whose agents reported within this long is active.
     active_job_s: float = Field(default=120.0, gt=0)
     # After a stack-dump request, aggregate what arrived by this deadline even if some ranks never answer.

@@ -1,13 +1,20 @@
-"""The ingest benchmark's load generator, run as its own process: `python -m service.bench.loadgen`.
+"""The load generator of `faultline bench ingest` and `faultline bench scale-eval`, run as its own process:
+`python -m service.bench.loadgen`.
 
 It shares a small machine with the API, the worker and PostgreSQL, so it must cost little CPU: request
-bodies are rendered from per-node templates (only the batch id and the timestamps change per send) and
-sent as pre-built HTTP/1.1 bytes on keep-alive connections (a bare asyncio protocol), reading back only
-the status line and the Content-Length. An HTTP client library would spend more CPU per request than the
-server it measures.
+bodies are rendered from per-node templates (only the batch id, the sample timestamps and the step lines
+change per send) and sent as pre-built HTTP/1.1 bytes on keep-alive connections (a bare asyncio protocol),
+reading back only the status line and the Content-Length. An HTTP client library would spend more CPU per
+request than the server it measures.
 
-Protocol: a JSON LoadConfig on stdin; JSON lines on stdout, events (`{"event": "paced_start"}`) while
-it runs and `{"result": {...}}` at the end; progress lines for people on stderr.
+Agents sample GPU counters every `sample_interval` and ship every `ship_interval`, so one batch carries
+ship/sample samples per GPU, each with its own timestamp. A scale eval also injects one fault on one node
+(`fault`): a thermally throttled GPU (its node's templates switch, and every step of the job gets slower),
+or a fatal Xid 79 line sent at once, as an agent sends a critical event (the GPU's series then stop).
+
+Protocol: a JSON LoadConfig on stdin; JSON lines on stdout, events (`{"event": "paced_start"}`,
+`{"event": "injected", ...}`) while it runs and `{"result": {...}}` at the end; progress lines for people
+on stderr. SIGTERM ends the paced phase early and still reports.
 """
 
 from __future__ import annotations
@@ -15,29 +22,36 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
+import re
+import signal
 import sys
 import time
 import uuid
 from array import array
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
-from service.synthetic import PROCESS_EVERY, SyntheticNode, make_nodes
+from agents.sim.gpu import COMPUTE_SHARE, THROTTLE_RATIO
+from service.synthetic import SyntheticNode, make_nodes, process_every, sample_times, step_log, xid_log
 
-# Bodies per node: a first one carrying the GPU inventory, as a starting agent sends, then a cycle of
-# PROCESS_EVERY that rotate, so stored values vary and process snapshots come as often as an agent's.
-TEMPLATE_VARIANTS = PROCESS_EVERY
-PROGRESS_EVERY_S = 5.0
+# Bodies per node: a first one carrying the GPU inventory, as a starting agent sends, then a cycle that
+# rotates (process snapshots in as many of them as an agent sends them), so stored values vary.
+MIN_TEMPLATE_VARIANTS = 3
 # How long the paced phase keeps sending queued requests after the last one was due.
 PACED_GRACE_S = 10.0
 # A request unanswered this long means a hung server: the phase ends without it.
 HUNG_REQUEST_S = 60.0
 DISPATCH_TICK_S = 0.001
+# A throttled GPU computes at its reduced clock and every rank waits for it (agents/sim/model.py).
+STRAGGLER_SLOWDOWN = COMPUTE_SHARE / THROTTLE_RATIO + (1 - COMPUTE_SHARE)
+FAULTS = ("xid", "straggler")
+_LOGS_MARKER = "@@faultline-loadgen-logs@@"
 
 
 @dataclass(frozen=True)
@@ -47,12 +61,37 @@ class LoadConfig:
     token: str
     nodes: int
     gpus_per_node: int
-    interval: float
+    ship_interval: float
+    sample_interval: float
     duration: float
     connections: int
     capacity_seconds: float
     job_id: str
     node_prefix: str
+    # The first `step_log_nodes` nodes log a step line per training step of `step_s` seconds.
+    step_log_nodes: int = 1
+    step_s: float = 1.0
+    # One fault (FAULTS) on one node's GPU, `fault_after` seconds into the paced phase; None: healthy.
+    fault: str | None = None
+    fault_node: int = 0
+    fault_gpu: int = 0
+    fault_after: float = 0.0
+    progress_s: float = 5.0
+
+    @property
+    def samples_per_batch(self) -> int:
+        return samples_per_batch(self.ship_interval, self.sample_interval)
+
+
+def samples_per_batch(ship_interval: float, sample_interval: float) -> int:
+    """Samples per GPU in one batch; the ship interval must be a whole number of sample intervals."""
+    ratio = ship_interval / sample_interval
+    if ratio < 1 - 1e-6 or abs(ratio - round(ratio)) > 1e-6:
+        raise ValueError(
+            f"the ship interval ({ship_interval:g} s) must be a whole multiple of the sample interval "
+            f"({sample_interval:g} s)"
+        )
+    return round(ratio)
 
 
 @dataclass
@@ -62,6 +101,7 @@ class PhaseStats:
 
     name: str
     samples_per_request: int
+    scheduled: int = 0  # requests due in the phase (paced only)
     sent: int = 0
     ok: int = 0
     errors: int = 0
@@ -72,6 +112,9 @@ class PhaseStats:
     latency: array[float] = field(default_factory=lambda: array("d"))
     service: array[float] = field(default_factory=lambda: array("d"))
     problems: list[str] = field(default_factory=list)
+    # Answers asking the agent for stack dumps (the load generator does not dump stacks: it has no processes).
+    directives: int = 0
+    stopped_early: bool = False
 
     def record(self, status: int, latency: float, service: float, body: bytes) -> None:
         self.statuses[status] += 1
@@ -79,6 +122,8 @@ class PhaseStats:
         self.service.append(service)
         if 200 <= status < 300:
             self.ok += 1
+            if b"dump_stacks" in body:
+                self.directives += 1
         elif len(self.problems) < 5:
             self.problems.append(f"HTTP {status}: {body[:300].decode(errors='replace')}")
 
@@ -90,6 +135,7 @@ class PhaseStats:
     def summary(self) -> dict[str, Any]:
         elapsed = self.elapsed_s or float("nan")
         return {
+            "requests_scheduled": self.scheduled,
             "requests_sent": self.sent,
             "requests_ok": self.ok,
             "non_2xx": sum(n for status, n in self.statuses.items() if not 200 <= status < 300),
@@ -104,6 +150,8 @@ class PhaseStats:
             "samples_per_s": self.ok * self.samples_per_request / elapsed,
             "latency_ms": percentiles(self.latency),
             "service_ms": percentiles(self.service),
+            "directives": self.directives,
+            "stopped_early": self.stopped_early,
             "problems": self.problems,
         }
 
@@ -122,21 +170,28 @@ def percentiles(values: array[float] | list[float]) -> dict[str, float | None]:
 
 @dataclass(frozen=True)
 class _Template:
-    head: bytes  # up to the batch id
-    tail: list[bytes]  # the rest, split at each timestamp
+    """A request body split at its variable parts: `slots[i]` is the value that goes after `segments[i]`."""
+
+    segments: list[bytes]
+    slots: list[int]
 
     @classmethod
-    def of(cls, batch: dict[str, Any]) -> _Template:
-        body = orjson.dumps(batch)
-        batch_id = batch["batch_id"].encode()
-        ts = batch["sent_at"].encode()
-        if body.count(batch_id) != 1 or ts in body.split(batch_id)[0]:
-            raise ValueError("batch id must come first in a batch and appear once")
-        head, rest = body.split(batch_id)
-        return cls(head, rest.split(ts))
+    def of(cls, body: bytes, markers: dict[bytes, int]) -> _Template:
+        """Split `body` at every marker; slot 0 (the batch id) must appear exactly once."""
+        pattern = b"(" + b"|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True)) + b")"
+        parts = re.split(pattern, body)
+        slots = [markers[m] for m in parts[1::2]]
+        if slots.count(0) != 1:
+            raise ValueError("the batch id must appear exactly once in a batch")
+        return cls(parts[0::2], slots)
 
-    def render(self, batch_id: bytes, ts: bytes) -> bytes:
-        return b"".join((self.head, batch_id, ts.join(self.tail)))
+    def render(self, values: Sequence[bytes]) -> bytes:
+        segments = self.segments
+        out = [segments[0]]
+        for i, slot in enumerate(self.slots, 1):
+            out.append(values[slot])
+            out.append(segments[i])
+        return b"".join(out)
 
 
 def _batch_ids() -> Iterator[bytes]:
@@ -149,18 +204,70 @@ def _batch_ids() -> Iterator[bytes]:
 _BATCH_IDS = _batch_ids()
 
 
-class NodeBodies:
-    """One node's request bodies: agent-shaped, a fresh batch id and timestamps for every send."""
+def _iso(epoch: float) -> bytes:
+    return datetime.fromtimestamp(epoch, UTC).isoformat().encode()
 
-    def __init__(self, node: SyntheticNode, interval: float) -> None:
-        self.first = _Template.of(node.batch(interval=interval))
-        self.rotating = [_Template.of(node.batch(interval=interval)) for _ in range(TEMPLATE_VARIANTS)]
+
+class NodeBodies:
+    """One node's request bodies: agent-shaped; a fresh batch id, sample times and step lines for every send.
+
+    Slots: 0 the batch id, 1..n the times of the batch's n samples (oldest first; the last is the send
+    time, which also stamps the batch and its process snapshots), n+1 the step lines (a JSON array).
+    """
+
+    def __init__(self, node: SyntheticNode, config: LoadConfig, *, start: datetime) -> None:
+        self.samples = config.samples_per_batch
+        self.sample_interval = config.sample_interval
+        every = process_every(config.ship_interval)
+        variants = every * math.ceil(MIN_TEMPLATE_VARIANTS / every)
+        templates = [
+            self._template(node, start + timedelta(seconds=k * config.ship_interval)) for k in range(variants + 1)
+        ]
+        self.first, self.rotating = templates[0], templates[1:]
         self.sends = 0
 
-    def next_body(self) -> bytes:
-        template = self.first if self.sends == 0 else self.rotating[self.sends % TEMPLATE_VARIANTS]
+    def _template(self, node: SyntheticNode, now: datetime) -> _Template:
+        batch = node.batch(now, interval=self.sample_interval, samples=self.samples, logs=_LOGS_MARKER)
+        markers = {batch["batch_id"].encode(): 0, orjson.dumps(_LOGS_MARKER): self.samples + 1}
+        for k, ts in enumerate(sample_times(now, interval=self.sample_interval, samples=self.samples)):
+            markers[ts.isoformat().encode()] = 1 + k
+        return _Template.of(orjson.dumps(batch), markers)
+
+    def next_body(self, now: float, logs: bytes = b"[]") -> bytes:
+        """The next body, its samples taken up to `now` (epoch seconds)."""
+        template = self.first if self.sends == 0 else self.rotating[(self.sends - 1) % len(self.rotating)]
         self.sends += 1
-        return template.render(next(_BATCH_IDS), datetime.now(UTC).isoformat().encode())
+        n, step = self.samples, self.sample_interval
+        values = [next(_BATCH_IDS), *(_iso(now - (n - 1 - k) * step) for k in range(n)), logs]
+        return template.render(values)
+
+    def take_over(self, previous: NodeBodies) -> NodeBodies:
+        """Continue where `previous` left off (a fault switches a node's bodies mid-run)."""
+        self.sends = max(previous.sends, 1)
+        return self
+
+
+class StepClock:
+    """The job's training steps on the wall clock: step k ends at a known time; a straggler stretches
+    every step after its onset."""
+
+    def __init__(self, *, step_s: float, first_step: int, t0: float) -> None:
+        self.step_s = step_s
+        self._anchor_t = t0
+        self._anchor_step = float(first_step)
+
+    def position(self, t: float) -> float:
+        return self._anchor_step + (t - self._anchor_t) / self.step_s
+
+    def slow_down(self, t: float, factor: float) -> None:
+        self._anchor_step = self.position(t)
+        self._anchor_t = t
+        self.step_s *= factor
+
+    def completed(self, after: float, until: float) -> list[tuple[int, float]]:
+        """(step, end time) of the steps that ended in (after, until]."""
+        first, last = math.floor(self.position(after)) + 1, math.floor(self.position(until))
+        return [(k, self._anchor_t + (k - self._anchor_step) * self.step_s) for k in range(first, last + 1)]
 
 
 class _ResponseReader(asyncio.Protocol):
@@ -225,18 +332,59 @@ class Connection:
 
 class LoadGenerator:
     def __init__(self, config: LoadConfig) -> None:
+        if config.fault is not None and config.fault not in FAULTS:
+            raise ValueError(f"unknown fault {config.fault!r}; known: {', '.join(FAULTS)}")
         self.config = config
+        start = datetime.now(UTC)
         cluster = make_nodes(config.nodes, gpus=config.gpus_per_node, job_id=config.job_id, prefix=config.node_prefix)
-        self.bodies = [NodeBodies(node, config.interval) for node in cluster]
+        self.names = [node.name for node in cluster]
+        self.bodies = [NodeBodies(node, config, start=start) for node in cluster]
+        self.fault_bodies: NodeBodies | None = None
+        if config.fault is not None:
+            # The faulty node's bodies from the injection on, built now: no CPU spike at the worst moment.
+            faulty = make_nodes(config.nodes, gpus=config.gpus_per_node, job_id=config.job_id,
+                                prefix=config.node_prefix)[config.fault_node]  # fmt: skip
+            (faulty.throttled if config.fault == "straggler" else faulty.lost).add(config.fault_gpu)
+            faulty.batches = 1  # no GPU inventory: the node has long announced it
+            self.fault_bodies = NodeBodies(faulty, config, start=start)
+        self.clock = StepClock(step_s=config.step_s, first_step=10_000, t0=time.time())
+        self.logged_until: dict[int, float] = {}
         self.request_head = (
             f"POST /api/v1/ingest HTTP/1.1\r\nHost: {config.host}:{config.port}\r\n"
             f"Authorization: Bearer {config.token}\r\nContent-Type: application/json\r\nContent-Length: "
         ).encode()
         self.connections = [Connection(config.host, config.port) for _ in range(config.connections)]
+        self.stopping = False
+        self.injection: dict[str, Any] | None = None
+
+    def stop(self) -> None:
+        """End the current phase early (SIGTERM): nothing more is sent, what was sent is waited for."""
+        self.stopping = True
+
+    def body(self, node: int) -> bytes:
+        now = time.time()
+        return self.bodies[node].next_body(now, self._step_lines(node, now))
+
+    def _step_lines(self, node: int, now: float) -> bytes:
+        """The step lines the node's first rank logged since its last batch (the logging nodes only)."""
+        if node >= self.config.step_log_nodes:
+            return b"[]"
+        after = self.logged_until.get(node, now - self.config.ship_interval)
+        self.logged_until[node] = now
+        rank = node * self.config.gpus_per_node
+        step_s = self.clock.step_s
+        return orjson.dumps(
+            [
+                step_log(ts=datetime.fromtimestamp(t, UTC), step=k, rank=rank, step_s=step_s)
+                for k, t in self.clock.completed(after, now)
+            ]
+        )
 
     async def send(self, conn: Connection, node: int, stats: PhaseStats, due: float) -> None:
+        await self._post(conn, self.body(node), stats, due)
+
+    async def _post(self, conn: Connection, body: bytes, stats: PhaseStats, due: float) -> None:
         loop = asyncio.get_running_loop()
-        body = self.bodies[node].next_body()
         payload = b"".join((self.request_head, str(len(body)).encode(), b"\r\n\r\n", body))
         stats.sent += 1
         started = loop.time()
@@ -259,6 +407,8 @@ class LoadGenerator:
 
         async def worker(conn: Connection) -> None:
             for node in nodes:
+                if self.stopping:
+                    return
                 await self.send(conn, node, stats, loop.time())
 
         # Even a server answering only 10 requests a second gets through the warm-up.
@@ -267,18 +417,18 @@ class LoadGenerator:
         return stats
 
     async def paced(self) -> PhaseStats:
-        """Open loop: node i sends at t0 + i*interval/N + k*interval, whether or not the server keeps up."""
+        """Open loop: node i ships at t0 + i*ship/N + k*ship, whether or not the server keeps up."""
         cfg = self.config
         stats = self._stats("paced")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
-        total = int(cfg.nodes * cfg.duration / cfg.interval)
-        spacing = cfg.interval / cfg.nodes
+        total = stats.scheduled = int(cfg.nodes * cfg.duration / cfg.ship_interval)
+        spacing = cfg.ship_interval / cfg.nodes
         t0 = loop.time() + 0.05
 
         async def dispatch() -> None:
             k = 0
-            while k < total:
+            while k < total and not self.stopping:
                 now = loop.time()
                 while k < total and t0 + k * spacing <= now:
                     queue.put_nowait((k % cfg.nodes, t0 + k * spacing))
@@ -291,27 +441,66 @@ class LoadGenerator:
 
         async def worker(conn: Connection) -> None:
             while (item := await queue.get()) is not None:
-                # Past the grace period the rest of the queue is dropped, but requests already
-                # sent are waited for, so that every stored row has its answer.
-                if loop.time() < give_up_at:
+                # Past the grace period (or once stopped) the rest of the queue is dropped, but requests
+                # already sent are waited for, so that every stored row has its answer.
+                if loop.time() < give_up_at and not self.stopping:
                     await self.send(conn, item[0], stats, item[1])
 
         progress = asyncio.create_task(self._progress(stats, t0, queue))
         dispatcher = asyncio.create_task(dispatch())
+        injector = None
+        if cfg.fault is not None and cfg.fault_after < cfg.duration:
+            injector = asyncio.create_task(self._inject_at(t0 + cfg.fault_after, stats))
         await self._run_workers(worker, timeout=give_up_at + HUNG_REQUEST_S - loop.time())
-        dispatcher.cancel()
-        progress.cancel()
+        for task in (dispatcher, progress, injector):
+            if task is not None:
+                task.cancel()
+        if self.stopping:
+            stats.stopped_early = True
+            stats.elapsed_s = max(1e-3, min(cfg.duration, loop.time() - t0))
+            return stats
         stats.unsent = total - stats.sent
         if stats.unsent:
-            print(
-                f"[bench] paced: dropped {stats.unsent} requests still queued {PACED_GRACE_S:g} s "
-                "after the last one was due",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say(f"paced: dropped {stats.unsent} requests still queued {PACED_GRACE_S:g} s after the last one was due")
         # Falling behind stretches the phase past its duration, and so lowers the sustained rate.
         stats.elapsed_s = max(cfg.duration, stats.last_done - t0)
         return stats
+
+    async def _inject_at(self, when: float, stats: PhaseStats) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, when - loop.time()))
+        if not self.stopping:
+            await self.inject(stats)
+
+    async def inject(self, stats: PhaseStats) -> None:
+        """The fault, now: a straggler starts throttling; an Xid line goes out at once, on its own connection
+        (an agent sends critical events without waiting for the interval), then the GPU's series stop."""
+        cfg = self.config
+        assert self.fault_bodies is not None
+        node, name = cfg.fault_node, self.names[cfg.fault_node]
+        now = time.time()
+        at = datetime.fromtimestamp(now, UTC)
+        self.bodies[node] = self.fault_bodies.take_over(self.bodies[node])
+        event: dict[str, Any] = {"event": "injected", "fault": cfg.fault, "node": name, "gpu": cfg.fault_gpu}
+        if cfg.fault == "straggler":
+            self.clock.slow_down(now, STRAGGLER_SLOWDOWN)
+        else:
+            batch = {
+                "batch_id": str(uuid.uuid4()),
+                "node": name,
+                "sent_at": at.isoformat(),
+                "job_id": cfg.job_id,
+                "logs": [xid_log(ts=at, node=name, gpu=cfg.fault_gpu)],
+            }
+            conn = Connection(cfg.host, cfg.port)
+            critical = self._stats("critical")  # counted on its own, not in the paced phase
+            await self._post(conn, orjson.dumps(batch), critical, asyncio.get_running_loop().time())
+            conn.close()
+            critical.elapsed_s = time.time() - now
+            event["request"] = critical.summary()
+        self.injection = event | {"at": at.isoformat()}
+        _emit(self.injection)
+        _say(f"injected {cfg.fault} on {name} GPU {cfg.fault_gpu} at {at:%H:%M:%S.%f}"[:-3])
 
     async def capacity(self) -> PhaseStats:
         """Closed loop: every connection sends its next batch as soon as the previous is answered."""
@@ -322,7 +511,7 @@ class LoadGenerator:
         order = itertools.count()
 
         async def worker(conn: Connection) -> None:
-            while loop.time() < end:
+            while loop.time() < end and not self.stopping:
                 await self.send(conn, next(order) % self.config.nodes, stats, loop.time())
 
         progress = asyncio.create_task(self._progress(stats, started, None))
@@ -332,7 +521,7 @@ class LoadGenerator:
         return stats
 
     def _stats(self, name: str) -> PhaseStats:
-        return PhaseStats(name=name, samples_per_request=self.config.gpus_per_node)
+        return PhaseStats(name=name, samples_per_request=self.config.gpus_per_node * self.config.samples_per_batch)
 
     async def _run_workers(self, worker: Callable[[Connection], Awaitable[None]], timeout: float) -> None:
         """One worker task per connection; any still running after `timeout` (a hung server) are cancelled."""
@@ -349,19 +538,23 @@ class LoadGenerator:
     async def _progress(self, stats: PhaseStats, t0: float, queue: asyncio.Queue[Any] | None) -> None:
         loop = asyncio.get_running_loop()
         seen = 0
+        every = self.config.progress_s
         while True:
-            await asyncio.sleep(PROGRESS_EVERY_S)
+            await asyncio.sleep(every)
             window = stats.latency[seen:]
             seen = len(stats.latency)
             p99 = percentiles(window)["p99"]
             waiting = f", queued {queue.qsize()}" if queue is not None else ""
-            print(
-                f"[bench] {stats.name} {loop.time() - t0:5.1f} s: sent {stats.sent}, ok {stats.ok}, "
-                f"non-2xx {seen - stats.ok}, errors {stats.errors}{waiting}, "
-                f"p99 (last {PROGRESS_EVERY_S:.0f} s) {p99} ms",
-                file=sys.stderr,
-                flush=True,
+            directives = f", directives {stats.directives}" if stats.directives else ""
+            _say(
+                f"{stats.name} {loop.time() - t0:5.1f} s: sent {stats.sent}, ok {stats.ok}, "
+                f"non-2xx {seen - stats.ok}, errors {stats.errors}{waiting}{directives}, "
+                f"p99 (last {every:.0f} s) {p99} ms"
             )
+
+
+def _say(message: str) -> None:
+    print(f"[loadgen] {message}", file=sys.stderr, flush=True)
 
 
 def _emit(message: dict[str, Any]) -> None:
@@ -372,19 +565,24 @@ def _emit(message: dict[str, Any]) -> None:
 async def _run(config: LoadConfig) -> dict[str, Any]:
     started = time.perf_counter()
     generator = LoadGenerator(config)
-    print(
-        f"[bench] load generator: built bodies for {config.nodes} nodes in {time.perf_counter() - started:.1f} s",
-        file=sys.stderr,
-        flush=True,
+    _say(
+        f"built bodies for {config.nodes} nodes ({config.samples_per_batch} samples per GPU per batch) in "
+        f"{time.perf_counter() - started:.1f} s"
     )
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, generator.stop)
     results: dict[str, Any] = {}
     results["warmup"] = (await generator.warmup()).summary()
-    for name, phase in (("paced", generator.paced), ("capacity", generator.capacity)):
+    phases: list[tuple[str, Callable[[], Awaitable[PhaseStats]]]] = [("paced", generator.paced)]
+    if config.capacity_seconds > 0:
+        phases.append(("capacity", generator.capacity))
+    for name, phase in phases:
         _emit({"event": f"{name}_start"})
         results[name] = (await phase()).summary()
         _emit({"event": f"{name}_end"})
     for conn in generator.connections:
         conn.close()
+    results["injection"] = generator.injection
     return results
 
 

@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from service import embedded, migrate, processes
 from service.bench import uidata
-from service.bench.ingest import _say, _spawn, _start_backend
+from service.bench.ingest import say, spawn, start_backend
 
 PREFIX = "bench"
 # A page an on-call engineer opens at 3 a.m. should answer well within this.
@@ -39,7 +39,7 @@ def _seed(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
 
     with session_scope() as session:
         if uidata.existing(session, prefix=PREFIX):
-            _say("the database already holds the seeded cluster; timing it as it is")
+            say("the database already holds the seeded cluster; timing it as it is")
         else:
             started = time.monotonic()
             seeded = uidata.seed(
@@ -49,7 +49,7 @@ def _seed(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
                 open_incidents=args.open_incidents,
                 prefix=PREFIX,
             )
-            _say(
+            say(
                 f"seeded {seeded.nodes} nodes in {seeded.jobs} jobs and {seeded.incidents} incidents "
                 f"in {time.monotonic() - started:.1f} s"
             )
@@ -76,12 +76,12 @@ def _seed(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
 
 def run(args: argparse.Namespace) -> int:
     if min(args.nodes, args.incidents, args.rounds) < 1:
-        _say("--nodes, --incidents and --rounds must be at least 1")
+        say("--nodes, --incidents and --rounds must be at least 1")
         return 2
     with contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="faultline-bench-ui-"))
-        backend = _start_backend(args.data_dir, workdir, stack)
-        _say(f"database: {backend.kind}; applying migrations ...")
+        backend = start_backend(args.data_dir, workdir, stack)
+        say(f"database: {backend.kind}; applying migrations ...")
         migrate.upgrade(backend.database_url)
         token, pages = _seed(args)
         port = embedded.free_port()
@@ -93,13 +93,13 @@ def run(args: argparse.Namespace) -> int:
             "FAULTLINE_REDIS_URL": backend.redis_url,
             "FAULTLINE_LOG_LEVEL": "WARNING",
         }
-        api = _spawn(["faultline", "serve", "--port", str(port)], env, workdir / "api.log", stack)
+        api = spawn(["faultline", "serve", "--port", str(port)], env, workdir / "api.log", stack)
         processes.wait_healthy(url, api, timeout=60, log=workdir / "api.log")
         figures = _time_pages(url, token, pages, rounds=args.rounds)
     _print(figures, args)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
-        _say(f"figures written to {args.json}")
+        say(f"figures written to {args.json}")
     return 0 if all(f["ok"] for f in figures["pages"]) else 1
 
 

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
 import pandas as pd
+from sqlalchemy.orm import Session
 
-from ml import alerts, counters, failslow, peers, progress, signatures, training_metrics
+from ml import alerts, failslow, progress, signatures, training_metrics
 from ml.findings import Finding, JobInfo, LogRecord
 
 log = logging.getLogger(__name__)
+
+Detector = tuple[str, Callable[[], list[Finding]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,9 +25,10 @@ class JobSignals:
     job: JobInfo
     steps: list[LogRecord]
     events: list[LogRecord]
-    metrics: pd.DataFrame
     processes: pd.DataFrame
     now: datetime
+    # The job's median GPU per window (progress.job_activity's shape); None when no GPU reported.
+    activity: pd.DataFrame | None = None
 
 
 @lru_cache(maxsize=1)
@@ -38,25 +43,35 @@ def _classifier() -> Callable[[list[str]], list[tuple[str, float]]] | None:
         return None
 
 
-def run_all(signals: JobSignals) -> list[Finding]:
+def run_all(
+    signals: JobSignals, *, session: Session, more: Sequence[Detector] = (), timings: dict[str, float] | None = None
+) -> list[Finding]:
+    """Every detector on the signals, then `more` (detectors that read the database themselves); each one's
+    seconds go to `timings`."""
     s = signals
-    detectors: list[tuple[str, Callable[[], list[Finding]]]] = [
+    detectors: list[Detector] = [
         ("signatures", lambda: signatures.detect(s.job, s.events, classify=_classifier())),
         ("alerts", lambda: alerts.detect(s.job, s.events, classify=_classifier())),
         ("training_metrics", lambda: training_metrics.detect(s.job, s.steps + s.events)),
-        ("counters", lambda: counters.detect(s.job, s.metrics, now=s.now)),
-        ("peers", lambda: peers.detect(s.job, s.metrics, now=s.now)),
         (
             "progress",
-            lambda: progress.detect(s.job, steps=s.steps, processes=s.processes, metrics=s.metrics, now=s.now),
+            lambda: progress.detect(
+                s.job, steps=s.steps, processes=s.processes, metrics=None, activity=s.activity, now=s.now
+            ),
         ),
         ("failslow", lambda: failslow.detect(s.job, steps=s.steps, processes=s.processes, now=s.now)),
+        *more,
     ]
     findings: list[Finding] = []
     for name, run in detectors:
+        started = time.perf_counter()
         try:
-            findings.extend(run())
+            # A savepoint: a detector whose query fails must not abort the pass's transaction.
+            with session.begin_nested():
+                findings.extend(run())
         except Exception:
             # One broken detector must not blind the others.
             log.exception("detector %s failed on job %s", name, s.job.job_id)
+        if timings is not None:
+            timings[name] = time.perf_counter() - started
     return findings

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -20,7 +23,7 @@ from ml import demarcation
 from ml.findings import Finding
 from service.config import Settings
 from service.decisions import service as decisions
-from service.diagnosis import signals, stack_requests
+from service.diagnosis import metric_passes, signals, stack_requests, windows
 from service.diagnosis.detect import JobSignals, run_all
 from service.incidents import service as incidents
 from service.jobs import service as jobs
@@ -46,6 +49,17 @@ class DiagnosisResult:
     stack_requests: list[str] = field(default_factory=list)
     # When the caller should look again (a stack-dump deadline), in seconds; None: the beat is enough.
     recheck_in_s: float | None = None
+    # Seconds per stage of the pass (read, rollup, each detector, write), for logs and benchmarks.
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - started
 
 
 def active_jobs(session: Session, *, now: datetime, active_s: float) -> list[str]:
@@ -68,24 +82,55 @@ def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: date
     # Serialize diagnosis per job without blocking ingest (which updates the job row).
     session.execute(text("SELECT pg_advisory_xact_lock(:ns, :id)"), {"ns": _LOCK_NAMESPACE, "id": job.id})
 
-    info = signals.job_info(session, job=job)
-    node_ids = jobs.node_ids(session, job=job)
-    since = signals.window_start(now, settings.diagnosis_window_s)
-    steps, events = signals.log_records(session, job=job, node_ids=node_ids, since=since)
-    if not steps:
-        previous = signals.last_step_before(session, job=job, before=since)
-        steps = [previous] if previous else []
-    job_signals = JobSignals(
-        job=info,
-        steps=steps,
-        events=events,
-        metrics=signals.metrics_frame(session, job=job, since=since),
-        processes=signals.processes_frame(session, job=job, since=since),
-        now=now,
+    timings = result.timings
+    lookback = settings.diagnosis_window_s
+    with _timed(timings, "read"):
+        info = signals.job_info(session, job=job)
+        node_ids = jobs.node_ids(session, job=job)
+        names = windows.node_names(session, node_ids=node_ids)
+        since = signals.window_start(now, lookback)
+        steps, events = signals.log_records(session, job=job, node_ids=node_ids, since=since)
+        if not steps:
+            previous = signals.last_step_before(session, job=job, before=since)
+            steps = [previous] if previous else []
+        processes = signals.processes_frame(session, job=job, now=now)
+    with _timed(timings, "rollup"):
+        # GPU metrics: the windows that closed since the last pass are built once, then read compactly.
+        closed = windows.rollup(session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback)
+    with _timed(timings, "activity"):
+        activity = metric_passes.job_activity(session, job=job, closed=closed, lookback_s=lookback, now=now)
+    job_signals = JobSignals(job=info, steps=steps, events=events, processes=processes, now=now, activity=activity)
+    found = run_all(
+        job_signals,
+        session=session,
+        timings=timings,
+        more=[
+            (
+                "counters",
+                lambda: metric_passes.counter_findings(
+                    session, job=job, info=info, closed=closed, lookback_s=lookback, names=names, now=now
+                ),
+            ),
+            (
+                "peers",
+                lambda: metric_passes.peer_findings(session, job=job, info=info, closed=closed, names=names, now=now),
+            ),
+        ],
     )
-    found = run_all(job_signals)
-    aggregated, recheck = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=now)
-    result.new_findings = store_findings(session, job=job, findings=found + aggregated)
+    with _timed(timings, "stacks"):
+        aggregated, recheck = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=now)
+    with _timed(timings, "write"):
+        _decide(session, job=job, findings=found + aggregated, result=result, settings=settings, now=now)
+    waits = [w for w in (recheck, result.recheck_in_s) if w is not None]
+    result.recheck_in_s = min(waits) if waits else None
+    return result
+
+
+def _decide(
+    session: Session, *, job: Job, findings: list[Finding], result: DiagnosisResult, settings: Settings, now: datetime
+) -> None:
+    """Store the pass's findings, group the open ones into incidents, decide, and ask for stacks."""
+    result.new_findings = store_findings(session, job=job, findings=findings)
 
     open_findings = _open_findings(session, job=job, now=now)
     proposals = demarcation.demarcate([(fid, f) for fid, f, _ in open_findings])
@@ -107,9 +152,7 @@ def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: date
         session, job=job, findings=[(f, row.created_at) for _, f, row in open_findings], settings=settings, now=now
     )
     result.stack_requests = [str(d.id) for d in asked]
-    waits = [w for w in (recheck, ask_recheck) if w is not None]
-    result.recheck_in_s = min(waits) if waits else None
-    return result
+    result.recheck_in_s = ask_recheck
 
 
 def _act(

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
 from ml.findings import JobInfo, LogRecord, StackSample
-from service.metric_fields import METRIC_COLUMNS
-from service.models import Job, LogEvent, Node, ProcessSnapshot, Rank, StackDump, metric_samples
+from service.diagnosis import frames
+from service.models import Job, LogEvent, Node, Rank, StackDump
 
-# Step lines are the bulk of log events (one per rank per step): keep the newest of them only.
+# Step lines are the bulk of log events (one per rank per step): thinned per stream, and the newest kept.
 MAX_STEP_EVENTS = 50_000
+STEP_BUCKET_S = 10.0
+# Process snapshots: the newest per rank and 10 s bucket, over this long (liveness needs 30 s, fail-slow's
+# CPU rounds 50 s).
+PROCESS_LOOKBACK_S = 60.0
+_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_OTHER_EVENTS = 20_000
 # Alerts that began firing before the window and still fire are read back this far.
 FIRING_ALERT_LOOKBACK = timedelta(hours=6)
@@ -46,9 +52,20 @@ def log_records(
         and_(LogEvent.job_id.is_(None), LogEvent.node_id.in_(node_ids)) if node_ids else False,
     )
     base = _log_select().where(of_job, LogEvent.ts >= since)
-    steps = session.execute(
-        base.where(LogEvent.kind == "step").order_by(LogEvent.ts.desc()).limit(MAX_STEP_EVENTS)
-    ).all()
+    # The newest step line per logging stream and 10 s window: progress and fail-slow need a stream's pace,
+    # not each of its lines (a job of thousands of ranks logs thousands of step lines a second).
+    # NaN and spike lines are events of their own kinds, never thinned.
+    bucket = func.date_bin(timedelta(seconds=STEP_BUCKET_S), LogEvent.ts, _ORIGIN)
+    thinned = (
+        base.add_columns(bucket.label("bucket"))
+        .where(LogEvent.kind == "step")
+        .ext(distinct_on(LogEvent.node_id, LogEvent.rank, bucket))
+        .order_by(LogEvent.node_id, LogEvent.rank, bucket, LogEvent.ts.desc())
+        .subquery()
+    )
+    steps = [
+        row[:-1] for row in session.execute(select(thinned).order_by(thinned.c.ts.desc()).limit(MAX_STEP_EVENTS)).all()
+    ]
     others = session.execute(
         base.where(LogEvent.kind != "step").order_by(LogEvent.ts.desc()).limit(MAX_OTHER_EVENTS)
     ).all()
@@ -100,37 +117,29 @@ def last_step_before(session: Session, *, job: Job, before: datetime) -> LogReco
     return _records([row])[0] if row else None
 
 
-def metrics_frame(session: Session, *, job: Job, since: datetime) -> pd.DataFrame:
-    """GPU samples of the job as a DataFrame: ts, node, gpu and one column per stored DCGM field."""
-    columns = list(METRIC_COLUMNS)
-    query = (
-        select(
-            metric_samples.c.ts, Node.name.label("node"), metric_samples.c.gpu, *(metric_samples.c[c] for c in columns)
-        )
-        .join(Node, Node.id == metric_samples.c.node_id)
-        .where(metric_samples.c.job_id == job.id, metric_samples.c.ts >= since)
-        .order_by(metric_samples.c.ts)
+_PROCESSES = (
+    "SELECT DISTINCT ON (p.node_id, p.rank, p.pid, bucket) p.ts, n.name, p.rank, p.pid, p.cpu_pct, p.rss_bytes, "
+    "p.state, date_bin(make_interval(secs => %(bucket)s), p.ts, %(origin)s) AS bucket "
+    "FROM process_snapshots p JOIN nodes n ON n.id = p.node_id "
+    "WHERE p.job_id = %(job)s AND p.ts >= %(since)s "
+    "ORDER BY p.node_id, p.rank, p.pid, bucket, p.ts DESC"
+)
+_PROCESS_COLUMNS = ["ts", "node", "rank", "pid", "cpu_pct", "rss_bytes", "state", "bucket"]
+
+
+def processes_frame(session: Session, *, job: Job, now: datetime) -> pd.DataFrame:
+    """The job's process snapshots of the last PROCESS_LOOKBACK_S, the newest per rank and 10 s bucket."""
+    params = {
+        "job": job.id,
+        "since": now - timedelta(seconds=PROCESS_LOOKBACK_S),
+        "bucket": STEP_BUCKET_S,
+        "origin": _ORIGIN,
+    }
+    frame = frames.copy_frame(
+        session, _PROCESSES, params, columns=_PROCESS_COLUMNS, floats=("cpu_pct", "rss_bytes"), times=("ts",)
     )
-    rows = session.execute(query).all()
-    return pd.DataFrame(rows, columns=["ts", "node", "gpu", *columns])
-
-
-def processes_frame(session: Session, *, job: Job, since: datetime) -> pd.DataFrame:
-    rows = session.execute(
-        select(
-            ProcessSnapshot.ts,
-            Node.name,
-            ProcessSnapshot.rank,
-            ProcessSnapshot.pid,
-            ProcessSnapshot.cpu_pct,
-            ProcessSnapshot.rss_bytes,
-            ProcessSnapshot.state,
-        )
-        .join(Node, Node.id == ProcessSnapshot.node_id)
-        .where(ProcessSnapshot.job_id == job.id, ProcessSnapshot.ts >= since)
-        .order_by(ProcessSnapshot.ts)
-    ).all()
-    return pd.DataFrame(rows, columns=["ts", "node", "rank", "pid", "cpu_pct", "rss_bytes", "state"])
+    frame["rank"] = frame["rank"].astype("Int64")
+    return frame.drop(columns=["bucket"]).sort_values("ts", kind="stable").reset_index(drop=True)
 
 
 def stack_samples(session: Session, *, directive_id: uuid.UUID) -> list[StackSample]:

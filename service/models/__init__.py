@@ -17,6 +17,7 @@ from service.models.signals import (
     metric_samples,
 )
 from service.models.silences import Silence
+from service.models.windows import DetectorState, metric_windows
 
 __all__ = [
     "METRIC_COPY_TYPES",
@@ -25,6 +26,7 @@ __all__ = [
     "ApiToken",
     "Base",
     "Decision",
+    "DetectorState",
     "Directive",
     "Finding",
     "Gpu",
@@ -41,4 +43,5 @@ __all__ = [
     "StackDump",
     "UiSession",
     "metric_samples",
+    "metric_windows",
 ]

@@ -1,0 +1,202 @@
+"""The GPU-metric detectors of one pass, on stored windows, each reading only what its pass needs.
+
+- peers: one span summary (ml.peers.summarize_span) per window that closed since the job's last pass, kept
+  in the detector's state; the continuity check then runs on the kept summaries (sparse: only the GPUs far
+  from their peers), so a pass reads a few windows however long the job has run.
+- progress's GPU activity: the job's median GPU per window, computed in SQL as windows close, kept in state.
+- counters: one aggregate over the lookback per GPU in SQL (how much each error counter rose, when the GPU
+  last reported), then the exact rules of ml.counters on the windows of the few nodes worth a look.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from ml import counters, peers, progress
+from ml.findings import Finding, JobInfo
+from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS, WINDOW_S
+from ml.windows import to_samples
+from service.diagnosis import state, windows
+from service.models import Job
+
+PEERS_VERSION = 1
+ACTIVITY_VERSION = 1
+CONTINUITY_S = 120.0
+_PEER_SPANS = round(CONTINUITY_S / peers.SPAN_S) * peers.HISTORY_FACTOR
+# How many windows a cold start (no state) summarizes at most: the spans the continuity check looks at.
+_PEER_HISTORY_S = _PEER_SPANS * peers.SPAN_S
+
+
+def _peer_columns() -> list[str]:
+    columns = [*peers.DEFAULT_PRIORITY, "power_limit", "sm_active", "tensor_active", "gpu_util"]
+    columns += [f"{c}_max" for c in peers.DEFAULT_PRIORITY if peers.SPECS[c].counter]
+    return columns
+
+
+def peer_findings(
+    session: Session, *, job: Job, info: JobInfo, closed: datetime, names: dict[int, str], now: datetime
+) -> list[Finding]:
+    """Summarize the spans ending at every window boundary since the last pass, then compare peers."""
+    cursor, kept = state.load(session, job_id=job.id, detector="peers", version=PEERS_VERSION)
+    spans: dict[str, Any] = kept.get("spans", {})
+    oldest = closed - timedelta(seconds=_PEER_HISTORY_S)
+    first = max(cursor + timedelta(seconds=WINDOW_S), oldest) if cursor is not None else oldest
+    ends = []
+    end = closed
+    while end >= first:
+        ends.append(end)
+        end -= timedelta(seconds=WINDOW_S)
+    if ends:
+        rolled = windows.read(
+            session,
+            job=job,
+            start=min(ends) - timedelta(seconds=peers.SPAN_S + WINDOW_S),
+            end=max(ends),
+            columns=_peer_columns(),
+            names=names,
+        )
+        for end in ends:
+            spans[end.isoformat()] = peers.summarize_span(info, rolled, end=end, span_s=peers.SPAN_S)
+    spans = {k: v for k, v in spans.items() if datetime.fromisoformat(k) > oldest}
+    if cursor is None or closed > cursor:
+        state.save(
+            session,
+            job_id=job.id,
+            detector="peers",
+            version=PEERS_VERSION,
+            cursor=closed,
+            state={"spans": spans},
+            now=now,
+        )
+    return peers.from_spans(info, spans, latest_end=closed, span_s=peers.SPAN_S, continuity_s=CONTINUITY_S)
+
+
+_ACTIVITY_SQL = text(
+    "SELECT extract(epoch FROM window_start)::bigint AS bucket, "
+    + ", ".join(f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {c}) AS {c}" for c in progress.ACTIVITY_COLUMNS)
+    + ", count(*) FILTER (WHERE fb_used >= :alive) AS gpus_alive, count(fb_used) AS gpus_seen "
+    "FROM metric_windows WHERE job_id = :job AND window_start >= :lo AND window_start < :hi "
+    "GROUP BY window_start"
+)
+
+
+def job_activity(
+    session: Session, *, job: Job, closed: datetime, lookback_s: float, now: datetime
+) -> pd.DataFrame | None:
+    """The job's median GPU per window (progress.job_activity's shape), the new windows added to the kept."""
+    cursor, kept = state.load(session, job_id=job.id, detector="activity", version=ACTIVITY_VERSION)
+    buckets: dict[str, Any] = kept.get("buckets", {})
+    oldest = closed - timedelta(seconds=lookback_s)
+    lo = max(cursor, oldest) if cursor is not None else oldest
+    if lo < closed:
+        rows = session.execute(
+            _ACTIVITY_SQL, {"job": job.id, "lo": lo, "hi": closed, "alive": progress.FB_USED_ALIVE_MIB}
+        ).mappings()
+        for row in rows:
+            buckets[str(row["bucket"])] = {k: v for k, v in row.items() if k != "bucket"}
+    buckets = {k: v for k, v in buckets.items() if int(k) >= oldest.timestamp()}
+    if cursor is None or closed > cursor:
+        state.save(
+            session,
+            job_id=job.id,
+            detector="activity",
+            version=ACTIVITY_VERSION,
+            cursor=closed,
+            state={"buckets": buckets},
+            now=now,
+        )
+    if not buckets:
+        return None
+    frame = pd.DataFrame.from_dict(buckets, orient="index").astype("float64")
+    frame.index = frame.index.astype("int64")
+    if not frame["gpus_seen"].max() > 0:
+        frame = frame.drop(columns=["gpus_alive", "gpus_seen"])
+    return frame.dropna(axis=1, how="all").sort_index()
+
+
+# The counters each rule watches: uncorrectable errors, the peer-compared error rates, and the states.
+_UNCORRECTABLE = tuple(counters.UNCORRECTABLE)
+_PEER_COUNTED = tuple(dict.fromkeys(c for cols in counters.PEER_MEDIANS.values() for c in cols))
+
+
+def _delta(columns: tuple[str, ...]) -> str:
+    return " + ".join(f"(l.{c}_max - f.{c}_max)" for c in columns)
+
+
+# Per GPU: the first window of the lookback against its newest one (of the last two), so a pass reads three
+# windows however long the lookback: how much each watched counter rose (negative: it reset), whether the
+# Xid code or the remap-failure state moved, and when the GPU last reported against its node.
+_COUNTER_SQL = text(
+    "WITH first AS ("
+    "  SELECT node_id, gpu, " + ", ".join(f"{c}_max" for c in (*_UNCORRECTABLE, *_PEER_COUNTED, "xid_last")) + " "
+    "  FROM metric_windows WHERE job_id = :job AND window_start = (SELECT min(window_start) FROM metric_windows "
+    "    WHERE job_id = :job AND window_start >= :lo AND window_start < :hi)"
+    "), last AS ("
+    "  SELECT DISTINCT ON (node_id, gpu) node_id, gpu, last_ts, "
+    + ", ".join(f"{c}_max" for c in (*_UNCORRECTABLE, *_PEER_COUNTED, "xid_last", "row_remap_failure"))
+    + "  FROM metric_windows WHERE job_id = :job AND window_start >= :recent AND window_start < :hi "
+    "  ORDER BY node_id, gpu, window_start DESC"
+    "), g AS ("
+    "  SELECT coalesce(l.node_id, f.node_id) AS node_id, l.last_ts, l.node_id IS NULL AS gone, "
+    f"   {_delta(_UNCORRECTABLE)} AS uncorrectable, "
+    + ", ".join(f"{_delta(cols)} AS {name}" for name, cols in counters.PEER_MEDIANS.items())
+    + ",   coalesce(l.row_remap_failure_max, 0) > 0 AS remap_failure, "
+    "   l.xid_last_max IS DISTINCT FROM f.xid_last_max AND f.node_id IS NOT NULL AS xid_changed "
+    "  FROM first f FULL JOIN last l ON l.node_id = f.node_id AND l.gpu = f.gpu"
+    "), judged AS ("
+    "  SELECT *, (max(last_ts) OVER (PARTITION BY node_id) - last_ts) >= make_interval(secs => :quiet) "
+    "    OR (gone AND count(last_ts) OVER (PARTITION BY node_id) > 0) AS quiet FROM g"
+    ") SELECT "
+    + ", ".join(
+        f"percentile_cont(0.5) WITHIN GROUP (ORDER BY greatest(coalesce({name}, 0), 0)) AS {name}"
+        for name in counters.PEER_MEDIANS
+    )
+    + ", array_agg(DISTINCT node_id) FILTER (WHERE quiet OR remap_failure OR xid_changed "
+    "  OR coalesce(uncorrectable, 0) <> 0 OR nvlink >= :nvlink OR nvlink_recovery <> 0 OR pcie >= :pcie "
+    "  OR nvlink < 0 OR pcie < 0) AS worth "
+    "FROM judged"
+)
+
+
+def counter_findings(
+    session: Session,
+    *,
+    job: Job,
+    info: JobInfo,
+    closed: datetime,
+    lookback_s: float,
+    names: dict[int, str],
+    now: datetime,
+) -> list[Finding]:
+    """ml.counters on the nodes whose GPUs' counters moved (or whose GPUs went quiet) in the lookback."""
+    lo = closed - timedelta(seconds=lookback_s)
+    params = {
+        "job": job.id,
+        "lo": lo,
+        "hi": closed,
+        "recent": closed - timedelta(seconds=2 * WINDOW_S),
+        "quiet": counters.LOST_MIN_S,
+        "nvlink": counters.NVLINK_MIN_ERRORS,
+        "pcie": counters.PCIE_MIN_REPLAYS,
+    }
+    summary = session.execute(_COUNTER_SQL, params).mappings().one()
+    nodes = sorted(summary["worth"] or [])
+    if not nodes:
+        return []
+    medians = {name: float(summary[name] or 0.0) for name in counters.PEER_MEDIANS}
+    rolled = windows.read(
+        session,
+        job=job,
+        start=lo,
+        end=closed,
+        columns=[*METRIC_COLUMNS, *(f"{c}_max" for c in WINDOW_MAX_COLUMNS)],
+        names=names,
+        node_ids=nodes,
+    )
+    samples = to_samples(rolled.sort_values(["node", "gpu", "window_start"]))
+    return counters.detect(info, samples, now=now, peer_medians=medians)

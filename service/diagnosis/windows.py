@@ -1,0 +1,99 @@
+"""Window aggregates of a job's GPU samples: built once, in SQL, as windows close; read by the detectors.
+
+Each pass rolls up the windows of its job that closed since the job's cursor (one INSERT ... SELECT ...
+GROUP BY over the new samples only), so the cost of a pass does not grow with how long the job has run. A
+window [t, t + WINDOW_S) closes `window_grace_s` after its end, which leaves agents that ship every few
+seconds time to deliver its samples; a sample that arrives later still than that stays in metric_samples
+(plots, evidence) but not in its window.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS, WINDOW_S
+from ml.windows import floor_time
+from service.diagnosis import frames, state
+from service.models import Job, Node
+
+DETECTOR = "windows"
+VERSION = 1
+_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # date_bin's origin: windows aligned on the epoch's 10 s marks
+
+
+def _rollup_sql() -> str:
+    means = [f"avg({c})" for c in METRIC_COLUMNS]
+    peaks = [f"max({c})" for c in WINDOW_MAX_COLUMNS]
+    columns = ", ".join([*METRIC_COLUMNS, *(f"{c}_max" for c in WINDOW_MAX_COLUMNS)])
+    return (
+        f"INSERT INTO metric_windows (job_id, window_start, node_id, gpu, n, last_ts, {columns}) "
+        f"SELECT job_id, date_bin(make_interval(secs => {WINDOW_S}), ts, :origin) AS window_start, node_id, gpu, "
+        f"count(*), max(ts), {', '.join(means + peaks)} "
+        "FROM metric_samples WHERE job_id = :job AND ts >= :lo AND ts < :hi "
+        "GROUP BY job_id, window_start, node_id, gpu "
+        "ON CONFLICT DO NOTHING"
+    )
+
+
+_ROLLUP = text(_rollup_sql())
+
+
+def rollup(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
+    """Build the job's windows that closed since its cursor (at most `lookback_s` back); returns the end of
+    the closed windows, up to which detectors may read."""
+    closed = floor_time(now - timedelta(seconds=grace_s))
+    cursor, _ = state.load(session, job_id=job.id, detector=DETECTOR, version=VERSION)
+    start = closed - timedelta(seconds=lookback_s)
+    if cursor is not None and cursor > start:
+        start = cursor
+    if start < closed:
+        session.execute(_ROLLUP, {"job": job.id, "lo": start, "hi": closed, "origin": _ORIGIN})
+        state.save(session, job_id=job.id, detector=DETECTOR, version=VERSION, cursor=closed, state={}, now=now)
+    return closed
+
+
+def node_names(session: Session, *, node_ids: list[int]) -> dict[int, str]:
+    return {node_id: name for node_id, name in session.execute(select(Node.id, Node.name).where(Node.id.in_(node_ids)))}
+
+
+def read(
+    session: Session,
+    *,
+    job: Job,
+    start: datetime,
+    end: datetime,
+    columns: list[str],
+    names: dict[int, str],
+    node_ids: list[int] | None = None,
+) -> pd.DataFrame:
+    """The job's window rows with window_start in [start, end) as ml/windows.py frames them, with node names
+    (from `names`, which learns the ones it lacked)."""
+    wanted = [c for c in dict.fromkeys(columns) if c in _STORED]
+    where = "job_id = %(job)s AND window_start >= %(start)s AND window_start < %(end)s"
+    params: dict[str, Any] = {"job": job.id, "start": start, "end": end}
+    if node_ids is not None:
+        where += " AND node_id = ANY(%(nodes)s)"
+        params["nodes"] = node_ids
+    columns = ["window_start", "node_id", "gpu", "n", "last_ts", *wanted]
+    frame = frames.copy_frame(
+        session,
+        f"SELECT {', '.join(columns)} FROM metric_windows WHERE {where}",
+        params,
+        columns=columns,
+        floats=wanted,
+        times=("window_start", "last_ts"),
+    )
+    # Nodes that report for the job without a rank on it yet (a late join) are named too; `names` keeps them.
+    missing = {int(i) for i in frame["node_id"].unique()} - names.keys()
+    if missing:
+        names.update(node_names(session, node_ids=sorted(missing)))
+    frame["node"] = frame["node_id"].map(names)
+    return frame.dropna(subset=["node"]).drop(columns=["node_id"])
+
+
+_STORED = frozenset([*METRIC_COLUMNS, *(f"{c}_max" for c in WINDOW_MAX_COLUMNS)])

@@ -1,0 +1,55 @@
+"""Per-GPU window aggregates of metric samples, and the detectors' running state between passes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    REAL,
+    BigInteger,
+    Column,
+    DateTime,
+    Double,
+    Integer,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS
+from service.models.base import Base
+
+# One row per job, GPU and closed window (WINDOW_S): gauges as their mean, cumulative counters also as their
+# maximum (`<column>_max`; the last value unless the counter reset inside the window). Partitioned by
+# window_start; the primary key serves every read (a job's windows in a time range).
+metric_windows = Table(
+    "metric_windows",
+    Base.metadata,
+    Column("job_id", BigInteger, nullable=False),
+    Column("window_start", DateTime(timezone=True), nullable=False),
+    Column("node_id", BigInteger, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    Column("n", SmallInteger, nullable=False),
+    Column("last_ts", DateTime(timezone=True), nullable=False),
+    *(Column(name, Double if counter else REAL) for name, (_, counter) in METRIC_COLUMNS.items()),
+    *(Column(f"{name}_max", Double) for name in WINDOW_MAX_COLUMNS),
+    PrimaryKeyConstraint("job_id", "window_start", "node_id", "gpu", name="pk_metric_windows"),
+    postgresql_partition_by="RANGE (window_start)",
+)
+
+
+class DetectorState(Base):
+    """What a detector carried over from a job's previous pass; `version` invalidates state of older code."""
+
+    __tablename__ = "detector_states"
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    detector: Mapped[str] = mapped_column(Text, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    cursor: Mapped[datetime | None]
+    state: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    updated_at: Mapped[datetime]
