@@ -11,7 +11,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from agents.parsers import parse_text
@@ -20,7 +20,7 @@ from agents.parsers.training.parser import TrainingLogParser
 from agents.sim import logformat as fmt
 from service.config import get_settings
 from service.diagnosis.service import diagnose_job
-from service.models import Decision, Finding, Incident
+from service.models import Decision, Finding, Incident, Node
 from tests.conftest import bearer
 
 NODES, GPUS = 4, 2
@@ -184,6 +184,79 @@ def test_concurrent_workers_decide_once(client, committed, make_token) -> None:
         assert len(session.scalars(select(Decision)).all()) == 1
         assert len(session.scalars(select(Finding).where(Finding.detector == "signatures")).all()) >= 1
         assert all(d.created_at > datetime.now(UTC) - timedelta(minutes=5) for d in session.scalars(select(Decision)))
+
+
+def _shipped_xid(committed: Any) -> str:
+    """A committed job whose node-2 reported a fatal Xid, through the real ingest API; its external id."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.tokens import service as tokens
+
+    factory = sessionmaker(bind=committed)
+    with factory() as session:
+        token = tokens.create(session, scope="agent").token
+        session.commit()
+    job = f"job-{uuid.uuid4().hex[:6]}"
+    with TestClient(create_app(get_settings(), factory=factory)) as real_client:
+        _ship(real_client, token, job, {2: _kernel(_xid79())})
+    return job
+
+
+def _hold_pass_lock(committed: Any, job: str) -> Session:
+    """A session that holds the job's full-pass lock, as a long 16,384-GPU pass would, until it rolls back."""
+    from service.models import Job
+
+    holder = Session(committed)
+    job_row = holder.scalar(select(Job).where(Job.external_id == job))
+    assert job_row is not None
+    holder.execute(text("SELECT pg_advisory_xact_lock(7401, :id)"), {"id": job_row.id})
+    return holder
+
+
+def test_a_periodic_pass_skips_while_a_pass_of_its_job_runs(committed) -> None:
+    factory = sessionmaker(bind=committed)
+    job = _shipped_xid(committed)
+    holder = _hold_pass_lock(committed, job)
+    try:
+        with factory() as session:
+            periodic = diagnose_job(session, job_id=job, settings=get_settings(), skip_if_busy=True)
+            session.commit()
+        assert periodic.skipped and periodic.new_findings == 0 and periodic.decisions == []
+    finally:
+        holder.rollback()
+        holder.close()
+    with factory() as session:
+        after = diagnose_job(session, job_id=job, settings=get_settings(), skip_if_busy=True)
+        session.commit()
+    assert not after.skipped and len(after.decisions) == 1  # the lock is free again: a real pass
+
+
+def test_the_event_fast_pass_decides_a_fatal_xid_while_a_full_pass_runs(committed) -> None:
+    """A critical event must not wait for the metric pass of a huge job: only the decide step is shared."""
+    from service.diagnosis.service import diagnose_events
+
+    factory = sessionmaker(bind=committed)
+    job = _shipped_xid(committed)
+    holder = _hold_pass_lock(committed, job)
+    try:
+        with factory() as session:
+            fast = diagnose_events(session, job_id=job, settings=get_settings())
+            session.commit()
+    finally:
+        holder.rollback()
+        holder.close()
+    assert fast.new_findings >= 1 and len(fast.decisions) == 1
+    assert set(fast.timings) >= {"read", "signatures", "write"} and "peers" not in fast.timings
+    with Session(committed) as session:
+        (decision,) = session.scalars(select(Decision)).all()
+        assert decision.kind == "evict" and decision.node_id == session.scalar(
+            select(Node.id).where(Node.name == "node-2")
+        )
+    with factory() as session:
+        full = diagnose_job(session, job_id=job, settings=get_settings())
+        session.commit()
+    assert full.new_findings == 0 and full.decisions == []  # the full pass finds it decided already
 
 
 def test_a_fatal_xid_is_decided_at_once_by_a_real_worker_without_beat(committed, tmp_path) -> None:

@@ -69,7 +69,10 @@ PROGRESS_S = 15.0
 # The load generator must not run out before the watch ends; the watch stops it.
 LOAD_MARGIN_S = 60.0
 
-_PASS_LINE = re.compile(r"Task diagnosis\.diagnose_job\[[^\]]+\] succeeded in ([0-9.]+)s: \{'job_id': '([^']+)'")
+# Full passes only: a periodic pass that skipped (another was running) did no work.
+_PASS_LINE = re.compile(
+    r"Task diagnosis\.diagnose_job\[[^\]]+\] succeeded in ([0-9.]+)s: \{'job_id': '([^']+)'(?![^}]*'skipped': True)"
+)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,15 @@ def _classifier() -> Callable[[list[str]], list[tuple[str, float]]] | None:
         return None
 
 
+def event_detectors(job: JobInfo, events: list[LogRecord], steps: Sequence[LogRecord] = ()) -> list[Detector]:
+    """The detectors that read log events only: all a critical event's fast pass needs."""
+    return [
+        ("signatures", lambda: signatures.detect(job, events, classify=_classifier())),
+        ("alerts", lambda: alerts.detect(job, events, classify=_classifier())),
+        ("training_metrics", lambda: training_metrics.detect(job, [*steps, *events])),
+    ]
+
+
 def run_all(
     signals: JobSignals, *, session: Session, more: Sequence[Detector] = (), timings: dict[str, float] | None = None
 ) -> list[Finding]:
@@ -50,9 +59,7 @@ def run_all(
     seconds go to `timings`."""
     s = signals
     detectors: list[Detector] = [
-        ("signatures", lambda: signatures.detect(s.job, s.events, classify=_classifier())),
-        ("alerts", lambda: alerts.detect(s.job, s.events, classify=_classifier())),
-        ("training_metrics", lambda: training_metrics.detect(s.job, s.steps + s.events)),
+        *event_detectors(s.job, s.events, s.steps),
         (
             "progress",
             lambda: progress.detect(
@@ -62,6 +69,13 @@ def run_all(
         ("failslow", lambda: failslow.detect(s.job, steps=s.steps, processes=s.processes, now=s.now)),
         *more,
     ]
+    return run_detectors(detectors, session=session, job_id=s.job.job_id, timings=timings)
+
+
+def run_detectors(
+    detectors: Sequence[Detector], *, session: Session, job_id: str, timings: dict[str, float] | None = None
+) -> list[Finding]:
+    """Run detectors in turn; one that fails is logged and skipped."""
     findings: list[Finding] = []
     for name, run in detectors:
         started = time.perf_counter()
@@ -71,7 +85,7 @@ def run_all(
                 findings.extend(run())
         except Exception:
             # One broken detector must not blind the others.
-            log.exception("detector %s failed on job %s", name, s.job.job_id)
+            log.exception("detector %s failed on job %s", name, job_id)
         if timings is not None:
             timings[name] = time.perf_counter() - started
     return findings

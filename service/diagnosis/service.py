@@ -1,8 +1,10 @@
 """Diagnose a job: detect, store findings, demarcate incidents, decide, and ask agents for stacks on a hang.
 
 Every step is idempotent: findings are keyed, one incident per job and root cause is open at a time, one
-decision per incident, kind and node; a per-job advisory lock keeps two workers from deciding the same job
-at once (unique constraints settle anything that slips past it). Functions flush; the task commits.
+decision per incident, kind and node. Two per-job advisory locks: one full pass at a time (a periodic pass
+that finds one running skips, since the running one covers it), and one decide step at a time, which the
+critical-event fast pass shares, so a Xid is decided without waiting for a 16,384-GPU metric pass (unique
+constraints settle anything that slips past them). Functions flush; the task commits.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ml.findings import Finding
 from service.config import Settings
 from service.decisions import service as decisions
 from service.diagnosis import metric_passes, signals, stack_requests, windows
-from service.diagnosis.detect import JobSignals, run_all
+from service.diagnosis.detect import JobSignals, event_detectors, run_all, run_detectors
 from service.incidents import service as incidents
 from service.jobs import service as jobs
 from service.models import Finding as FindingRow
@@ -37,7 +39,9 @@ log = logging.getLogger(__name__)
 
 # Findings older than this no longer join open incidents.
 FINDING_HORIZON = timedelta(hours=1)
-_LOCK_NAMESPACE = 7_401  # advisory lock key space of "diagnose job"
+# Advisory lock key spaces: "a full pass of job N runs", "job N's findings are being decided".
+_PASS_LOCK = 7_401
+_DECIDE_LOCK = 7_402
 
 
 @dataclass(slots=True)
@@ -49,6 +53,8 @@ class DiagnosisResult:
     stack_requests: list[str] = field(default_factory=list)
     # When the caller should look again (a stack-dump deadline), in seconds; None: the beat is enough.
     recheck_in_s: float | None = None
+    # A periodic pass that found another pass of the job running, and left the work to it.
+    skipped: bool = False
     # Seconds per stage of the pass (read, rollup, each detector, write), for logs and benchmarks.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -72,15 +78,28 @@ def active_jobs(session: Session, *, now: datetime, active_s: float) -> list[str
     )
 
 
-def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: datetime | None = None) -> DiagnosisResult:
-    """One full pass over a job; safe to run any number of times, by any number of workers."""
+def _lock(session: Session, namespace: int, job: Job, *, wait: bool = True) -> bool:
+    """A per-job advisory lock until the transaction ends (never the job row, which ingest updates)."""
+    fn = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+    got = session.execute(text(f"SELECT {fn}(:ns, :id)"), {"ns": namespace, "id": job.id}).scalar()
+    return wait or bool(got)
+
+
+def diagnose_job(
+    session: Session, *, job_id: str, settings: Settings, now: datetime | None = None, skip_if_busy: bool = False
+) -> DiagnosisResult:
+    """One full pass over a job; safe to run any number of times, by any number of workers.
+
+    `skip_if_busy` (the periodic pass) returns at once, `skipped`, when another pass of the job is running:
+    queuing behind it would only repeat its work and hold a worker a fast pass may need."""
     now = now or datetime.now(UTC)
     job = session.scalar(select(Job).where(Job.external_id == job_id))
     result = DiagnosisResult(job_id=job_id)
     if job is None:
         return result
-    # Serialize diagnosis per job without blocking ingest (which updates the job row).
-    session.execute(text("SELECT pg_advisory_xact_lock(:ns, :id)"), {"ns": _LOCK_NAMESPACE, "id": job.id})
+    if not _lock(session, _PASS_LOCK, job, wait=not skip_if_busy):
+        result.skipped = True
+        return result
 
     timings = result.timings
     lookback = settings.diagnosis_window_s
@@ -120,9 +139,34 @@ def diagnose_job(session: Session, *, job_id: str, settings: Settings, now: date
     with _timed(timings, "stacks"):
         aggregated, recheck = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=now)
     with _timed(timings, "write"):
+        _lock(session, _DECIDE_LOCK, job)
         _decide(session, job=job, findings=found + aggregated, result=result, settings=settings, now=now)
     waits = [w for w in (recheck, result.recheck_in_s) if w is not None]
     result.recheck_in_s = min(waits) if waits else None
+    return result
+
+
+def diagnose_events(
+    session: Session, *, job_id: str, settings: Settings, now: datetime | None = None
+) -> DiagnosisResult:
+    """The fast pass a critical event (a fatal Xid, a crash) triggers: the job's recent log events only,
+    their detectors, then the same decide step as a full pass. Its cost depends on the events, not on the
+    job's size, and it waits for no metric pass, only for another pass's decide step."""
+    now = now or datetime.now(UTC)
+    job = session.scalar(select(Job).where(Job.external_id == job_id))
+    result = DiagnosisResult(job_id=job_id)
+    if job is None:
+        return result
+    timings = result.timings
+    with _timed(timings, "read"):
+        info = signals.job_info(session, job=job)
+        node_ids = jobs.node_ids(session, job=job)
+        since = signals.window_start(now, settings.diagnosis_window_s)
+        events = signals.event_records(session, job=job, node_ids=node_ids, since=since)
+    found = run_detectors(event_detectors(info, events), session=session, job_id=job_id, timings=timings)
+    with _timed(timings, "write"):
+        _lock(session, _DECIDE_LOCK, job)
+        _decide(session, job=job, findings=found, result=result, settings=settings, now=now)
     return result
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, false, func, or_, select
 from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
@@ -43,21 +43,26 @@ def job_info(session: Session, *, job: Job) -> JobInfo:
     )
 
 
+def _of_job(job: Job, node_ids: list[int]) -> ColumnElement[bool]:
+    """The job's own lines, plus its nodes' lines that name no job (kernel, host)."""
+    return or_(
+        LogEvent.job_id == job.id,
+        and_(LogEvent.job_id.is_(None), LogEvent.node_id.in_(node_ids)) if node_ids else false(),
+    )
+
+
 def log_records(
     session: Session, *, job: Job, node_ids: list[int], since: datetime
 ) -> tuple[list[LogRecord], list[LogRecord]]:
     """(step events, all other events) since a time: the job's own, plus its nodes' kernel lines."""
-    of_job = or_(
-        LogEvent.job_id == job.id,
-        and_(LogEvent.job_id.is_(None), LogEvent.node_id.in_(node_ids)) if node_ids else False,
-    )
-    base = _log_select().where(of_job, LogEvent.ts >= since)
     # The newest step line per logging stream and 10 s window: progress and fail-slow need a stream's pace,
     # not each of its lines (a job of thousands of ranks logs thousands of step lines a second).
     # NaN and spike lines are events of their own kinds, never thinned.
     bucket = func.date_bin(timedelta(seconds=STEP_BUCKET_S), LogEvent.ts, _ORIGIN)
     thinned = (
-        base.add_columns(bucket.label("bucket"))
+        _log_select()
+        .where(_of_job(job, node_ids), LogEvent.ts >= since)
+        .add_columns(bucket.label("bucket"))
         .where(LogEvent.kind == "step")
         .ext(distinct_on(LogEvent.node_id, LogEvent.rank, bucket))
         .order_by(LogEvent.node_id, LogEvent.rank, bucket, LogEvent.ts.desc())
@@ -66,8 +71,17 @@ def log_records(
     steps = [
         row[:-1] for row in session.execute(select(thinned).order_by(thinned.c.ts.desc()).limit(MAX_STEP_EVENTS)).all()
     ]
+    return _records(reversed(steps)), event_records(session, job=job, node_ids=node_ids, since=since)
+
+
+def event_records(session: Session, *, job: Job, node_ids: list[int], since: datetime) -> list[LogRecord]:
+    """Every event but step lines since a time, oldest first, after the alerts still firing from before it."""
+    of_job = _of_job(job, node_ids)
     others = session.execute(
-        base.where(LogEvent.kind != "step").order_by(LogEvent.ts.desc()).limit(MAX_OTHER_EVENTS)
+        _log_select()
+        .where(of_job, LogEvent.ts >= since, LogEvent.kind != "step")
+        .order_by(LogEvent.ts.desc())
+        .limit(MAX_OTHER_EVENTS)
     ).all()
     # An alert's time is when it started firing: one still firing counts however long ago that was.
     firing = session.execute(
@@ -82,7 +96,7 @@ def log_records(
         .order_by(LogEvent.ts)
         .limit(MAX_OTHER_EVENTS)
     ).all()
-    return _records(reversed(steps)), _records(firing) + _records(reversed(others))
+    return _records(firing) + _records(reversed(others))
 
 
 def _log_select() -> Select[Any]:

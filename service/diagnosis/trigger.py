@@ -1,4 +1,5 @@
-"""Ingest's hook into diagnosis: a critical event (or stacks answering a request) diagnoses its job at once."""
+"""Ingest's hook into diagnosis: a critical event gets its job a fast pass over events at once; stacks
+answering a request get it a full pass (stack aggregation is part of it)."""
 
 from __future__ import annotations
 
@@ -34,38 +35,40 @@ CRITICAL_KINDS = frozenset(
 DEBOUNCE_MS = 500
 
 
-def jobs_to_diagnose(batch: IngestBatch) -> set[str]:
-    """External ids of the jobs this batch carries urgent news for."""
-    jobs: set[str] = set()
-    default = batch.job_id or next((p.job_id for p in batch.processes if p.job_id), None)
-    for event in batch.logs:
-        if event.kind in CRITICAL_KINDS or event.severity == "critical":
-            job = event.job_id or default
-            if job:
-                jobs.add(job)
-    for stack in batch.stacks:
-        if stack.directive_id:
-            job = stack.job_id or default
-            if job:
-                jobs.add(job)
-    return jobs
+def _default_job(batch: IngestBatch) -> str | None:
+    return batch.job_id or next((p.job_id for p in batch.processes if p.job_id), None)
+
+
+def jobs_with_critical_events(batch: IngestBatch) -> set[str]:
+    """External ids of the jobs this batch carries a critical event of."""
+    default = _default_job(batch)
+    jobs = {e.job_id or default for e in batch.logs if e.kind in CRITICAL_KINDS or e.severity == "critical"}
+    return {job for job in jobs if job}
+
+
+def jobs_with_stack_answers(batch: IngestBatch) -> set[str]:
+    """External ids of the jobs this batch answers a stack request of."""
+    default = _default_job(batch)
+    return {job for job in (s.job_id or default for s in batch.stacks if s.directive_id) if job}
 
 
 class DiagnosisTrigger:
-    """Enqueue diagnose_job for a job at most once per debounce interval (a Redis key per job)."""
+    """Enqueue a pass of a job at most once per debounce interval and kind (a Redis key per job)."""
 
     def __init__(self, redis_url: str) -> None:
         self._redis = Redis.from_url(redis_url, socket_timeout=1, socket_connect_timeout=1)
 
-    def fire(self, jobs: set[str]) -> None:
-        from service.diagnosis.tasks import diagnose_job
+    def fire(self, jobs: set[str], *, full: bool = False) -> None:
+        """The events fast pass, or with `full` the whole pass, of each job."""
+        from service.diagnosis.tasks import diagnose_events, diagnose_job
 
+        task, kind = (diagnose_job, "full") if full else (diagnose_events, "events")
         for job in jobs:
             try:
-                if not self._redis.set(f"faultline:diagnose-soon:{job}", 1, nx=True, px=DEBOUNCE_MS):
+                if not self._redis.set(f"faultline:diagnose-soon:{kind}:{job}", 1, nx=True, px=DEBOUNCE_MS):
                     continue
                 # A short countdown lets the rest of a burst (other nodes' lines of the same failure) land first.
-                diagnose_job.apply_async(args=[job], countdown=0.5)
+                task.apply_async(args=[job], countdown=0.5)
             except (RedisError, OSError) as exc:
                 # The periodic pass still finds it within seconds; ingest must not fail over this.
                 log.warning("could not enqueue diagnosis of job %s: %s", job, exc)

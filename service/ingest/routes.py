@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.diagnosis.trigger import jobs_to_diagnose
+from service.diagnosis.trigger import jobs_with_critical_events, jobs_with_stack_answers
 from service.errors import Forbidden, error_response
 from service.ingest.body import read_body
 from service.ingest.schemas import IngestBatch
@@ -40,8 +40,12 @@ async def ingest(request: Request) -> Response:
     if principal.node_name is not None and principal.node_name != batch.node:
         raise Forbidden(f"this token may only write data of node {principal.node_name!r}, not {batch.node!r}")
     outcome = await request.app.state.ingest_writer.submit(batch)
-    if not outcome.duplicate and (urgent := jobs_to_diagnose(batch)):
-        await run_in_threadpool(request.app.state.diagnosis_trigger.fire, urgent)
+    if not outcome.duplicate:
+        trigger = request.app.state.diagnosis_trigger
+        if urgent := jobs_with_critical_events(batch):
+            await run_in_threadpool(trigger.fire, urgent)
+        if answered := jobs_with_stack_answers(batch):
+            await run_in_threadpool(trigger.fire, answered, full=True)
     (_DUPLICATE if outcome.duplicate else _ACCEPTED).inc()
     for kind, count in outcome.stored.items():
         if count:
