@@ -12,7 +12,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -36,6 +36,7 @@ from service.nodes import routes as nodes_routes
 from service.notify import routes as notify_routes
 from service.security import TokenCache
 from service.silences import routes as silences_routes
+from service.strict_input import RejectUnstorableText
 from service.tokens import routes as tokens_routes
 from service.ui import render as ui_render
 from service.ui import router as ui_router
@@ -82,6 +83,8 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
 
     app.include_router(health.router)
     app.add_middleware(ingest_routes.IngestFastPath)
+    # Outermost: a URL no route could store is refused before any of them runs.
+    app.add_middleware(RejectUnstorableText)
     app.include_router(jobs_routes.router)
     app.include_router(directives_routes.router)
     app.include_router(incidents_routes.router)
@@ -106,7 +109,7 @@ def _install_error_handlers(app: FastAPI) -> None:
             raise exc
         return response
 
-    for known in (FaultlineError, OperationalError, psycopg.OperationalError):
+    for known in (FaultlineError, OperationalError, psycopg.OperationalError, DataError, psycopg.DataError):
         app.add_exception_handler(known, _known_error)
 
     @app.exception_handler(StarletteHTTPException)

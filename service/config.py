@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     # Chat webhooks: hosts a channel may post to (shell patterns, e.g. "hooks.slack.com", "*.larksuite.com");
     # empty allows any host.
     webhook_allowed_hosts: list[str] = []
+    # Webhooks connect only to public addresses; these ranges (CIDR) or hosts (shell patterns) may be
+    # private, loopback or link-local too (an in-cluster chat relay, a test receiver).
+    webhook_allowed_private: list[str] = []
     webhook_timeout_s: float = Field(default=10.0, gt=0)
     webhook_max_attempts: int = Field(default=8, ge=1)
     # Retry backoff: base * 2^(attempt-1) seconds, capped, with jitter.

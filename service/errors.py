@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.responses import JSONResponse
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,11 @@ def error_response(exc: Exception) -> JSONResponse | None:
     if isinstance(exc, OperationalError | psycopg.OperationalError):
         log.warning("database unavailable: %s", exc)
         exc = ServiceUnavailable("database unavailable; retry later")
+    elif isinstance(exc, DataError | psycopg.DataError):
+        # A value that passed validation but that PostgreSQL cannot store (a NUL in text, a number out of
+        # its type's range): the client's input, and the request's transaction is rolled back.
+        cause = exc.orig if isinstance(exc, DataError) else exc
+        exc = InvalidInput(f"a value cannot be stored: {str(cause).splitlines()[0]}")
     if isinstance(exc, FaultlineError):
         return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=exc.headers)
     return None

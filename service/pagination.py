@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from service.errors import InvalidInput
+from service.params import BIGINT_MAX
 
 
 def encode_cursor(last_id: int) -> str:
@@ -19,9 +20,10 @@ def decode_cursor(cursor: str) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         prefix, value = raw.split(":", 1)
-        if prefix != "id":
-            raise ValueError(prefix)
-        return int(value)
+        last_id = int(value)
+        if prefix != "id" or not 0 <= last_id <= BIGINT_MAX:
+            raise ValueError(raw)
+        return last_id
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise InvalidInput(f"invalid cursor {cursor!r}: pass back a `next_cursor` from an earlier page") from None
 

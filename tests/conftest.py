@@ -46,6 +46,8 @@ def _start_services() -> None:
     os.environ["FAULTLINE_DATABASE_URL"] = _to_url(server_url, name)
     os.environ["FAULTLINE_REDIS_URL"] = redis_url
     os.environ.pop("FAULTLINE_EMBEDDED", None)
+    # The tests' chat receivers listen on loopback, which webhooks may reach only when allowed explicitly.
+    os.environ["FAULTLINE_WEBHOOK_ALLOWED_PRIVATE"] = '["127.0.0.1/32"]'
 
     from service import migrate
 

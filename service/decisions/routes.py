@@ -15,6 +15,7 @@ from service.decisions.schemas import AckIn, DecisionOut, DecisionPage, Override
 from service.deps import DbSession
 from service.errors import ErrorBody
 from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
+from service.params import BIGINT_MAX, Id
 from service.security import require_scope
 from service.tokens.service import Principal
 
@@ -57,7 +58,9 @@ async def list_decisions(
     ] = None,
     job: Annotated[str | None, Query(description="The job's external id")] = None,
     node: Annotated[str | None, Query(description="Node name")] = None,
-    after: Annotated[int | None, Query(ge=0, description="Only decisions with a greater id (newer)")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=BIGINT_MAX, description="Only decisions with a greater id (newer)")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
     wait: Annotated[
@@ -91,14 +94,14 @@ async def list_decisions(
 
 
 @router.get("/{decision_id}", response_model=DecisionOut, responses=_NOT_FOUND)
-def get_decision(decision_id: int, session: DbSession, _: Scheduler) -> DecisionOut:
+def get_decision(decision_id: Id, session: DbSession, _: Scheduler) -> DecisionOut:
     """One decision with its evidence chain and outcome."""
     return service.get(session, decision_id=decision_id)
 
 
 @router.post("/{decision_id}/ack", response_model=DecisionOut, responses={**_NOT_FOUND, **_CONFLICT})
 def acknowledge_decision(
-    decision_id: int, ack: AckIn, request: Request, session: DbSession, principal: Scheduler
+    decision_id: Id, ack: AckIn, request: Request, session: DbSession, principal: Scheduler
 ) -> DecisionOut:
     """Report what the scheduler did: `done`, `failed` or `rejected`, with a message.
 
@@ -116,7 +119,7 @@ def acknowledge_decision(
 
 
 @router.post("/{decision_id}/approve", response_model=DecisionOut, responses={**_NOT_FOUND, **_CONFLICT})
-def approve_decision(decision_id: int, request: Request, session: DbSession, principal: Operator) -> DecisionOut:
+def approve_decision(decision_id: Id, request: Request, session: DbSession, principal: Operator) -> DecisionOut:
     """A person lets a decision that awaits approval go to the schedulers (it becomes `pending`)."""
     return lifecycle.approve(
         session,
@@ -129,7 +132,7 @@ def approve_decision(decision_id: int, request: Request, session: DbSession, pri
 
 @router.post("/{decision_id}/reject", response_model=DecisionOut, responses={**_NOT_FOUND, **_CONFLICT})
 def reject_decision(
-    decision_id: int, body: RejectIn, request: Request, session: DbSession, principal: Operator
+    decision_id: Id, body: RejectIn, request: Request, session: DbSession, principal: Operator
 ) -> DecisionOut:
     """A person overrules a pending or awaiting decision before a scheduler acts on it."""
     return lifecycle.reject(
@@ -149,7 +152,7 @@ def reject_decision(
     status_code=201,
 )
 def override_decision(
-    decision_id: int, body: OverrideIn, request: Request, session: DbSession, principal: Operator
+    decision_id: Id, body: OverrideIn, request: Request, session: DbSession, principal: Operator
 ) -> DecisionOut:
     """Replace a pending decision with another action for its incident; answers the new decision.
 

@@ -10,6 +10,7 @@ from service.deps import DbSession
 from service.incidents import service
 from service.incidents.schemas import IncidentOut, IncidentPage
 from service.models.diagnosis import INCIDENT_STATES
+from service.params import Id
 from service.security import require_scope
 from service.tokens.service import Principal
 
@@ -37,6 +38,6 @@ def list_incidents(
 
 
 @router.get("/{incident_id}", response_model=IncidentOut, responses={404: {"description": "Unknown incident"}})
-def get_incident(incident_id: int, session: DbSession, _: Reader) -> IncidentOut:
+def get_incident(incident_id: Id, session: DbSession, _: Reader) -> IncidentOut:
     """One incident: root cause, blame, ranked suspects, its findings with evidence, and its decisions."""
     return service.get(session, incident_id=incident_id)

@@ -19,6 +19,7 @@ from service.notify.schemas import (
     DeliveryPage,
     DeliveryState,
 )
+from service.params import Id, id_query
 from service.security import require_scope
 from service.tokens.service import Principal
 
@@ -57,7 +58,7 @@ def list_channels(session: DbSession, _: Operator) -> ChannelPage:
     response_model=ChannelOut,
     responses={404: {"description": "Unknown channel"}},
 )
-def get_channel(channel_id: int, session: DbSession, _: Operator) -> ChannelOut:
+def get_channel(channel_id: Id, session: DbSession, _: Operator) -> ChannelOut:
     """One channel; its URL masked."""
     return service.get_channel(session, channel_id=channel_id)
 
@@ -69,7 +70,7 @@ def get_channel(channel_id: int, session: DbSession, _: Operator) -> ChannelOut:
     responses={404: {"description": "Unknown channel"}, 422: {"description": "A bad URL or value"}},
 )
 def update_channel(
-    channel_id: int, channel_update: ChannelUpdate, request: Request, session: DbSession, _: Operator
+    channel_id: Id, channel_update: ChannelUpdate, request: Request, session: DbSession, _: Operator
 ) -> ChannelOut:
     """Enable or disable a channel, or change its URL, grouping window or rate limit."""
     return service.update_channel(
@@ -83,7 +84,7 @@ def update_channel(
     status_code=status.HTTP_204_NO_CONTENT,
     responses={404: {"description": "Unknown channel"}},
 )
-def delete_channel(channel_id: int, session: DbSession, _: Operator) -> None:
+def delete_channel(channel_id: Id, session: DbSession, _: Operator) -> None:
     """Remove a channel and its deliveries."""
     service.delete_channel(session, channel_id=channel_id)
 
@@ -94,7 +95,7 @@ def delete_channel(channel_id: int, session: DbSession, _: Operator) -> None:
     response_model=ChannelTestResult,
     responses={404: {"description": "Unknown channel"}},
 )
-def test_channel(channel_id: int, request: Request, session: DbSession, _: Operator) -> ChannelTestResult:
+def test_channel(channel_id: Id, request: Request, session: DbSession, _: Operator) -> ChannelTestResult:
     """Post a test message now and say how the receiver answered (works on a disabled channel too)."""
     return service.send_test(session, channel_id=channel_id, settings=request.app.state.settings, now=datetime.now(UTC))
 
@@ -109,8 +110,8 @@ def list_deliveries(
     session: DbSession,
     _: Operator,
     state: Annotated[DeliveryState | None, Query()] = None,
-    channel: Annotated[int | None, Query(description="A channel id")] = None,
-    incident: Annotated[int | None, Query(description="An incident id")] = None,
+    channel: Annotated[int | None, id_query("A channel id")] = None,
+    incident: Annotated[int | None, id_query("An incident id")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
 ) -> DeliveryPage:
@@ -126,6 +127,6 @@ def list_deliveries(
     response_model=DeliveryOut,
     responses={404: {"description": "Unknown delivery"}, 409: {"description": "Sent already, or being sent"}},
 )
-def retry_delivery(delivery_id: int, session: DbSession, _: Operator) -> DeliveryOut:
+def retry_delivery(delivery_id: Id, session: DbSession, _: Operator) -> DeliveryOut:
     """Send a failed delivery again, with a fresh set of attempts. A pending one is returned unchanged."""
     return service.retry_delivery(session, delivery_id=delivery_id, now=datetime.now(UTC))

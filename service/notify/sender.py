@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.db import session_scope
 from service.models import NotificationChannel, NotificationDelivery
-from service.notify import formats
+from service.notify import formats, outbound
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,8 @@ def post(client: httpx.Client, *, kind: str, url: str, body: dict[str, Any], mes
         response = client.post(url, content=orjson.dumps(body), headers=headers)
     except httpx.TimeoutException:
         return Outcome(ok=False, retryable=True, error="timed out")
+    except outbound.RefusedAddress as exc:
+        return Outcome(ok=False, retryable=False, error=scrub(str(exc), url))
     except httpx.TransportError as exc:
         return Outcome(ok=False, retryable=True, error=scrub(f"{type(exc).__name__}: {exc}", url))
     except httpx.HTTPError as exc:

@@ -16,7 +16,7 @@ from service.db import enqueue_after_commit
 from service.errors import Conflict, InvalidInput, NotFound
 from service.models import Decision, Incident, Job, Node, NotificationChannel, NotificationDelivery
 from service.models.notify import INCIDENT_EVENTS
-from service.notify import formats, sender
+from service.notify import formats, outbound, sender
 from service.notify.schemas import (
     ChannelIn,
     ChannelOut,
@@ -158,7 +158,9 @@ def incident_url(settings: Settings, incident_id: int) -> str:
 
 
 def _check_url(url: str, settings: Settings) -> None:
-    problem = sender.url_problem(url, allowed_hosts=settings.webhook_allowed_hosts)
+    problem = sender.url_problem(url, allowed_hosts=settings.webhook_allowed_hosts) or outbound.creation_problem(
+        url, settings.webhook_allowed_private
+    )
     if problem is not None:
         raise InvalidInput(f"url: {problem}", details=[{"field": "body.url", "message": problem}])
 
@@ -225,7 +227,7 @@ def send_test(
     body = formats.render(channel.kind, [payload])
     key = f"test-{channel.id}-{int(now.timestamp() * 1000)}"
     if http_client is None:
-        with httpx.Client(timeout=settings.webhook_timeout_s) as client:
+        with outbound.client(settings) as client:
             outcome = sender.post(client, kind=channel.kind, url=channel.url, body=body, message_key=key)
     else:
         outcome = sender.post(http_client, kind=channel.kind, url=channel.url, body=body, message_key=key)

@@ -6,11 +6,9 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
 from service.config import get_settings
 from service.db import get_engine, make_sessionmaker
-from service.notify import sender
+from service.notify import outbound, sender
 from service.worker import celery_app
 
 
@@ -18,7 +16,7 @@ from service.worker import celery_app
 def send_due() -> dict[str, Any]:
     """Idempotent: claims commit before each POST, so a re-run or a concurrent run never posts a row twice."""
     settings = get_settings()
-    with httpx.Client(timeout=settings.webhook_timeout_s) as client:
+    with outbound.client(settings) as client:
         report = sender.send_due(
             make_sessionmaker(get_engine()), now=datetime.now(UTC), settings=settings, http_client=client
         )

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, status
 
 from service.deps import DbSession
+from service.params import Id
 from service.security import require_scope
 from service.silences import service
 from service.silences.schemas import SilenceIn, SilenceOut, SilencePage, SilenceState
@@ -45,13 +46,13 @@ def list_silences(
 
 
 @router.get("/{silence_id}", response_model=SilenceOut, responses={404: {"description": "Unknown silence"}})
-def get_silence(silence_id: int, session: DbSession, _: Reader) -> SilenceOut:
+def get_silence(silence_id: Id, session: DbSession, _: Reader) -> SilenceOut:
     """One silence with its state."""
     return service.describe(service.get(session, silence_id=silence_id), now=datetime.now(UTC))
 
 
 @router.delete("/{silence_id}", response_model=SilenceOut, responses={404: {"description": "Unknown silence"}})
-def expire_silence(silence_id: int, session: DbSession, _: Operator) -> SilenceOut:
+def expire_silence(silence_id: Id, session: DbSession, _: Operator) -> SilenceOut:
     """End a silence now (idempotent). The record stays, with `expired_at` set."""
     now = datetime.now(UTC)
     return service.describe(service.expire(session, silence_id=silence_id, now=now), now=now)

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, status
 
 from service.deps import DbSession
+from service.params import Id
 from service.security import require_scope
 from service.tokens import service
 from service.tokens.schemas import TokenCreated, TokenIn, TokenOut
@@ -36,12 +37,12 @@ def list_tokens(session: DbSession, _: Admin) -> list[TokenOut]:
 
 
 @router.get("/{token_id}", response_model=TokenOut, responses={404: {"description": "Unknown token"}})
-def get_token(token_id: int, session: DbSession, _: Admin) -> TokenOut:
+def get_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
     """One token's record."""
     return service.describe(service.get(session, token_id=token_id), now=datetime.now(UTC))
 
 
 @router.delete("/{token_id}", response_model=TokenOut, responses={404: {"description": "Unknown token"}})
-def revoke_token(token_id: int, session: DbSession, _: Admin) -> TokenOut:
+def revoke_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
     """Revoke a token (idempotent; the record stays). API processes honour it within `token_cache_seconds`."""
     return service.describe(service.revoke(session, token_id=token_id), now=datetime.now(UTC))

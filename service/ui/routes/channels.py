@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Form, Query, Request
+from fastapi import APIRouter, Form, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
@@ -17,6 +17,7 @@ from service.errors import FaultlineError
 from service.models.notify import CHANNEL_KINDS
 from service.notify import service as notify
 from service.notify.schemas import ChannelIn, ChannelUpdate
+from service.params import Id, id_query
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import page, redirect
 from service.ui.views import admin
@@ -63,7 +64,7 @@ def channel_list(
     request: Request,
     session: DbSession,
     _: ViewerDep,
-    channel: Annotated[int | None, Query(description="Failed deliveries of this channel only")] = None,
+    channel: Annotated[int | None, id_query("Failed deliveries of this channel only")] = None,
     cursor: str = "",
 ) -> Response:
     return _render(request, session, channel=channel, cursor=cursor)
@@ -122,7 +123,7 @@ def create_channel(
 @router.post("/channels/{channel_id}/enabled")
 def set_enabled(
     request: Request,
-    channel_id: int,
+    channel_id: Id,
     _: FormViewer,
     enabled: Annotated[str, Form()],
     return_to: Annotated[str, Form()] = "/channels",
@@ -143,7 +144,7 @@ def set_enabled(
 
 @router.post("/channels/{channel_id}/delete")
 def delete_channel(
-    request: Request, channel_id: int, _: FormViewer, return_to: Annotated[str, Form()] = "/channels"
+    request: Request, channel_id: Id, _: FormViewer, return_to: Annotated[str, Form()] = "/channels"
 ) -> Response:
     try:
         with session_scope(request.app.state.sessionmaker) as session:
@@ -157,7 +158,7 @@ def delete_channel(
 
 @router.post("/channels/{channel_id}/test")
 def send_test(
-    request: Request, channel_id: int, _: FormViewer, return_to: Annotated[str, Form()] = "/channels"
+    request: Request, channel_id: Id, _: FormViewer, return_to: Annotated[str, Form()] = "/channels"
 ) -> Response:
     try:
         with session_scope(request.app.state.sessionmaker) as session:
@@ -176,7 +177,7 @@ def send_test(
 
 @router.post("/channels/deliveries/{delivery_id}/retry")
 def retry_delivery(
-    request: Request, delivery_id: int, _: FormViewer, return_to: Annotated[str, Form()] = "/channels"
+    request: Request, delivery_id: Id, _: FormViewer, return_to: Annotated[str, Form()] = "/channels"
 ) -> Response:
     try:
         with session_scope(request.app.state.sessionmaker) as session:

@@ -16,6 +16,7 @@ from service.decisions.schemas import DecisionOut, OverrideIn
 from service.deps import DbSession
 from service.errors import FaultlineError, InvalidInput
 from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
+from service.params import Id
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import error_page, is_htmx, page, redirect
 from service.ui.views import incident as incident_view
@@ -75,9 +76,7 @@ def _act(request: Request, return_to: str, action: Callable[..., DecisionOut], v
 
 
 @router.post("/decisions/{decision_id}/approve")
-def approve(
-    request: Request, decision_id: int, viewer: FormViewer, return_to: Annotated[str, Form()] = "/"
-) -> Response:
+def approve(request: Request, decision_id: Id, viewer: FormViewer, return_to: Annotated[str, Form()] = "/") -> Response:
     settings = request.app.state.settings
     return _act(
         request,
@@ -92,7 +91,7 @@ def approve(
 @router.post("/decisions/{decision_id}/reject")
 def reject(
     request: Request,
-    decision_id: int,
+    decision_id: Id,
     viewer: FormViewer,
     message: Annotated[str, Form()] = "",
     return_to: Annotated[str, Form()] = "/",
@@ -116,7 +115,7 @@ def reject(
 @router.post("/decisions/{decision_id}/override")
 def override(
     request: Request,
-    decision_id: int,
+    decision_id: Id,
     viewer: FormViewer,
     kind: Annotated[str, Form()],
     message: Annotated[str, Form()],

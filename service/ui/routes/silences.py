@@ -13,6 +13,7 @@ from starlette.responses import Response
 from service.db import session_scope
 from service.deps import DbSession
 from service.errors import FaultlineError, InvalidInput
+from service.params import Id
 from service.silences import service as silences
 from service.silences.schemas import SILENCE_STATES, SilenceIn, SilenceState
 from service.ui.auth import FormViewer, ViewerDep
@@ -124,7 +125,7 @@ def create_silence(
 
 @router.post("/silences/{silence_id}/expire")
 def expire_silence(
-    request: Request, silence_id: int, _: FormViewer, return_to: Annotated[str, Form()] = "/silences"
+    request: Request, silence_id: Id, _: FormViewer, return_to: Annotated[str, Form()] = "/silences"
 ) -> Response:
     now = datetime.now(UTC)
     try:

@@ -14,6 +14,7 @@ from service.db import session_scope
 from service.deps import DbSession
 from service.errors import FaultlineError, InvalidInput
 from service.models.auth import SCOPES
+from service.params import Id
 from service.tokens import service as tokens
 from service.tokens.schemas import TokenCreated, TokenIn, TokenState
 from service.ui.auth import AdminDep, FormViewer
@@ -118,7 +119,7 @@ def create_token(
 
 @router.post("/tokens/{token_id}/revoke")
 def revoke_token(
-    request: Request, token_id: int, _: AdminDep, __: FormViewer, return_to: Annotated[str, Form()] = "/tokens"
+    request: Request, token_id: Id, _: AdminDep, __: FormViewer, return_to: Annotated[str, Form()] = "/tokens"
 ) -> Response:
     try:
         with session_scope(request.app.state.sessionmaker) as session:

@@ -1,0 +1,80 @@
+"""Input PostgreSQL cannot hold gets a 422 in the API's error shape, never a 500, and changes nothing.
+
+The first requests are the ones a schemathesis run over the OpenAPI document found answering 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import bearer, count
+
+TOO_BIG = "99999999999999999999999"  # past PostgreSQL's bigint
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/api/v1/decisions?after=285241406885938531577072752131047424"),
+        ("GET", f"/api/v1/incidents/{TOO_BIG}"),
+        ("POST", "/api/v1/deliveries/49608969199518100750336/retry"),
+        ("GET", f"/api/v1/deliveries?channel={TOO_BIG}"),
+        ("GET", f"/api/v1/decisions/{TOO_BIG}"),
+        ("GET", "/api/v1/incidents/0"),
+        ("GET", "/api/v1/nodes/%00"),
+        ("GET", "/api/v1/nodes/%FF%FE"),
+        ("GET", "/api/v1/incidents?root_cause=a%00b"),
+    ],
+)
+def test_out_of_range_ids_and_unstorable_text_are_422(client: Any, make_token: Any, method: str, path: str) -> None:
+    response = client.request(method, path, headers=bearer(make_token("admin")))
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["error"] == "invalid" and body["message"]
+
+
+def test_a_cursor_past_bigint_is_422(client: Any, make_token: Any) -> None:
+    import base64
+
+    cursor = base64.urlsafe_b64encode(f"id:{TOO_BIG}".encode()).decode().rstrip("=")
+    response = client.get(f"/api/v1/incidents?cursor={cursor}", headers=bearer(make_token("admin")))
+    assert response.status_code == 422 and "cursor" in response.json()["message"]
+
+
+def test_a_nul_in_a_body_is_422_and_stores_nothing(client: Any, make_token: Any, session: Any) -> None:
+    before = count(session, "silences")
+    response = client.post(
+        "/api/v1/silences",
+        json={"node_pattern": "gpu-node-1", "duration_s": 600, "comment": "bad\u0000comment"},
+        headers=bearer(make_token("operator", name="oncall")),
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "invalid"
+    assert count(session, "silences") == before
+
+
+def test_a_nul_in_a_header_is_422(client: Any, make_token: Any) -> None:
+    response = client.get("/api/v1/incidents", headers={**bearer(make_token("admin")), "X-Note": "a\x00b"})
+    assert response.status_code == 422 and "X-Note" in response.json()["message"].title()
+
+
+def test_an_agent_batch_with_a_nul_in_a_line_is_422_and_stores_nothing(
+    client: Any, make_token: Any, session: Any
+) -> None:
+    import uuid
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC).isoformat()
+    batch = {
+        "batch_id": str(uuid.uuid4()),
+        "node": "gpu-node-1",
+        "sent_at": now,
+        "logs": [{"ts": now, "source": "kmsg", "kind": "xid", "line": "NVRM: Xid\u0000 79"}],
+    }
+    before = count(session, "log_events"), count(session, "agent_batches")
+    response = client.post("/api/v1/ingest", json=batch, headers=bearer(make_token("agent")))
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "invalid"
+    assert (count(session, "log_events"), count(session, "agent_batches")) == before
