@@ -48,6 +48,9 @@ TICK_SLACK = 0.001
 MAX_BATCH_METRICS = 50_000
 IDLE_FLUSH = 1.0  # a multi-line block (traceback) with no new line for this long is complete
 EXIT_AUTH = 3
+# SIGTERM to exit: what is not acknowledged by then stays in the spool for the next start. A node being
+# drained must not wait on a service that is gone, and systemd or Kubernetes kill it soon after anyway.
+SHUTDOWN_S = 1.0
 # A job's log lines outlive its processes (the traceback of a crash is written as they die): events are
 # attributed to a job seen on the node this recently.
 JOB_LINGER_S = 600.0
@@ -398,18 +401,31 @@ class Agent:
         return code
 
     def _shutdown(self) -> None:
-        log.info("stopping: shipping what is left")
+        """Ship what is left within SHUTDOWN_S of the stop signal; the rest stays in the spool.
+
+        A node being drained or rebooted must not wait on a service that is gone: an unacknowledged batch
+        stays spooled (batches leave the spool only when the service acknowledges them), and the next start
+        ships it; the service stores a batch sent twice once (by its batch_id)."""
+        deadline = time.monotonic() + SHUTDOWN_S
+        log.info("stopping: shipping what is left (for at most %g s)", SHUTDOWN_S)
         self.poll_logs(time.monotonic())  # lines written since the last tick
         self.flush_parsers()
         if self.events or not self.stacks.empty() or len(self.samples):
             self.emit(self.build_batch(processes=False))  # samples taken since the last ship tick too
         if self.shipper is not None:
             self.shipper.stopping.set()
-            if self._ship_thread is not None:
-                self._ship_thread.join(timeout=15)
-            if self.shipper.auth_error is None:
-                self.shipper.drain(timeout=5)
-            self.shipper.close()
+            busy = [t for t in (self._ship_thread,) if t is not None]
+            for thread in busy:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if self.shipper.auth_error is None and not any(t.is_alive() for t in busy):
+                # The POST itself can block (a silent server), so the last drain runs where exit need not wait.
+                left = max(0.0, deadline - time.monotonic())
+                finisher = threading.Thread(target=self.shipper.drain, args=(left,), name="drain", daemon=True)
+                finisher.start()
+                finisher.join(timeout=left)
+                busy.append(finisher)
+            if not any(t.is_alive() for t in busy):
+                self.shipper.close()  # else a thread still uses it; the process exit closes its socket
             if self.spool is not None and len(self.spool):
                 log.info("%d batches stay in the spool for the next start", len(self.spool))
         self._close_sources()

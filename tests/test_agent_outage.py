@@ -123,3 +123,58 @@ def test_wrong_token_stops_the_agent_with_a_clear_message(committed, tmp_path: P
             agent.wait(timeout=30)
         assert agent.returncode == 3
         assert "refused this agent's token (401" in (tmp_path / "agent.log").read_text()
+
+
+def _spooled_batch_ids(spool: Path) -> set[str]:
+    import gzip
+    import json
+
+    return {json.loads(gzip.decompress(path.read_bytes()))["batch_id"] for path in spool.glob("*.batch")}
+
+
+def test_sigterm_with_the_service_silent_exits_within_2_s_and_a_restart_ships_the_spool_once(
+    committed, tmp_path: Path
+) -> None:
+    """The worst unreachable service: it accepts connections and never answers, so a POST hangs."""
+    import socket
+
+    with Session(committed) as session:
+        token = tokens.create(session, scope="agent", node_name="n2").token
+        session.commit()
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # the kernel accepts; nobody ever answers
+    spool = tmp_path / "spool"
+    env = {"FAULTLINE_AGENT_TOKEN": token}
+    with receiver() as dcgm, silent:
+        dcgm.page = _exporter_page
+
+        def agent_args(server: str) -> list[str]:
+            return ["faultline", "agent", "--server", server, "--node-name", "n2", "--sample-interval", "0.5",
+                    "--ship-interval", "0.5", "--dcgm-url", f"{dcgm.url}/metrics", "--kmsg", "none",
+                    "--spool-dir", str(spool)]  # fmt: skip
+
+        with running(agent_args(f"http://127.0.0.1:{silent.getsockname()[1]}"), env=env, log=tmp_path / "a1.log") as a:
+            wait_for(lambda: len(list(spool.glob("*.batch"))) >= 3, what="batches spooled for the silent service")
+            signalled = time.monotonic()
+            a.send_signal(signal.SIGTERM)
+            a.wait(timeout=30)
+            took = time.monotonic() - signalled
+        assert a.returncode == 0, (tmp_path / "a1.log").read_text()[-2000:]
+        print(f"stopped {took:.2f} s after SIGTERM with {len(list(spool.glob('*.batch')))} batches spooled")
+        assert took < 2.0, f"the agent took {took:.1f} s to stop"
+        spooled = _spooled_batch_ids(spool)
+        assert len(spooled) >= 3 and "stay in the spool" in (tmp_path / "a1.log").read_text()
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with running(["faultline", "serve", "--port", str(port)], log=tmp_path / "api.log"):
+            wait_for(lambda: healthy(url), what="the API")
+            with running(agent_args(url), env=env, log=tmp_path / "a2.log"):
+                wait_for(lambda: spooled <= _stored_batches(committed), timeout=60, what="the spool shipped")
+    with committed.connect() as conn:
+        rows, distinct = conn.execute(text("SELECT count(*), count(DISTINCT (ts, gpu)) FROM metric_samples")).one()
+    assert rows == distinct > 0  # the spooled batches' samples stored once each
+
+
+def _stored_batches(engine: Any) -> set[str]:
+    with engine.connect() as conn:
+        return {str(b) for b in conn.execute(text("SELECT batch_id FROM agent_batches")).scalars()}
