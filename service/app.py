@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import faultline
-from service import health
+from service import health, openapi
 from service.alerts import routes as alerts_routes
 from service.config import Settings, get_settings
 from service.db import get_engine, make_sessionmaker
@@ -26,10 +23,9 @@ from service.decisions.waiting import DecisionWaiter
 from service.diagnosis.trigger import DiagnosisTrigger
 from service.directives import routes as directives_routes
 from service.directives.cache import DirectiveCache
-from service.errors import ErrorBody, FaultlineError, NotFound, error_response
+from service.errors import FaultlineError, InvalidInput, NotFound, error_response
 from service.incidents import routes as incidents_routes
 from service.ingest import routes as ingest_routes
-from service.ingest.schemas import IngestBatch, IngestResult
 from service.ingest.writer import IngestWriter
 from service.jobs import routes as jobs_routes
 from service.nodes import routes as nodes_routes
@@ -96,7 +92,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.include_router(tokens_routes.router)
     ui_router.install(app)
     _install_error_handlers(app)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi.build(app)  # type: ignore[method-assign]
     return app
 
 
@@ -116,31 +112,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if ui_render.is_ui_request(request) and exc.status_code == 404:
             return ui_render.error_page(request, NotFound(f"nothing at {request.url.path}"))
-        return await http_exception_handler(request, exc)
+        if exc.status_code == 400:
+            # Starlette's answer to a body it cannot parse (not JSON, not UTF-8): invalid input.
+            return await _known_error(request, InvalidInput(f"body: {exc.detail}"))
+        # Unknown paths and methods answer in the one error shape too.
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, f"http_{exc.status_code}")
+        body = {"error": code, "message": str(exc.detail)}
+        return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         return await _known_error(request, invalid(exc.errors()))
-
-
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """The generated schema, plus the ingest endpoint (served ahead of FastAPI, documented by hand)."""
-    if app.openapi_schema:
-        return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for name, model in (("IngestBatch", IngestBatch), ("IngestResult", IngestResult), ("Error", ErrorBody)):
-        model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        components.update(model_schema.pop("$defs", {}))
-        components[name] = model_schema
-    schema["paths"] = {ingest_routes.PATH: ingest_routes.OPENAPI_PATH_ITEM, **schema["paths"]}
-    schema["components"]["securitySchemes"] = {
-        "bearer": {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "A token from `faultline token create --scope agent|scheduler|operator|admin`.",
-        }
-    }
-    schema["security"] = [{"bearer": []}]
-    app.openapi_schema = schema
-    return schema

@@ -138,7 +138,7 @@ def _token(args: argparse.Namespace) -> int:
                         f"{record.name or '-'}\t{state}\texpires {record.expires_at or 'never'}"
                     )
             else:
-                tokens.revoke(session, token_id=args.token_id)
+                tokens.revoke(session, token_id=args.token_id, keep_an_admin=False)
                 print(f"revoked token {args.token_id}", file=sys.stderr)
     except FaultlineError as exc:
         print(f"faultline: {exc.message}", file=sys.stderr)

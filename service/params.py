@@ -16,3 +16,16 @@ Id = Annotated[int, Path(ge=1, le=BIGINT_MAX, description="An id, as the list en
 def id_query(description: str) -> Any:
     """An optional id in the query string, range-checked like a path id."""
     return Query(ge=1, le=BIGINT_MAX, description=description)
+
+
+# A page cursor, as `next_cursor` gave it (base64url): the schema says its alphabet; only the API can say
+# whether it is one it issued.
+Cursor = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="`next_cursor` of the previous page",
+    ),
+]

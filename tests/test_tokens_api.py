@@ -173,3 +173,16 @@ def test_cli_list_shows_expired_and_revoked_tokens(committed, capsys):
     states = {line.split("\t")[4]: line.split("\t")[5] for line in out.splitlines()}
     assert states == {"live": "active", "old": "expired", "gone": "revoked"}
     assert all(t.token not in out for t in (live, old, gone))
+
+
+def test_the_last_active_admin_token_cannot_be_revoked_through_the_api(client, session) -> None:
+    from service.tokens import service as tokens
+
+    only = tokens.create(session, scope="admin", name="only-admin")
+    response = client.delete(f"/api/v1/tokens/{only.record.id}", headers=bearer(only.token))
+    assert response.status_code == 409, response.text
+    assert "last active admin token" in response.json()["message"]
+    second = tokens.create(session, scope="admin", name="second-admin")
+    assert client.delete(f"/api/v1/tokens/{only.record.id}", headers=bearer(second.token)).status_code == 200
+    # The server's own CLI path may still revoke it: that is the way back from a lost admin token.
+    assert tokens.revoke(session, token_id=second.record.id, keep_an_admin=False).revoked_at is not None

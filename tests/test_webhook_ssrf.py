@@ -27,6 +27,7 @@ REFUSED = [
     "http://[::ffff:169.254.169.254]/hook",  # IPv4-mapped IPv6
     "file:///etc/passwd",
     "gopher://127.0.0.1:6379/_FLUSHALL",
+    "http://\u00fd\u00f7\u00b2.example/hook",  # not a valid IDNA host: the sender could not even parse it
 ]
 
 

@@ -78,7 +78,7 @@ class AlertmanagerPayload(_In):
         },
     )
 
-    version: str = Field(description='Must be "4".')
+    version: str = Field(description='Must be "4".', json_schema_extra={"enum": ["4"]})
     group_key: str = Field(default="", alias="groupKey", max_length=8192)
     truncated_alerts: Annotated[int, Field(ge=0)] = Field(default=0, alias="truncatedAlerts")
     status: Literal["firing", "resolved"] | None = None

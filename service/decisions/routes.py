@@ -15,7 +15,7 @@ from service.decisions.schemas import AckIn, DecisionOut, DecisionPage, Override
 from service.deps import DbSession
 from service.errors import ErrorBody
 from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
-from service.params import BIGINT_MAX, Id
+from service.params import BIGINT_MAX, Cursor, Id
 from service.security import require_scope
 from service.tokens.service import Principal
 
@@ -62,7 +62,7 @@ async def list_decisions(
         int | None, Query(ge=0, le=BIGINT_MAX, description="Only decisions with a greater id (newer)")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+    cursor: Cursor = None,
     wait: Annotated[
         float,
         Query(

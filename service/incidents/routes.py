@@ -10,7 +10,7 @@ from service.deps import DbSession
 from service.incidents import service
 from service.incidents.schemas import IncidentOut, IncidentPage
 from service.models.diagnosis import INCIDENT_STATES
-from service.params import Id
+from service.params import Cursor, Id
 from service.security import require_scope
 from service.tokens.service import Principal
 
@@ -29,7 +29,7 @@ def list_incidents(
     severity: Annotated[Severity | None, Query()] = None,
     root_cause: Annotated[str | None, Query(description="e.g. `gpu_hardware`, `network`, `hang`")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+    cursor: Cursor = None,
 ) -> IncidentPage:
     """Incidents, newest first (without their findings: open one for those)."""
     return service.list_incidents(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from typing import Annotated
 
@@ -21,6 +22,7 @@ class Parallelism(BaseModel):
     order: str = Field(
         default="tp-dp-pp",
         description="Dimensions from fastest- to slowest-varying along the global rank (Megatron: tp-dp-pp).",
+        json_schema_extra={"enum": ["-".join(p) for p in itertools.permutations(("tp", "dp", "pp"))]},
     )
 
     @model_validator(mode="after")

@@ -12,6 +12,7 @@ from service.errors import ErrorBody
 from service.models.nodes import NODE_STATES
 from service.nodes import service
 from service.nodes.schemas import CordonIn, NodeDetail, NodePage, ReturnIn
+from service.params import Cursor
 from service.security import require_scope
 from service.tokens.service import Principal
 
@@ -31,7 +32,7 @@ def list_nodes(
     state: Annotated[State | None, Query(description="e.g. `suspect`")] = None,
     lemon: Annotated[bool | None, Query(description="Only lemons (true) or only others (false)")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+    cursor: Cursor = None,
 ) -> NodePage:
     """Nodes with their state, filtered by state."""
     return service.list_nodes(session, state=state, lemon=lemon, limit=limit, cursor=cursor)

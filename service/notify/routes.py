@@ -19,7 +19,7 @@ from service.notify.schemas import (
     DeliveryPage,
     DeliveryState,
 )
-from service.params import Id, id_query
+from service.params import Cursor, Id, id_query
 from service.security import require_scope
 from service.tokens.service import Principal
 
@@ -113,7 +113,7 @@ def list_deliveries(
     channel: Annotated[int | None, id_query("A channel id")] = None,
     incident: Annotated[int | None, id_query("An incident id")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+    cursor: Cursor = None,
 ) -> DeliveryPage:
     """The outbox, newest first: each delivery's state, attempts, last error and next attempt."""
     return service.list_deliveries(

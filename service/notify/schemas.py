@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from service.models.notify import CHANNEL_KINDS, DELIVERY_STATES
 from service.pagination import page_config
@@ -19,6 +20,8 @@ WebhookUrl = Annotated[
     Field(
         min_length=8,
         max_length=2000,
+        # Checked by the service with a clearer message; stated here for clients and fuzzers.
+        json_schema_extra={"pattern": "^https?://[^/?#@]+"},
         description="The webhook URL (a secret: stored, never shown again in full). Its host must be allowed "
         "by FAULTLINE_WEBHOOK_ALLOWED_HOSTS when that is set.",
     ),
@@ -71,10 +74,11 @@ class ChannelUpdate(BaseModel):
         extra="forbid", json_schema_extra={"examples": [{"enabled": False}, {"group_wait_s": 30}]}
     )
 
-    enabled: bool | None = None
-    url: WebhookUrl | None = None
-    group_wait_s: GroupWait | None = None
-    rate_limit_per_minute: RateLimit | None = None
+    # Absent means "unchanged"; null is refused, so the schema does not offer it.
+    enabled: bool | SkipJsonSchema[None] = None
+    url: WebhookUrl | SkipJsonSchema[None] = None
+    group_wait_s: GroupWait | SkipJsonSchema[None] = None
+    rate_limit_per_minute: RateLimit | SkipJsonSchema[None] = None
 
 
 class ChannelOut(BaseModel):

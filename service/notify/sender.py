@@ -104,7 +104,8 @@ def url_problem(url: str, *, allowed_hosts: Sequence[str]) -> str | None:
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
         _ = parts.port  # raises on a malformed port
-    except ValueError:
+        httpx.URL(url)  # what the sender will parse: an IDNA-invalid host, say, fails here
+    except (ValueError, httpx.InvalidURL):
         return "url is not a valid URL"
     if parts.scheme not in ("http", "https"):
         return "url must start with http:// or https://"
@@ -130,6 +131,9 @@ def post(client: httpx.Client, *, kind: str, url: str, body: dict[str, Any], mes
         return Outcome(ok=False, retryable=True, error="timed out")
     except outbound.RefusedAddress as exc:
         return Outcome(ok=False, retryable=False, error=scrub(str(exc), url))
+    except httpx.InvalidURL:
+        # Stored before the URL checks were as strict as the sender: retrying cannot help.
+        return Outcome(ok=False, retryable=False, error="url is not a valid URL")
     except httpx.TransportError as exc:
         return Outcome(ok=False, retryable=True, error=scrub(f"{type(exc).__name__}: {exc}", url))
     except httpx.HTTPError as exc:

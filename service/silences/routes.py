@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, status
 
 from service.deps import DbSession
-from service.params import Id
+from service.params import Cursor, Id
 from service.security import require_scope
 from service.silences import service
 from service.silences.schemas import SilenceIn, SilenceOut, SilencePage, SilenceState
@@ -39,7 +39,7 @@ def list_silences(
     _: Reader,
     state: Annotated[SilenceState | None, Query(description="active, pending (starts later) or expired")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+    cursor: Cursor = None,
 ) -> SilencePage:
     """Silences, newest first."""
     return service.list_silences(session, state=state, limit=limit, cursor=cursor, now=datetime.now(UTC))

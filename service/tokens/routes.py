@@ -42,7 +42,11 @@ def get_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
     return service.describe(service.get(session, token_id=token_id), now=datetime.now(UTC))
 
 
-@router.delete("/{token_id}", response_model=TokenOut, responses={404: {"description": "Unknown token"}})
+@router.delete(
+    "/{token_id}",
+    response_model=TokenOut,
+    responses={404: {"description": "Unknown token"}, 409: {"description": "The last active admin token"}},
+)
 def revoke_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
     """Revoke a token (idempotent; the record stays). API processes honour it within `token_cache_seconds`."""
     return service.describe(service.revoke(session, token_id=token_id), now=datetime.now(UTC))

@@ -7,10 +7,10 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.orm import Session
 
-from service.errors import InvalidInput, NotFound
+from service.errors import Conflict, InvalidInput, NotFound
 from service.models import ApiToken
 from service.models.auth import SCOPES
 from service.pagination import decode_cursor, encode_cursor
@@ -104,9 +104,7 @@ def list_page(
     elif state == "expired":
         query = query.where(ApiToken.revoked_at.is_(None), ApiToken.expires_at <= now)
     elif state == "active":
-        query = query.where(
-            ApiToken.revoked_at.is_(None), or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now)
-        )
+        query = query.where(_active(now))
     if cursor:
         query = query.where(ApiToken.id < decode_cursor(cursor))
     rows = list(session.scalars(query))
@@ -117,11 +115,29 @@ def list_page(
     )
 
 
-def revoke(session: Session, *, token_id: int) -> ApiToken:
-    """Revoke a token; revoking it again changes nothing."""
+def _active(now: datetime) -> ColumnElement[bool]:
+    return and_(ApiToken.revoked_at.is_(None), or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now))
+
+
+def revoke(session: Session, *, token_id: int, keep_an_admin: bool = True) -> ApiToken:
+    """Revoke a token; revoking it again changes nothing.
+
+    With `keep_an_admin` (the API and the UI) the last active admin token stays: revoking it would leave
+    nobody able to manage tokens except someone with shell access to `faultline token`."""
     record = get(session, token_id=token_id)
+    now = datetime.now(UTC)
     if record.revoked_at is None:
-        record.revoked_at = datetime.now(UTC)
+        if keep_an_admin and record.scope == "admin" and state_of(record, now=now) == "active":
+            # Locked, so two admins revoking each other at once cannot both succeed.
+            admins = session.scalars(
+                select(ApiToken.id).where(ApiToken.scope == "admin", _active(now)).with_for_update()
+            ).all()
+            if len(admins) <= 1:
+                raise Conflict(
+                    "this is the last active admin token: create another admin token before revoking it "
+                    "(or use `faultline token revoke` on the server)"
+                )
+        record.revoked_at = now
         session.flush()
     return record
 
