@@ -44,8 +44,50 @@ def build(app: FastAPI) -> dict[str, Any]:
     }
     schema["security"] = [{"bearer": []}]
     _document_errors(schema)
+    _add_links(schema)
     app.openapi_schema = schema
     return schema
+
+
+# Which answers supply the ids other operations take: (operation, status) -> {target: {parameter: value}}.
+# For clients (a created silence's id is where to expire it) and for a fuzzer's stateful phase.
+_FIRST_ID = "$response.body#/items/0/id"
+_LINKS: dict[tuple[str, str], dict[str, dict[str, str]]] = {
+    ("register_job", "200"): {op: {"job_id": "$response.body#/job_id"} for op in ("get_job", "request_stack_dump")},
+    ("request_stack_dump", "201"): {
+        "get_stack_dumps": {"job_id": "$response.body#/job_id", "directive_id": "$response.body#/id"}
+    },
+    ("list_incidents", "200"): {"get_incident": {"incident_id": _FIRST_ID}},
+    ("list_decisions", "200"): {
+        op: {"decision_id": _FIRST_ID}
+        for op in ("get_decision", "acknowledge_decision", "approve_decision", "reject_decision", "override_decision")
+    },
+    ("list_nodes", "200"): {
+        op: {"name": "$response.body#/items/0/name"} for op in ("get_node", "cordon_node", "repair_node", "return_node")
+    },
+    ("create_channel", "201"): {
+        op: {"channel_id": "$response.body#/id"}
+        for op in ("get_channel", "update_channel", "test_channel", "delete_channel")
+    },
+    ("list_channels", "200"): {"get_channel": {"channel_id": _FIRST_ID}},
+    ("list_deliveries", "200"): {"retry_delivery": {"delivery_id": _FIRST_ID}},
+    ("create_silence", "201"): {op: {"silence_id": "$response.body#/id"} for op in ("get_silence", "expire_silence")},
+    ("list_silences", "200"): {"get_silence": {"silence_id": _FIRST_ID}},
+    ("create_token", "201"): {op: {"token_id": "$response.body#/id"} for op in ("get_token", "revoke_token")},
+    ("list_tokens", "200"): {"get_token": {"token_id": _FIRST_ID}},
+}
+
+
+def _add_links(schema: dict[str, Any]) -> None:
+    for item in schema["paths"].values():
+        for method in _METHODS:
+            operation = item.get(method) or {}
+            for (source, status), targets in _LINKS.items():
+                if operation.get("operationId") == source:
+                    operation["responses"][status]["links"] = {
+                        target: {"operationId": target, "parameters": parameters}
+                        for target, parameters in targets.items()
+                    }
 
 
 def _document_errors(schema: dict[str, Any]) -> None:

@@ -30,3 +30,30 @@ def test_operation_ids_are_unique_and_named_after_what_they_do(client) -> None:
     ids = [op["operationId"] for _, _, op in _operations(client.get("/openapi.json").json())]
     assert len(ids) == len(set(ids))
     assert {"list_decisions", "acknowledge_decision", "list_nodes", "get_node", "cordon_node"} <= set(ids)
+
+
+def test_links_name_real_operations_and_parameters(client) -> None:
+    """Links (a created silence's id is where to expire it) must follow the routes as they change."""
+    schema = client.get("/openapi.json").json()
+    operations = {op["operationId"]: (path, op) for _, path, op in _operations(schema)}
+    links = [
+        link
+        for _, _, op in _operations(schema)
+        for r in op["responses"].values()
+        for link in r.get("links", {}).values()
+    ]
+    assert len(links) >= 20
+    for link in links:
+        path, op = operations[link["operationId"]]
+        names = {p["name"] for p in op.get("parameters", [])}
+        assert set(link["parameters"]) <= names, (link, path)
+
+
+def test_every_error_answer_is_documented_in_the_error_shape(client) -> None:
+    schema = client.get("/openapi.json").json()
+    for method, path, op in _operations(schema):
+        errors = {code: r for code, r in op["responses"].items() if code[0] in "45"}
+        if path != "/healthz":
+            assert {"401", "403", "422", "503"} <= set(errors), (method, path)
+            assert all(r["content"]["application/json"]["schema"]["$ref"].endswith("/Error") for r in errors.values())
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
