@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from functools import lru_cache
 from typing import Literal
 
@@ -20,6 +21,9 @@ class Settings(BaseSettings):
 
     public_url: str = "http://127.0.0.1:8080"
     ingest_max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # Times a node may report: this old (spool replays after an outage) to this far ahead (clock skew).
+    ingest_max_age_s: float = Field(default=30 * 86400.0, gt=0)
+    ingest_max_ahead_s: float = Field(default=86400.0, gt=0)
     # Group commit: ingest requests that arrive together share one transaction.
     ingest_flush_max_batches: int = Field(default=256, ge=1)
     ingest_flush_max_wait_ms: float = Field(default=0.0, ge=0)
@@ -107,6 +111,11 @@ class Settings(BaseSettings):
                 "to use the embedded PostgreSQL and Redis)"
             )
         return self
+
+    @property
+    def time_context(self) -> dict[str, tuple[timedelta, timedelta]]:
+        """Validation context for agents' and alerts' times: (max age, max ahead) of the server's clock."""
+        return {"time_window": (timedelta(seconds=self.ingest_max_age_s), timedelta(seconds=self.ingest_max_ahead_s))}
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -78,3 +78,54 @@ def test_an_agent_batch_with_a_nul_in_a_line_is_422_and_stores_nothing(
     assert response.status_code == 422, response.text
     assert response.json()["error"] == "invalid"
     assert (count(session, "log_events"), count(session, "agent_batches")) == before
+
+
+def _agent_batch(**overrides: Any) -> dict[str, Any]:
+    import uuid
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC).isoformat()
+    batch: dict[str, Any] = {"batch_id": str(uuid.uuid4()), "node": "gpu-node-1", "sent_at": now, "job_id": "j1"}
+    batch["logs"] = [{"ts": now, "source": "kmsg", "kind": "xid", "line": "NVRM: Xid 79"}]
+    batch["processes"] = [{"ts": now, "pid": 4242, "rank": 0}]
+    for path, value in overrides.items():
+        section, field = path.split(".")
+        batch[section][0][field] = value
+    return batch
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"logs.ts": "9999-12-31T23:59:59-14:00"},  # year 10000 in UTC: would break every query over the job
+        {"logs.ts": "0001-01-01T00:00:00+14:00"},  # 1 BC in UTC
+        {"logs.ts": "2020-01-01T00:00:00Z"},  # older than any spool replay
+        {"processes.ts": "2999-01-01T00:00:00Z"},
+        {"processes.pid": 2**31},  # an int4 column: wrapped around, it would be stored negative
+        {"processes.rank": 2**31},
+        {"processes.rss_bytes": 2**63},
+    ],
+)
+def test_implausible_times_and_out_of_range_numbers_are_422_and_store_nothing(
+    client: Any, make_token: Any, session: Any, overrides: dict[str, Any]
+) -> None:
+    before = count(session, "log_events"), count(session, "process_snapshots"), count(session, "agent_batches")
+    response = client.post("/api/v1/ingest", json=_agent_batch(**overrides), headers=bearer(make_token("agent")))
+    assert response.status_code == 422, response.text
+    field = next(iter(overrides)).replace(".", ".0.")
+    assert any(field in d["field"] for d in response.json()["details"]), response.json()
+    after = count(session, "log_events"), count(session, "process_snapshots"), count(session, "agent_batches")
+    assert after == before
+
+
+def test_a_plausible_batch_is_stored(client: Any, make_token: Any) -> None:
+    """The control for the cases above: the same batch with sane values is accepted."""
+    response = client.post("/api/v1/ingest", json=_agent_batch(), headers=bearer(make_token("agent")))
+    assert response.status_code == 200, response.text
+
+
+def test_an_alert_from_the_year_10000_is_422(client: Any, make_token: Any) -> None:
+    alert = {"status": "firing", "labels": {"alertname": "GpuXid"}, "startsAt": "9999-12-31T23:59:59-14:00"}
+    payload = {"version": "4", "status": "firing", "alerts": [{**alert, "fingerprint": "f1"}]}
+    response = client.post("/api/v1/alertmanager", json=payload, headers=bearer(make_token("agent")))
+    assert response.status_code == 422 and "startsAt" in response.text

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from service.ingest.schemas import INT32_MAX, StartTime
+
 MAX_ALERTS = 10_000
 
 _EXAMPLE_ALERT = {
@@ -43,7 +45,7 @@ class Alert(_In):
     status: Literal["firing", "resolved"]
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-    starts_at: AwareDatetime = Field(alias="startsAt")
+    starts_at: StartTime = Field(alias="startsAt")
     ends_at: AwareDatetime | None = Field(default=None, alias="endsAt")
     generator_url: str = Field(default="", alias="generatorURL", max_length=8192)
     fingerprint: Annotated[str, Field(min_length=1, max_length=200)]
@@ -80,7 +82,7 @@ class AlertmanagerPayload(_In):
 
     version: str = Field(description='Must be "4".', json_schema_extra={"enum": ["4"]})
     group_key: str = Field(default="", alias="groupKey", max_length=8192)
-    truncated_alerts: Annotated[int, Field(ge=0)] = Field(default=0, alias="truncatedAlerts")
+    truncated_alerts: Annotated[int, Field(ge=0, le=INT32_MAX)] = Field(default=0, alias="truncatedAlerts")
     status: Literal["firing", "resolved"] | None = None
     receiver: str = Field(default="", max_length=1024)
     group_labels: dict[str, str] = Field(default_factory=dict, alias="groupLabels")

@@ -34,7 +34,7 @@ async def ingest(request: Request) -> Response:
     principal = await authorize(request, ("agent",))
     body = await read_body(request, limit=request.app.state.settings.ingest_max_body_bytes)
     try:
-        batch = IngestBatch.model_validate_json(body)
+        batch = IngestBatch.model_validate_json(body, context=request.app.state.settings.time_context)
     except ValidationError as exc:
         raise invalid_from(exc) from None
     if principal.node_name is not None and principal.node_name != batch.node:

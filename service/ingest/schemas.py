@@ -6,14 +6,48 @@ Unknown fields are ignored so that a newer agent can talk to an older service.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo
 
 NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 JobId = Annotated[str, Field(min_length=1, max_length=200)]
 Severity = Literal["debug", "info", "warning", "error", "critical"]
 MAX_ITEMS = 100_000
+# pids, ranks and sizes are int4 columns: a larger value must be refused, not wrapped around.
+INT32_MAX = 2**31 - 1
+# The times a node may report, around the server's clock: its spool replays batches this old, its clock is
+# this far ahead at worst. A time outside is a broken clock or hostile input; stored, a year-10000 line
+# would break every later query over its job. The ingest route passes the configured window as the
+# validation context ("time_window": (max age, max ahead)); these are the defaults.
+TIME_WINDOW = (timedelta(days=30), timedelta(days=1))
+
+
+def _plausible(value: datetime, info: ValidationInfo) -> datetime:
+    max_age, max_ahead = (info.context or {}).get("time_window", TIME_WINDOW)
+    now = datetime.now(UTC)
+    if not now - max_age <= value <= now + max_ahead:
+        raise ValueError(
+            f"{value.isoformat()} is implausible: more than {max_age} before or {max_ahead} after the server's "
+            "clock (check the node's clock)"
+        )
+    return value
+
+
+PlausibleTime = Annotated[AwareDatetime, AfterValidator(_plausible)]
+# A start that may lie far back (an alert firing for months), but never ahead of the clock or before 2000.
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def _started(value: datetime, info: ValidationInfo) -> datetime:
+    _, max_ahead = (info.context or {}).get("time_window", TIME_WINDOW)
+    if not _EPOCH <= value <= datetime.now(UTC) + max_ahead:
+        raise ValueError(f"{value.isoformat()} is implausible: before 2000 or more than {max_ahead} ahead")
+    return value
+
+
+StartTime = Annotated[AwareDatetime, AfterValidator(_started)]
 
 
 class _In(BaseModel):
@@ -43,37 +77,37 @@ class Heartbeat(_In):
 class MetricSample(_In):
     """One GPU at one instant: DCGM field name -> value (null when the exporter reports blank)."""
 
-    ts: AwareDatetime
+    ts: PlausibleTime
     gpu: Annotated[int, Field(ge=0, le=1023)]
     job_id: JobId | None = None
     fields: Annotated[dict[str, float | None], Field(max_length=512)]
 
 
 class LogEventIn(_In):
-    ts: AwareDatetime
+    ts: PlausibleTime
     source: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,31}$", examples=["kmsg", "training"])]
     kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$", examples=["xid", "nccl_warn", "step"])]
     line: Annotated[str, Field(max_length=65_536)]
     severity: Severity | None = None
     path: str | None = Field(default=None, max_length=4096)
     job_id: JobId | None = None
-    rank: Annotated[int, Field(ge=0)] | None = None
+    rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
     fields: dict[str, Any] | None = None
     signature: str | None = Field(default=None, max_length=1024)
 
 
 class StackDumpIn(_In):
-    ts: AwareDatetime
-    pid: Annotated[int, Field(ge=1)]
+    ts: PlausibleTime
+    pid: Annotated[int, Field(ge=1, le=INT32_MAX)]
     job_id: JobId | None = None
-    rank: Annotated[int, Field(ge=0)] | None = None
+    rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
     directive_id: str | None = Field(default=None, max_length=200)
     threads: list[dict[str, Any]] | None = Field(default=None, description="`py-spy dump --json` output.")
     error: str | None = Field(default=None, max_length=65_536, description="Why the dump failed, if it did.")
 
 
 class ChildProcess(_In):
-    pid: Annotated[int, Field(ge=1)]
+    pid: Annotated[int, Field(ge=1, le=INT32_MAX)]
     name: str | None = None
     cpu_pct: float | None = None
     rss_bytes: int | None = None
@@ -82,16 +116,16 @@ class ChildProcess(_In):
 class ProcessSnapshotIn(_In):
     """A training process found on the node (a torchrun worker), from its environment and /proc."""
 
-    ts: AwareDatetime
-    pid: Annotated[int, Field(ge=1)]
+    ts: PlausibleTime
+    pid: Annotated[int, Field(ge=1, le=INT32_MAX)]
     job_id: JobId | None = None
-    rank: Annotated[int, Field(ge=0)] | None = None
-    local_rank: Annotated[int, Field(ge=0)] | None = None
-    group_rank: Annotated[int, Field(ge=0)] | None = None
-    world_size: Annotated[int, Field(ge=1)] | None = None
+    rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    local_rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    group_rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    world_size: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     gpu: Annotated[int, Field(ge=0, le=1023)] | None = None
     cpu_pct: float | None = None
-    rss_bytes: Annotated[int, Field(ge=0)] | None = None
+    rss_bytes: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
     state: str | None = Field(default=None, max_length=32)
     children: list[ChildProcess] = Field(default_factory=list)
 
@@ -99,7 +133,7 @@ class ProcessSnapshotIn(_In):
 class IngestBatch(_In):
     batch_id: uuid.UUID = Field(description="Unique per batch; a batch sent twice is stored once.")
     node: NodeName
-    sent_at: AwareDatetime
+    sent_at: PlausibleTime
     job_id: JobId | None = Field(default=None, description="Default job for items that do not name one.")
     heartbeat: Heartbeat | None = None
     metrics: Annotated[list[MetricSample], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.ingest.schemas import JobId, NodeName
+from service.ingest.schemas import INT32_MAX, JobId, NodeName
 
 DIMENSIONS = ("tp", "pp", "dp")
 
@@ -16,9 +16,9 @@ DIMENSIONS = ("tp", "pp", "dp")
 class Parallelism(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tp: Annotated[int, Field(ge=1)] = 1
-    pp: Annotated[int, Field(ge=1)] = 1
-    dp: Annotated[int, Field(ge=1)] = 1
+    tp: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1
+    pp: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1
+    dp: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1
     order: str = Field(
         default="tp-dp-pp",
         description="Dimensions from fastest- to slowest-varying along the global rank (Megatron: tp-dp-pp).",
@@ -35,10 +35,10 @@ class Parallelism(BaseModel):
 class RankPlacement(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rank: Annotated[int, Field(ge=0)]
+    rank: Annotated[int, Field(ge=0, le=INT32_MAX)]
     node: NodeName
-    local_rank: Annotated[int, Field(ge=0)] | None = None
-    gpu: Annotated[int, Field(ge=0)] | None = None
+    local_rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    gpu: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
 
 
 class JobIn(BaseModel):

@@ -231,7 +231,9 @@ def send_test(
             outcome = sender.post(client, kind=channel.kind, url=channel.url, body=body, message_key=key)
     else:
         outcome = sender.post(http_client, kind=channel.kind, url=channel.url, body=body, message_key=key)
-    return ChannelTestResult(delivered=outcome.ok, status_code=outcome.status_code, error=outcome.error)
+    # The status only, never the receiver's words: a test must not make the service a reader of other pages.
+    error = f"HTTP {outcome.status_code}" if outcome.status_code is not None and not outcome.ok else outcome.error
+    return ChannelTestResult(delivered=outcome.ok, status_code=outcome.status_code, error=None if outcome.ok else error)
 
 
 def _get_channel(session: Session, channel_id: int, *, lock: bool = False) -> NotificationChannel:
