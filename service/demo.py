@@ -46,6 +46,12 @@ def _demo_tokens(data_dir: Path) -> dict[str, str]:
     return saved
 
 
+# Service children the demo restarts when they exit, up to MAX_RESTARTS within RESTART_WINDOW_S each.
+SUPERVISED = frozenset({"api", "worker", "beat"})
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 300.0
+
+
 @dataclass
 class Services:
     """The embedded servers and the service's child processes (API, worker, beat), stopped in reverse order.
@@ -57,6 +63,9 @@ class Services:
     say: Callable[[str], None]
     env: dict[str, str] = field(default_factory=dict)
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    # How each child was started, to start it again; and when each was restarted.
+    specs: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    restarts: dict[str, list[float]] = field(default_factory=dict)
     pg: EmbeddedPostgres | None = None
     redis: EmbeddedRedis | None = None
 
@@ -101,7 +110,21 @@ class Services:
         """Start a child, logging to LOGS/NAME.log; it is stopped with the rest."""
         child = spawn(module_args, env=env or self.env, log=self.logs / f"{name}.log")
         self.children.append((name, child))
+        self.specs[name] = (module_args, env or self.env)
         return child
+
+    def restart(self, name: str) -> bool:
+        """Start an exited service child again, as a supervisor (systemd, compose) would; False when it
+        crashed MAX_RESTARTS times within RESTART_WINDOW_S (a crash loop, which a restart will not fix)."""
+        now = time.monotonic()
+        recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW_S]
+        if name not in SUPERVISED or len(recent) >= MAX_RESTARTS:
+            return False
+        self.restarts[name] = [*recent, now]
+        self.children = [(n, c) for n, c in self.children if n != name]
+        args, env = self.specs[name]
+        self.spawn(name, args, env)
+        return True
 
     def exited(self) -> tuple[str, int] | None:
         """The first child that has exited, with its code."""
@@ -192,6 +215,11 @@ def run_demo(
         while not stopping:
             if (exited := services.exited()) is not None:
                 name, code = exited
+                if services.restart(name):
+                    # A dead worker must not take diagnosis down with it: its unacknowledged task comes back
+                    # after the broker's visibility timeout, and the periodic pass finds the job before that.
+                    _say(f"{name} exited with code {code}; restarted it (see {logs / (name + '.log')})")
+                    continue
                 _say(f"{name} exited with code {code}; see {logs / (name + '.log')}; stopping")
                 return 1
             time.sleep(0.5)

@@ -45,8 +45,9 @@ def create_celery() -> Celery:
             "notify.*": {"queue": "notify"},
         },
         broker_connection_retry_on_startup=True,
-        # Redelivery of unacknowledged tasks after this long; longer than any task runs.
-        broker_transport_options={"visibility_timeout": 3600},
+        # Redelivery of unacknowledged tasks (their worker died) after this long: longer than any task runs,
+        # and within the diagnosis window, so a lost pass's critical event is still in view when it reruns.
+        broker_transport_options={"visibility_timeout": 300},
         worker_hijack_root_logger=False,
         timezone="UTC",
         beat_schedule={
