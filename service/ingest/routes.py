@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.diagnosis.trigger import jobs_with_critical_events, jobs_with_stack_answers
-from service.errors import Forbidden, error_response
+from service.errors import Forbidden, ServiceUnavailable, error_response
 from service.ingest.body import read_body
 from service.ingest.schemas import IngestBatch
 from service.observability import INGEST_BATCHES, INGEST_ITEMS
@@ -26,6 +26,7 @@ from service.validation import invalid_from
 PATH = "/api/v1/ingest"
 _ACCEPTED = INGEST_BATCHES.labels("accepted")
 _DUPLICATE = INGEST_BATCHES.labels("duplicate")
+_SHED = INGEST_BATCHES.labels("shed")
 _ITEMS = {kind: INGEST_ITEMS.labels(kind) for kind in ("metrics", "logs", "stacks", "processes")}
 
 
@@ -73,18 +74,31 @@ class IngestFastPath:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.in_flight = 0  # ingest requests this process is working on (one event loop: no lock needed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        request = Request(scope, receive)
+        limit = request.app.state.settings.ingest_max_in_flight
+        self.in_flight += 1
         try:
-            response = await ingest(Request(scope, receive))
+            if self.in_flight > limit:
+                # Shed before reading the body: an overloaded process answers at once (the agent retries
+                # after Retry-After, its batch safe in its spool) instead of letting every request time out.
+                _SHED.inc()
+                raise ServiceUnavailable(
+                    f"ingest is at capacity ({limit} requests in flight); retry later", retry_after_s=1
+                )
+            response = await ingest(request)
         except Exception as exc:
             known = error_response(exc)
             if known is None:
                 raise
             response = known
+        finally:
+            self.in_flight -= 1
         await response(scope, receive, send)
 
 
@@ -116,7 +130,7 @@ OPENAPI_PATH_ITEM = {
             "403": _error("Not an agent token, or bound to another node"),
             "413": _error("Body over the configured limit (before or after gzip)"),
             "422": _error("Malformed JSON or schema violation; `details` names each field"),
-            "503": _error("Database unavailable: retry with backoff (see Retry-After)"),
+            "503": _error("Database unavailable, or this API process at capacity: retry after Retry-After"),
         },
     }
 }
