@@ -212,3 +212,18 @@ def test_every_ui_page_and_form_needs_a_signed_in_person(client, served, make_to
         if (admin_only and status != 403) or (not admin_only and status in (401, 403)) or status >= 500:
             problems.append(f"operator {method} {path}: {status}")
     assert not problems, problems
+
+
+def test_every_ui_form_refuses_a_post_without_the_session_csrf_token(client, served, make_token):
+    """Signed in as an admin (who may post every form), a post without the CSRF token changes nothing."""
+    from tests.conftest import sign_in
+
+    forms = sorted(key for key in served if _is_ui(key) and key[0] == "POST" and key not in UI_PUBLIC)
+    assert len(forms) >= 10
+    sign_in(client, make_token("admin", name="adm"))
+    problems = []
+    for method, path in forms:
+        answer = client.request(method, _url(path, served[(method, path)]), data={}, follow_redirects=False)
+        if answer.status_code != 403 or "CSRF" not in answer.text:
+            problems.append(f"{method} {path}: {answer.status_code}")
+    assert not problems, problems
