@@ -129,3 +129,36 @@ def test_an_alert_from_the_year_10000_is_422(client: Any, make_token: Any) -> No
     payload = {"version": "4", "status": "firing", "alerts": [{**alert, "fingerprint": "f1"}]}
     response = client.post("/api/v1/alertmanager", json=payload, headers=bearer(make_token("agent")))
     assert response.status_code == 422 and "startsAt" in response.text
+
+
+@pytest.mark.parametrize(
+    ("scope", "path", "body"),
+    [
+        ("operator", "/api/v1/silences", {"node_pattern": "n1", "ends_at": "9999-12-31T23:59:59-14:00"}),
+        ("admin", "/api/v1/tokens", {"scope": "scheduler", "expires_at": "9999-12-31T23:59:59-14:00"}),
+        ("admin", "/api/v1/tokens", {"scope": "scheduler", "name": "a\u0000b"}),
+        ("scheduler", "/api/v1/jobs", {"job_id": "j\u0000", "world_size": 8}),
+        ("operator", "/api/v1/nodes/gpu-node-1/cordon", {"reason": "bad\u0000psu"}),
+        (
+            "agent",
+            "/api/v1/alertmanager",
+            {
+                "version": "4",
+                "alerts": [
+                    {"status": "firing", "labels": {"alertname": "x\u0000", "Hostname": "gpu-node-1"}}
+                    | {"startsAt": "2026-11-24T00:00:00Z", "fingerprint": "f"}
+                ],
+            },
+        ),
+    ],
+)
+def test_far_future_times_and_nul_characters_in_bodies_are_422(
+    client: Any, make_token: Any, scope: str, path: str, body: dict[str, Any]
+) -> None:
+    from tests.factories import batch
+
+    known = client.post("/api/v1/ingest", json=batch("gpu-node-1", logs=[]), headers=bearer(make_token("agent")))
+    assert known.status_code == 200  # the node the cordon and the alert name exists
+    response = client.post(path, json=body, headers=bearer(make_token(scope, name="edge")))
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "invalid"

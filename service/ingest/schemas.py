@@ -48,6 +48,18 @@ def _started(value: datetime, info: ValidationInfo) -> datetime:
 
 
 StartTime = Annotated[AwareDatetime, AfterValidator(_started)]
+# A time people set (a silence's end, a token's expiry): anything up to ten years ahead. Beyond year 9999
+# Python cannot even read a stored time back, which would break every page listing it.
+HORIZON = timedelta(days=3653)
+
+
+def _within_horizon(value: datetime) -> datetime:
+    if not _EPOCH <= value <= datetime.now(UTC) + HORIZON:
+        raise ValueError(f"{value.isoformat()} is out of range: give a time between 2000 and ten years from now")
+    return value
+
+
+HorizonTime = Annotated[AwareDatetime, AfterValidator(_within_horizon)]
 
 
 class _In(BaseModel):

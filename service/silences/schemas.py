@@ -6,8 +6,9 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from service.ingest.schemas import HorizonTime
 from service.pagination import page_config
 
 SilenceState = Literal["active", "pending", "expired"]
@@ -42,8 +43,8 @@ class SilenceIn(BaseModel):
     job_pattern: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
         default=None, description="Shell pattern on the job's external id. With node_pattern too, both must match."
     )
-    starts_at: AwareDatetime | None = Field(default=None, description="Defaults to now.")
-    ends_at: AwareDatetime | None = Field(default=None, description="Give this or `duration_s`.")
+    starts_at: HorizonTime | None = Field(default=None, description="Defaults to now.")
+    ends_at: HorizonTime | None = Field(default=None, description="Give this or `duration_s`.")
     duration_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S)] | None = Field(
         default=None, description="Length of the window from `starts_at`."
     )

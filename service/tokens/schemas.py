@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.ingest.schemas import NodeName
+from service.ingest.schemas import HorizonTime, NodeName
 from service.models.auth import SCOPES
 
 Scope = Literal[SCOPES]  # type: ignore[valid-type]
@@ -37,7 +37,7 @@ class TokenIn(BaseModel):
     ttl_s: Annotated[float, Field(gt=0, le=MAX_TTL_S)] | None = Field(
         default=None, description="Expire this many seconds from now. Leave out, with `expires_at`, for no expiry."
     )
-    expires_at: AwareDatetime | None = Field(default=None, description="Expire at this time (with a time zone).")
+    expires_at: HorizonTime | None = Field(default=None, description="Expire at this time (with a time zone).")
 
     @model_validator(mode="after")
     def _one_expiry(self) -> TokenIn:
