@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from service.arguments import non_negative, positive, positive_int
 from service.bench.ingest import (
     Service,
     create_token,
@@ -144,48 +145,27 @@ class Outcome:
 # --- the command line ---------------------------------------------------------------------------------------
 
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return number
-
-
-def _positive(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
-
-
-def _non_negative(value: str) -> float:
-    number = float(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return number
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="faultline bench scale-eval",
         description="Inject a fault into a synthetic 16,384-GPU job driven through the real API, worker and beat; "
         "time the right decision and check that no healthy node is accused.",
     )
-    p.add_argument("--nodes", type=_positive_int, default=2048, help="nodes of the job (default 2048)")
-    p.add_argument("--gpus-per-node", type=_positive_int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--nodes", type=positive_int, default=2048, help="nodes of the job (default 2048)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8)")
     p.add_argument(
         "--scenarios",
         default=",".join(DEFAULT_ORDER),
         help=f"comma-separated, run in this order (default {','.join(DEFAULT_ORDER)}): {', '.join(SCENARIOS)}",
     )
-    p.add_argument("--healthy", type=_positive, default=60.0, help="seconds of healthy load before the fault (60)")
-    p.add_argument("--settle", type=_non_negative, default=15.0, help="seconds watched after the decision (15)")
+    p.add_argument("--healthy", type=positive, default=60.0, help="seconds of healthy load before the fault (60)")
+    p.add_argument("--settle", type=non_negative, default=15.0, help="seconds watched after the decision (15)")
     p.add_argument("--fault-node", type=int, help="index of the node to break (default: two thirds into the job)")
-    p.add_argument("--sample-interval", type=_positive, default=1.0, help="seconds between a GPU's samples (1)")
-    p.add_argument("--ship-interval", type=_positive, default=5.0, help="seconds between a node's batches (5)")
-    p.add_argument("--api-workers", type=_positive_int, default=2, help="API processes (default 2)")
-    p.add_argument("--worker-concurrency", type=_positive_int, default=2, help="Celery worker processes (default 2)")
-    p.add_argument("--connections", type=_positive_int, default=256, help="load generator connections (256)")
+    p.add_argument("--sample-interval", type=positive, default=1.0, help="seconds between a GPU's samples (1)")
+    p.add_argument("--ship-interval", type=positive, default=5.0, help="seconds between a node's batches (5)")
+    p.add_argument("--api-workers", type=positive_int, default=2, help="API processes (default 2)")
+    p.add_argument("--worker-concurrency", type=positive_int, default=2, help="Celery worker processes (default 2)")
+    p.add_argument("--connections", type=positive_int, default=256, help="load generator connections (256)")
     p.add_argument("--json", type=Path, help="also write everything to this file")
     p.add_argument(
         "--data-dir",

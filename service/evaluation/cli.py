@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from service.arguments import positive, positive_int
 from service.evaluation.report import format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH, parse_selection
 from service.evaluation.scoring import FAIL, PASS, Target, summarize
@@ -46,34 +47,20 @@ def say(message: str) -> None:
         print(f"[eval] {message}", file=sys.stderr, flush=True)
 
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return number
-
-
-def _positive(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     names = ", ".join(CATALOG)
     p.add_argument("--scenarios", help=f"comma-separated scenarios (default: all): {names}")
-    p.add_argument("--repeat", type=_positive_int, default=1, help="run each scenario with N seeds (default 1)")
+    p.add_argument("--repeat", type=positive_int, default=1, help="run each scenario with N seeds (default 1)")
     p.add_argument("--seed", type=int, default=1, help="first seed (default 1); then seed+1, ...")
-    p.add_argument("--nodes", type=_positive_int, default=4, help="simulated nodes (default 4)")
-    p.add_argument("--gpus-per-node", type=_positive_int, default=4, help="simulated GPUs per node (default 4)")
-    p.add_argument("--parallel", type=_positive_int, default=1, help="scenarios run at once (default 1)")
-    p.add_argument("--fault-after", type=_positive, default=30.0, help="sim: inject after this many s (30)")
+    p.add_argument("--nodes", type=positive_int, default=4, help="simulated nodes (default 4)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=4, help="simulated GPUs per node (default 4)")
+    p.add_argument("--parallel", type=positive_int, default=1, help="scenarios run at once (default 1)")
+    p.add_argument("--fault-after", type=positive, default=30.0, help="sim: inject after this many s (30)")
     p.add_argument(
         "--hang-timeout", type=int, default=30, help="hang timeout registered with each job, seconds (default 30)"
     )
     p.add_argument(
-        "--healthy-duration", type=_positive, default=180.0, help="how long a healthy run is watched, s (180)"
+        "--healthy-duration", type=positive, default=180.0, help="how long a healthy run is watched, s (180)"
     )
     p.add_argument("--no-torch", action="store_true", help="skip the real torchrun scenarios")
     p.add_argument(
