@@ -4,6 +4,7 @@ whole contract."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import FastAPI
@@ -34,7 +35,8 @@ def build(app: FastAPI) -> dict[str, Any]:
         model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(model_schema.pop("$defs", {}))
         components[name] = model_schema
-    schema["paths"] = {ingest_routes.PATH: ingest_routes.OPENAPI_PATH_ITEM, **schema["paths"]}
+    # A copy: the error documentation below edits it in place.
+    schema["paths"] = {ingest_routes.PATH: copy.deepcopy(ingest_routes.OPENAPI_PATH_ITEM), **schema["paths"]}
     schema["components"]["securitySchemes"] = {
         "bearer": {
             "type": "http",
