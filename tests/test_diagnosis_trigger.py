@@ -43,6 +43,10 @@ def test_critical_events_and_stack_answers_name_their_jobs() -> None:
         stacks=[{"directive_id": "d1", "job_id": "j4"}, {"job_id": "j5"}],
     )
     assert jobs_with_critical_events(batch) == {"j1", "j2"}
+    assert jobs_with_critical_events(batch, needing_steps=True) == set()
+    nan = _batch(logs=[{"kind": "nan_loss", "severity": "critical"}])
+    # A NaN is judged against the other nodes' step lines, which only a full pass reads.
+    assert jobs_with_critical_events(nan) == set() and jobs_with_critical_events(nan, needing_steps=True) == {"j1"}
     assert jobs_with_stack_answers(batch) == {"j4"}  # an unasked dump is no answer
     assert jobs_with_critical_events(_batch(logs=[{"kind": "xid"}], job=None)) == set()  # no job to diagnose
 

@@ -43,12 +43,11 @@ def _classifier() -> Callable[[list[str]], list[tuple[str, float]]] | None:
         return None
 
 
-def event_detectors(job: JobInfo, events: list[LogRecord], steps: Sequence[LogRecord] = ()) -> list[Detector]:
-    """The detectors that read log events only: all a critical event's fast pass needs."""
+def event_detectors(job: JobInfo, events: list[LogRecord]) -> list[Detector]:
+    """The detectors that judge log events alone: all a critical event's fast pass runs."""
     return [
         ("signatures", lambda: signatures.detect(job, events, classify=_classifier())),
         ("alerts", lambda: alerts.detect(job, events, classify=_classifier())),
-        ("training_metrics", lambda: training_metrics.detect(job, [*steps, *events])),
     ]
 
 
@@ -59,7 +58,8 @@ def run_all(
     seconds go to `timings`."""
     s = signals
     detectors: list[Detector] = [
-        *event_detectors(s.job, s.events, s.steps),
+        *event_detectors(s.job, s.events),
+        ("training_metrics", lambda: training_metrics.detect(s.job, s.steps + s.events)),
         (
             "progress",
             lambda: progress.detect(

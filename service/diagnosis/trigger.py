@@ -31,6 +31,8 @@ CRITICAL_KINDS = frozenset(
         "nan_loss",
     }
 )
+# Critical kinds judged with the job's step lines: they get a full pass at once, not the events-only one.
+NEEDS_STEPS = frozenset({"nan_loss"})
 # Many nodes report the same failure within a second: one diagnosis per job per this long is enough.
 DEBOUNCE_MS = 500
 
@@ -39,10 +41,16 @@ def _default_job(batch: IngestBatch) -> str | None:
     return batch.job_id or next((p.job_id for p in batch.processes if p.job_id), None)
 
 
-def jobs_with_critical_events(batch: IngestBatch) -> set[str]:
-    """External ids of the jobs this batch carries a critical event of."""
+def jobs_with_critical_events(batch: IngestBatch, *, needing_steps: bool = False) -> set[str]:
+    """External ids of the jobs this batch carries a critical event of: with `needing_steps`, only those
+    whose event must be judged against the job's step lines (a NaN on one node while the others report
+    finite values is that node's GPU, not the user's code), which the events-only fast pass does not read."""
     default = _default_job(batch)
-    jobs = {e.job_id or default for e in batch.logs if e.kind in CRITICAL_KINDS or e.severity == "critical"}
+    jobs = {
+        e.job_id or default
+        for e in batch.logs
+        if (e.kind in CRITICAL_KINDS or e.severity == "critical") and (e.kind in NEEDS_STEPS) == needing_steps
+    }
     return {job for job in jobs if job}
 
 

@@ -45,8 +45,8 @@ async def ingest(request: Request) -> Response:
         trigger = request.app.state.diagnosis_trigger
         if urgent := jobs_with_critical_events(batch):
             await run_in_threadpool(trigger.fire, urgent)
-        if answered := jobs_with_stack_answers(batch):
-            await run_in_threadpool(trigger.fire, answered, full=True)
+        if full := jobs_with_stack_answers(batch) | jobs_with_critical_events(batch, needing_steps=True):
+            await run_in_threadpool(trigger.fire, full, full=True)
     (_DUPLICATE if outcome.duplicate else _ACCEPTED).inc()
     for kind, count in outcome.stored.items():
         if count:
