@@ -81,16 +81,16 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.add_middleware(ingest_routes.IngestFastPath)
     # Outermost: a URL no route could store is refused before any of them runs.
     app.add_middleware(RejectUnstorableText)
-    app.include_router(jobs_routes.router)
-    app.include_router(directives_routes.router)
-    app.include_router(incidents_routes.router)
-    app.include_router(decisions_routes.router)
-    app.include_router(alerts_routes.router)
-    app.include_router(nodes_routes.router)
-    app.include_router(notify_routes.router)
-    app.include_router(silences_routes.router)
-    app.include_router(tokens_routes.router)
-    ui_router.install(app)
+    # Bodies are read (and parsed) before a route's token check runs: each route's limit bounds what a
+    # caller without a token can make a process hold. Alertmanager's notifications may be as large as
+    # agents' batches; everything else is small JSON or a form.
+    app.include_router(alerts_routes.router, max_body_size=settings.ingest_max_body_bytes)
+    small = settings.api_max_body_bytes
+    for routes in (jobs_routes, directives_routes, incidents_routes, decisions_routes, nodes_routes):
+        app.include_router(routes.router, max_body_size=small)
+    for routes in (notify_routes, silences_routes, tokens_routes):
+        app.include_router(routes.router, max_body_size=small)
+    ui_router.install(app, max_body_size=small)
     _install_error_handlers(app)
     app.openapi = lambda: openapi.build(app)  # type: ignore[method-assign]
     return app

@@ -21,6 +21,8 @@ class Settings(BaseSettings):
 
     public_url: str = "http://127.0.0.1:8080"
     ingest_max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # The largest body of the other API routes and the UI's forms (read before the token is checked).
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     # Ingest requests one API process works on at once; more are answered 503 + Retry-After at once.
     ingest_max_in_flight: int = Field(default=1024, ge=1)
     # Times a node may report: this old (spool replays after an outage) to this far ahead (clock skew).

@@ -20,7 +20,7 @@ from service.ui.routes import (
 )
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, *, max_body_size: int) -> None:
     for module in (signin, overview, decisions, incident_list, silences, channels, tokens, incidents, nodes, jobs):
-        app.include_router(module.router)
+        app.include_router(module.router, max_body_size=max_body_size)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
