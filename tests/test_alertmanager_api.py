@@ -451,3 +451,19 @@ def test_an_alert_firing_since_before_the_window_is_still_diagnosed(client, sess
         select(Finding.category, Node.name).join(Node, Node.id == Finding.node_id).where(Finding.detector == "alerts")
     ).all()
     assert found == [("network", "node-2")]
+
+
+def test_a_node_bound_token_cannot_resolve_another_nodes_alert_by_its_fingerprint(client, session, make_token) -> None:
+    firing = am_alert("GpuXidError", "node-b", fingerprint="f00d")
+    assert (
+        client.post(URL, json=notification(firing), headers=bearer(make_token("agent", node="node-b"))).status_code
+        == 200
+    )
+    forged = {**firing, "status": "resolved", "labels": {**firing["labels"], "Hostname": "node-a"}}
+    forged["endsAt"] = firing["startsAt"]
+    answer = client.post(
+        URL, json=notification(forged, status="resolved"), headers=bearer(make_token("agent", node="node-a"))
+    )
+    assert answer.status_code == 200 and answer.json()["resolved"] == 0
+    (stored,) = [row for row in alert_rows(session) if row.fields["fingerprint"] == "f00d"]
+    assert stored.fields["status"] == "firing"  # node-b's alert is untouched

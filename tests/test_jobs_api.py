@@ -96,3 +96,28 @@ def test_agent_token_cannot_register_jobs(client, make_token):
 def test_health_reports_database_and_broker(client):
     body = client.get("/healthz").json()
     assert body == {"status": "ok", "database": "ok", "broker": "ok"}
+
+
+def test_an_agent_cannot_move_a_registered_rank_onto_its_own_node(client, session, make_token) -> None:
+    """The scheduler's map says where ranks run; another node's agent naming that rank changes nothing."""
+    from tests.factories import batch
+
+    job = "registered-map"
+    placement = {
+        "job_id": job,
+        "world_size": 2,
+        "ranks": [{"rank": 0, "node": "node-b"}, {"rank": 1, "node": "node-b"}],
+    }
+    assert client.post("/api/v1/jobs", json=placement, headers=bearer(make_token("scheduler"))).status_code == 200
+    claim = batch("node-a", job_id=job, logs=[], gpus=1)  # process of rank 0 "on node-a"
+    assert (
+        client.post("/api/v1/ingest", json=claim, headers=bearer(make_token("agent", node="node-a"))).status_code == 200
+    )
+    ranks = client.get(f"/api/v1/jobs/{job}", headers=bearer(make_token("scheduler"))).json()["ranks"]
+    assert [(r["rank"], r["node"]) for r in ranks] == [(0, "node-b"), (1, "node-b")]
+    own = batch("node-b", job_id=job, logs=[], gpus=1)  # the rank's own node fills in its pid
+    assert (
+        client.post("/api/v1/ingest", json=own, headers=bearer(make_token("agent", node="node-b"))).status_code == 200
+    )
+    ranks = client.get(f"/api/v1/jobs/{job}", headers=bearer(make_token("scheduler"))).json()["ranks"]
+    assert ranks[0]["node"] == "node-b" and ranks[0]["pid"] == 4000

@@ -259,7 +259,7 @@ def store_alerts(
                 job = job_ids.by_id.get(r.values["job_id"])
                 if job is not None:
                     urgent.add(job)
-        elif r.alert.status == "resolved" and _mark_resolved(session, alert=r.alert):
+        elif r.alert.status == "resolved" and _mark_resolved(session, alert=r.alert, node_id=r.values["node_id"]):
             result.resolved += 1
         else:
             result.duplicates += 1
@@ -288,8 +288,9 @@ def _job_ids(session: Session, *, labeled: set[str], ids: set[int | None]) -> _J
     return jobs
 
 
-def _mark_resolved(session: Session, *, alert: Alert) -> bool:
-    """Mark a stored firing alert resolved; False when it was resolved already."""
+def _mark_resolved(session: Session, *, alert: Alert, node_id: int) -> bool:
+    """Mark a stored firing alert of this node resolved; False when it was resolved already. By node too, so a
+    token bound to one node cannot resolve another node's alert by its fingerprint."""
     ended = alert.ended_at
     patch = {"status": "resolved", "ends_at": ended.isoformat() if ended else None}
     updated = session.execute(
@@ -299,6 +300,7 @@ def _mark_resolved(session: Session, *, alert: Alert) -> bool:
                 LogEvent.source == SOURCE,
                 LogEvent.fields["fingerprint"].astext == alert.fingerprint,
                 LogEvent.ts == alert.starts_at,
+                LogEvent.node_id == node_id,
                 LogEvent.fields["status"].astext == "firing",
             )
         )

@@ -358,6 +358,10 @@ def _upsert_ranks(conn: psycopg.Connection[Any], batches: list[IngestBatch], key
                 gpu_index = excluded.gpu_index, pid = excluded.pid, updated_at = now()
             WHERE (ranks.node_id, ranks.local_rank, ranks.gpu_index, ranks.pid)
                 IS DISTINCT FROM (excluded.node_id, excluded.local_rank, excluded.gpu_index, excluded.pid)
+              -- A scheduler's registered map is the truth about where ranks run: a node's agent may fill in
+              -- its own ranks' pids, never move another node's rank onto itself.
+              AND (ranks.node_id = excluded.node_id
+                   OR NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = ranks.job_id AND jobs.source = 'registered'))
             """,
             (
                 [k[0] for k in changed],
