@@ -93,9 +93,10 @@ def test_a_pending_silence_ended_early_is_expired(client, operator):
     [
         ({"duration_s": 60}, "give node_pattern, job_pattern or both"),
         ({"node_pattern": "n-1"}, "exactly one of ends_at and duration_s"),
-        ({"node_pattern": "n-1", "duration_s": 60, "ends_at": "2099-01-01T00:00:00Z"}, "exactly one"),
-        ({"node_pattern": "n-1", "starts_at": "2099-01-02T00:00:00Z", "ends_at": "2099-01-01T00:00:00Z"}, "after"),
+        ({"node_pattern": "n-1", "duration_s": 60, "ends_at": "2030-01-01T00:00:00Z"}, "exactly one"),
+        ({"node_pattern": "n-1", "starts_at": "2030-01-02T00:00:00Z", "ends_at": "2030-01-01T00:00:00Z"}, "after"),
         ({"node_pattern": "n-1", "ends_at": "2001-01-01T00:00:00Z"}, "in the past"),
+        ({"node_pattern": "n-1", "ends_at": "9999-12-31T23:59:59-14:00"}, "ten years"),  # year 10000 in UTC
         ({"node_pattern": "n-1", "ends_at": "2099-01-01T00:00:00"}, "body.ends_at: Input should have timezone"),
         ({"node_pattern": "gpu node 1", "duration_s": 60}, "body.node_pattern"),
         ({"node_pattern": "", "duration_s": 60}, "body.node_pattern"),
