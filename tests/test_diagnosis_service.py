@@ -305,3 +305,18 @@ def test_open_incident_is_one_per_job_and_root_cause_even_as_a_prepared_statemen
     assert len(opened) == 1
     other, _ = open_incident(session, job=job, root_cause="network")
     assert other.id not in opened
+
+
+def test_a_row_from_the_year_10000_does_not_blind_the_job(client, session, make_token) -> None:
+    """Stored before ingest refused such times: the pass reads around it and still decides the real Xid."""
+    token, job = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}"
+    _ship(client, token, job, {2: _kernel(_xid79())})
+    session.execute(
+        text(
+            "INSERT INTO log_events (ts, node_id, job_id, source, kind, line, severity, batch_id) "
+            "SELECT '9999-12-31 23:59:59-14', node_id, job_id, source, kind, line, severity, batch_id "
+            "FROM log_events WHERE kind = 'xid' LIMIT 1"
+        )
+    )
+    result = diagnose_job(session, job_id=job, settings=get_settings())
+    assert len(result.decisions) == 1

@@ -23,6 +23,9 @@ STEP_BUCKET_S = 10.0
 PROCESS_LOOKBACK_S = 60.0
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_OTHER_EVENTS = 20_000
+# Rows are read up to this long after the window's start: ingest refuses times a day ahead of its clock,
+# and a row from before that rule (year 10000, say) must not fail every read of its job.
+READ_HORIZON = timedelta(days=2)
 # Alerts that began firing before the window and still fire are read back this far.
 FIRING_ALERT_LOOKBACK = timedelta(hours=6)
 
@@ -61,7 +64,7 @@ def log_records(
     bucket = func.date_bin(timedelta(seconds=STEP_BUCKET_S), LogEvent.ts, _ORIGIN)
     thinned = (
         _log_select()
-        .where(_of_job(job, node_ids), LogEvent.ts >= since)
+        .where(_of_job(job, node_ids), LogEvent.ts >= since, LogEvent.ts < since + READ_HORIZON)
         .add_columns(bucket.label("bucket"))
         .where(LogEvent.kind == "step")
         .ext(distinct_on(LogEvent.node_id, LogEvent.rank, bucket))
@@ -79,7 +82,7 @@ def event_records(session: Session, *, job: Job, node_ids: list[int], since: dat
     of_job = _of_job(job, node_ids)
     others = session.execute(
         _log_select()
-        .where(of_job, LogEvent.ts >= since, LogEvent.kind != "step")
+        .where(of_job, LogEvent.ts >= since, LogEvent.ts < since + READ_HORIZON, LogEvent.kind != "step")
         .order_by(LogEvent.ts.desc())
         .limit(MAX_OTHER_EVENTS)
     ).all()
@@ -135,7 +138,7 @@ _PROCESSES = (
     "SELECT DISTINCT ON (p.node_id, p.rank, p.pid, bucket) p.ts, n.name, p.rank, p.pid, p.cpu_pct, p.rss_bytes, "
     "p.state, date_bin(make_interval(secs => %(bucket)s), p.ts, %(origin)s) AS bucket "
     "FROM process_snapshots p JOIN nodes n ON n.id = p.node_id "
-    "WHERE p.job_id = %(job)s AND p.ts >= %(since)s "
+    "WHERE p.job_id = %(job)s AND p.ts >= %(since)s AND p.ts < %(until)s "
     "ORDER BY p.node_id, p.rank, p.pid, bucket, p.ts DESC"
 )
 _PROCESS_COLUMNS = ["ts", "node", "rank", "pid", "cpu_pct", "rss_bytes", "state", "bucket"]
@@ -146,6 +149,7 @@ def processes_frame(session: Session, *, job: Job, now: datetime) -> pd.DataFram
     params = {
         "job": job.id,
         "since": now - timedelta(seconds=PROCESS_LOOKBACK_S),
+        "until": now + READ_HORIZON,
         "bucket": STEP_BUCKET_S,
         "origin": _ORIGIN,
     }

@@ -255,7 +255,13 @@ def recent_logs(session: Session, *, name: str, now: datetime, limit: int = LOG_
     rows = session.execute(
         select(LogEvent, Job.external_id)
         .outerjoin(Job, Job.id == LogEvent.job_id)
-        .where(LogEvent.node_id == node_id, LogEvent.ts >= now - LOG_WINDOW, LogEvent.kind.not_in(LOG_SKIP_KINDS))
+        .where(
+            LogEvent.node_id == node_id,
+            LogEvent.ts >= now - LOG_WINDOW,
+            # Not past tomorrow: a row stored before ingest refused such times must not break the page.
+            LogEvent.ts < now + LOG_WINDOW,
+            LogEvent.kind.not_in(LOG_SKIP_KINDS),
+        )
         .order_by(LogEvent.ts.desc(), LogEvent.id.desc())
         .limit(limit)
     ).all()
