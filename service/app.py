@@ -30,7 +30,7 @@ from service.ingest.writer import IngestWriter
 from service.jobs import routes as jobs_routes
 from service.nodes import routes as nodes_routes
 from service.notify import routes as notify_routes
-from service.security import TokenCache
+from service.security import AuthenticateBeforeBody, TokenCache
 from service.silences import routes as silences_routes
 from service.strict_input import RejectUnstorableText
 from service.tokens import routes as tokens_routes
@@ -79,6 +79,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
 
     app.include_router(health.router)
     app.add_middleware(ingest_routes.IngestFastPath)
+    app.add_middleware(AuthenticateBeforeBody)
     # Outermost: a URL no route could store is refused before any of them runs.
     app.add_middleware(RejectUnstorableText)
     # Bodies are read (and parsed) before a route's token check runs: each route's limit bounds what a

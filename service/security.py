@@ -10,9 +10,10 @@ from typing import Any
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.db import session_scope
-from service.errors import Forbidden, Unauthenticated
+from service.errors import Forbidden, Unauthenticated, error_response
 from service.tokens import service as tokens
 from service.tokens.service import Principal
 
@@ -95,3 +96,26 @@ def require_scope(*scopes: str) -> Callable[[Request], Coroutine[Any, Any, Princ
         return await authorize(request, scopes)
 
     return dependency
+
+
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class AuthenticateBeforeBody:
+    """ASGI middleware: an API request that may carry a body is authenticated before anything reads it, so a
+    caller without a valid token cannot make a process read or parse one. Routes still check the scope."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in _WITH_BODY and scope["path"].startswith("/api/"):
+            try:
+                await authenticate(Request(scope))
+            except Exception as exc:
+                response = error_response(exc)
+                if response is None:
+                    raise
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
