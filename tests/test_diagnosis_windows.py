@@ -173,3 +173,14 @@ def test_counters_find_a_rising_uncorrectable_counter_and_a_lost_gpu_from_three_
     calm = _load(session, run)
     service.diagnose_job(session, job_id=calm.external_id, settings=get_settings(), now=run.at(230))
     assert not session.scalars(select(Finding).where(Finding.job_id == calm.id, Finding.detector == "counters")).all()
+
+
+def test_only_a_big_jobs_step_lines_and_snapshots_are_thinned() -> None:
+    """A small job is read at full resolution, which fail-slow's rounds need (a 4x slower rank in an 8-rank
+    torchrun job was missed at 10 s buckets); a big one is thinned so a pass reads a bounded number of rows."""
+    from service.diagnosis.signals import STEP_BUCKET_S, thinning_s
+    from service.models import Job
+
+    assert thinning_s(Job(world_size=8), 300) == 0
+    assert thinning_s(Job(world_size=None), 300) == 0
+    assert thinning_s(Job(world_size=16_384), 300) == STEP_BUCKET_S

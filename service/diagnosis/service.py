@@ -108,7 +108,7 @@ def diagnose_job(
         node_ids = jobs.node_ids(session, job=job)
         names = windows.node_names(session, node_ids=node_ids)
         since = signals.window_start(now, lookback)
-        steps, events = signals.log_records(session, job=job, node_ids=node_ids, since=since)
+        steps, events = signals.log_records(session, job=job, node_ids=node_ids, since=since, span_s=lookback)
         if not steps:
             previous = signals.last_step_before(session, job=job, before=since)
             steps = [previous] if previous else []

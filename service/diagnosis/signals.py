@@ -54,26 +54,37 @@ def _of_job(job: Job, node_ids: list[int]) -> ColumnElement[bool]:
     )
 
 
+def thinning_s(job: Job, span_s: float) -> float:
+    """Seconds per thinning bucket for a job's step lines and process snapshots: 0 (every row, the
+    resolution fail-slow's rounds are tuned for) while one row per stream per second over the span fits
+    MAX_STEP_EVENTS; else STEP_BUCKET_S, so a pass of a big job reads a bounded number of rows."""
+    streams = max(job.world_size or 0, 1)
+    return 0.0 if streams * span_s <= MAX_STEP_EVENTS else STEP_BUCKET_S
+
+
 def log_records(
-    session: Session, *, job: Job, node_ids: list[int], since: datetime
+    session: Session, *, job: Job, node_ids: list[int], since: datetime, span_s: float = 300.0
 ) -> tuple[list[LogRecord], list[LogRecord]]:
     """(step events, all other events) since a time: the job's own, plus its nodes' kernel lines."""
-    # The newest step line per logging stream and 10 s window: progress and fail-slow need a stream's pace,
-    # not each of its lines (a job of thousands of ranks logs thousands of step lines a second).
-    # NaN and spike lines are events of their own kinds, never thinned.
-    bucket = func.date_bin(timedelta(seconds=STEP_BUCKET_S), LogEvent.ts, _ORIGIN)
-    thinned = (
-        _log_select()
-        .where(_of_job(job, node_ids), LogEvent.ts >= since, LogEvent.ts < since + READ_HORIZON)
-        .add_columns(bucket.label("bucket"))
-        .where(LogEvent.kind == "step")
-        .ext(distinct_on(LogEvent.node_id, LogEvent.rank, bucket))
-        .order_by(LogEvent.node_id, LogEvent.rank, bucket, LogEvent.ts.desc())
-        .subquery()
+    lines = _log_select().where(
+        _of_job(job, node_ids), LogEvent.ts >= since, LogEvent.ts < since + READ_HORIZON, LogEvent.kind == "step"
     )
-    steps = [
-        row[:-1] for row in session.execute(select(thinned).order_by(thinned.c.ts.desc()).limit(MAX_STEP_EVENTS)).all()
-    ]
+    bucket_s = thinning_s(job, span_s)
+    if bucket_s:
+        # A big job: the newest step line per logging stream and bucket. Progress and fail-slow need a stream's
+        # pace, not each of its lines (thousands of ranks log thousands of step lines a second).
+        # NaN and spike lines are events of their own kinds, never thinned.
+        bucket = func.date_bin(timedelta(seconds=bucket_s), LogEvent.ts, _ORIGIN)
+        thinned = (
+            lines.add_columns(bucket.label("bucket"))
+            .ext(distinct_on(LogEvent.node_id, LogEvent.rank, bucket))
+            .order_by(LogEvent.node_id, LogEvent.rank, bucket, LogEvent.ts.desc())
+            .subquery()
+        )
+        query = select(*thinned.c[: len(thinned.c) - 1]).order_by(thinned.c.ts.desc())
+    else:
+        query = lines.order_by(LogEvent.ts.desc())
+    steps = session.execute(query.limit(MAX_STEP_EVENTS)).all()
     return _records(reversed(steps)), event_records(session, job=job, node_ids=node_ids, since=since)
 
 
@@ -135,29 +146,42 @@ def last_step_before(session: Session, *, job: Job, before: datetime) -> LogReco
 
 
 _PROCESSES = (
+    "SELECT p.ts, n.name, p.rank, p.pid, p.cpu_pct, p.rss_bytes, p.state "
+    "FROM process_snapshots p JOIN nodes n ON n.id = p.node_id "
+    "WHERE p.job_id = %(job)s AND p.ts >= %(since)s AND p.ts < %(until)s"
+)
+# A big job's: the newest per rank and bucket.
+_PROCESSES_THINNED = (
     "SELECT DISTINCT ON (p.node_id, p.rank, p.pid, bucket) p.ts, n.name, p.rank, p.pid, p.cpu_pct, p.rss_bytes, "
     "p.state, date_bin(make_interval(secs => %(bucket)s), p.ts, %(origin)s) AS bucket "
     "FROM process_snapshots p JOIN nodes n ON n.id = p.node_id "
     "WHERE p.job_id = %(job)s AND p.ts >= %(since)s AND p.ts < %(until)s "
     "ORDER BY p.node_id, p.rank, p.pid, bucket, p.ts DESC"
 )
-_PROCESS_COLUMNS = ["ts", "node", "rank", "pid", "cpu_pct", "rss_bytes", "state", "bucket"]
+_PROCESS_COLUMNS = ["ts", "node", "rank", "pid", "cpu_pct", "rss_bytes", "state"]
 
 
 def processes_frame(session: Session, *, job: Job, now: datetime) -> pd.DataFrame:
-    """The job's process snapshots of the last PROCESS_LOOKBACK_S, the newest per rank and 10 s bucket."""
-    params = {
+    """The job's process snapshots of the last PROCESS_LOOKBACK_S (a big job's thinned, see thinning_s)."""
+    bucket_s = thinning_s(job, PROCESS_LOOKBACK_S)
+    params: dict[str, Any] = {
         "job": job.id,
         "since": now - timedelta(seconds=PROCESS_LOOKBACK_S),
         "until": now + READ_HORIZON,
-        "bucket": STEP_BUCKET_S,
-        "origin": _ORIGIN,
     }
+    if bucket_s:
+        params |= {"bucket": bucket_s, "origin": _ORIGIN}
+    columns = [*_PROCESS_COLUMNS, "bucket"] if bucket_s else _PROCESS_COLUMNS
     frame = frames.copy_frame(
-        session, _PROCESSES, params, columns=_PROCESS_COLUMNS, floats=("cpu_pct", "rss_bytes"), times=("ts",)
+        session,
+        _PROCESSES_THINNED if bucket_s else _PROCESSES,
+        params,
+        columns=columns,
+        floats=("cpu_pct", "rss_bytes"),
+        times=("ts",),
     )
     frame["rank"] = frame["rank"].astype("Int64")
-    return frame.drop(columns=["bucket"]).sort_values("ts", kind="stable").reset_index(drop=True)
+    return frame.drop(columns=["bucket"], errors="ignore").sort_values("ts", kind="stable").reset_index(drop=True)
 
 
 def stack_samples(session: Session, *, directive_id: uuid.UUID) -> list[StackSample]:
