@@ -6,7 +6,7 @@ import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from service.models import Decision, Finding, Gpu, LogEvent, Node, NodeEvent, Rank
 from service.models.signals import metric_samples
@@ -369,3 +369,20 @@ def test_the_forms_need_the_csrf_token(ui, session) -> None:
     assert response.status_code == 403
     session.refresh(node)
     assert node.state == "healthy"
+
+
+def test_a_log_row_from_the_year_10000_does_not_break_the_node_page(ui, session) -> None:
+    """Stored before ingest refused such times, it cannot be read back by Python: the page reads around it."""
+    node = rows.node(session, "gpu-node-099")
+    common = {"node_id": node.id, "source": "kmsg", "kind": "xid", "batch_id": uuid.uuid4()}
+    session.add(LogEvent(ts=datetime.now(UTC), line="NVRM: Xid 79", **common))
+    session.flush()
+    session.execute(
+        text(
+            "INSERT INTO log_events (ts, node_id, source, kind, line, batch_id) "
+            "VALUES ('10000-01-01 00:00:00+00', :node, 'kmsg', 'xid', 'far future', :batch)"
+        ),
+        {"node": node.id, "batch": common["batch_id"]},
+    )
+    page = ui.client.get("/nodes/gpu-node-099")
+    assert page.status_code == 200 and "NVRM: Xid 79" in page.text and "far future" not in page.text
