@@ -199,14 +199,9 @@ def _old_retention(engine: Engine, *, gpus: int, minutes: int) -> dict[str, Any]
     deleted = statements = 0
     began = time.perf_counter()
     while True:
+        # The old retention's statement, one chunk per transaction as its beat task ran them.
         with engine.begin() as conn:
-            n = conn.execute(
-                text(
-                    f"DELETE FROM {PLAIN} WHERE ctid = ANY(ARRAY("
-                    f"SELECT ctid FROM {PLAIN} WHERE ts < :cutoff LIMIT :chunk))"
-                ),
-                {"cutoff": cutoff, "chunk": OLD_CHUNK},
-            ).rowcount
+            n = partitions.delete_in_chunks(conn, PLAIN, "ts", cutoff=cutoff, chunk=OLD_CHUNK, max_chunks=1)
         deleted += n
         statements += 1
         if statements % 20 == 0:
