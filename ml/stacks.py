@@ -833,10 +833,15 @@ class RoundsAnalysis:
     straggler_frames: list[str] = field(default_factory=list)
     straggler_sample_ids: list[int] = field(default_factory=list)
     covering_group: tuple[str, list[int]] | None = None
+    # Ranks apart often enough that more rounds could settle them, when none is significant yet.
+    leading: list[int] = field(default_factory=list)
 
 
 _ALPHA = 0.01  # chance that noise alone makes any rank of the job look consistently out
 _BASE_RATE_FLOOR = 0.02  # healthy ranks are caught outside the collective at least this often
+# A rank apart in this share of the rounds (and in two at least) but not yet significant is worth more rounds:
+# a straggler that computes most of a step is still caught beside a computing peer now and then.
+_LEAD_SHARE = 0.4
 
 
 def _round_out(snap: _Snapshot, norm: _Normalizer, usual: int) -> tuple[np.ndarray | None, str | None]:
@@ -880,8 +885,12 @@ def _binomial_tail(k: int, n: int, p: float) -> float:
     return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
 
 
-def analyze_rounds(job: JobInfo, rounds: list[list[StackSample]]) -> RoundsAnalysis:
-    """Find the ranks standing outside the collective in a majority of rounds while the rest wait for them."""
+def analyze_rounds(job: JobInfo, rounds: list[list[StackSample]], *, looks: int = 1) -> RoundsAnalysis:
+    """Find the ranks standing outside the collective in a majority of rounds while the rest wait for them.
+
+    `looks`: how many times this campaign has been tested as rounds were added (a sequential test): the
+    false-alarm budget is split between the looks, so asking again never makes noise more likely to pass.
+    """
     norm = _Normalizer()
     snaps = [_snapshot(job, r or [], norm) for r in rounds or []]
     size = max((s.sig.size for s in snaps), default=0)
@@ -900,16 +909,85 @@ def analyze_rounds(job: JobInfo, rounds: list[list[StackSample]]) -> RoundsAnaly
             seen[: snap.sig.size] += snap.sig >= _NO_STACK
             out_count[: out.size] += out
     total = len(snaps)
-    stragglers = _significant(out_count, seen, total)
+    alpha = _ALPHA / max(1, looks)
+    stragglers = _significant(out_count, seen, total, alpha=alpha)
+    stuck, stuck_leading, stuck_why = _stuck_in_one_stack(snaps, norm, size, alpha=alpha)
     top = np.argsort(-out_count, kind="stable")[:50]
     counts = {int(r): int(out_count[r]) for r in top.tolist() if out_count[r] > 0}
-    if not stragglers.size:
+    if not stragglers.size and not stuck.size:
         why = f"no rank stood apart in a majority of {total} rounds ({informative} with a clear majority stack)"
-        return RoundsAnalysis(total, informative, [], counts, [], "inconclusive", why, states)
+        leading = np.flatnonzero((out_count >= 2) & (out_count >= _LEAD_SHARE * total)).tolist()
+        if len(leading) > max(1, int((seen > 0).sum()) // 4):
+            leading = []  # a role apart (a pipeline stage), which more rounds would only confirm
+        leading = sorted(set(leading) | set(stuck_leading))
+        return RoundsAnalysis(total, informative, [], counts, [], "inconclusive", why, states, leading=leading)
+    if not stragglers.size:  # only the second test spoke: its counts are the evidence
+        return _round_suspects(job, snaps, norm, stuck, out_count, informative, states, counts, why=stuck_why)
     return _round_suspects(job, snaps, norm, stragglers, out_count, informative, states, counts)
 
 
-def _significant(out_count: np.ndarray, seen: np.ndarray, total: int) -> np.ndarray:
+_STUCK_SHARE = 0.8  # found in one stack in at least this share of its rounds
+_LEAD_CHANCE = 0.25  # not yet beyond chance, but unlikely enough that more rounds may settle it
+
+
+def _stuck_in_one_stack(
+    snaps: list[_Snapshot], norm: _Normalizer, size: int, *, alpha: float
+) -> tuple[np.ndarray, list[int], str]:
+    """Ranks found in the same non-waiting stack in (nearly) every round, where the other ranks are seldom.
+
+    The second test of the rounds, for a straggler whose peers are not visibly waiting: with few ranks per
+    machine, a mate caught computing beside it hides it from the per-machine comparison, but across rounds
+    it is always in its own work while the others pass through that stack only now and then. The rate of the
+    others is the null hypothesis of a binomial test, split between the job's ranks and the looks as above.
+    (stragglers, ranks worth more rounds, why)."""
+    if len(snaps) < 3 or size == 0:
+        return np.empty(0, dtype=np.int64), [], ""
+    sigs = np.full((len(snaps), size), _UNREPORTED, dtype=np.int64)
+    for i, snap in enumerate(snaps):
+        sigs[i, : snap.sig.size] = snap.sig
+    node, _ = _round_nodes(snaps, size)
+    valid = sigs >= 0
+    rounds_seen = valid.sum(axis=0)
+    width = len(norm.sigs)
+    # Per rank, its most frequent stack and how often it was there.
+    per_rank = np.zeros((size, max(1, width)), dtype=np.int64)
+    rows, cols = np.nonzero(valid)
+    np.add.at(per_rank, (cols, sigs[rows, cols]), 1)
+    mode = per_rank.argmax(axis=1)
+    held = per_rank[np.arange(size), mode]
+    overall = per_rank.sum(axis=0)
+    others_rate = (overall[mode] - held) / np.maximum(1, valid.sum() - rounds_seen)
+    waiting = np.array([s.cls.state == COLLECTIVE for s in norm.sigs] or [False], dtype=bool)
+    candidates = np.flatnonzero((rounds_seen >= 3) & (held >= _STUCK_SHARE * rounds_seen) & ~waiting[mode])
+    ranks = int((rounds_seen > 0).sum())
+    keep: list[int] = []
+    leading: list[int] = []
+    for r in candidates.tolist():
+        mates = np.flatnonzero((node == node[r]) & (np.arange(size) != r)) if node[r] >= 0 else np.empty(0, int)
+        if mates.size and bool((per_rank[mates, mode[r]] >= held[r]).all()):
+            continue  # its whole machine sits there as often: the machine's timing (or the machine), not this rank
+        rate = max(float(others_rate[r]), _BASE_RATE_FLOOR)
+        chance = _binomial_tail(int(held[r]), int(rounds_seen[r]), rate) * ranks
+        if chance < alpha:
+            keep.append(r)
+        elif chance < _LEAD_CHANCE:
+            leading.append(r)
+    # As above: a quarter of the job in one place is a role, and so is a lead that large.
+    if len(keep) > max(1, ranks // 4):
+        keep = []
+    if len(leading) > max(1, ranks // 4):
+        leading = []
+    if not keep:
+        return np.empty(0, dtype=np.int64), leading, ""
+    first = keep[0]
+    why = (
+        f"{_who(np.asarray(keep))} {_doing(int(mode[first]), norm)} in {int(held[first])}/{int(rounds_seen[first])}"
+        f" rounds, where the other ranks were in {float(others_rate[first]):.0%} of theirs"
+    )
+    return np.asarray(keep, dtype=np.int64), leading, why
+
+
+def _significant(out_count: np.ndarray, seen: np.ndarray, total: int, *, alpha: float) -> np.ndarray:
     """Ranks out in a majority of rounds, and more often than noise at the job's base rate explains."""
     if total == 0 or out_count.size == 0:
         return np.empty(0, dtype=np.int64)
@@ -918,7 +996,7 @@ def _significant(out_count: np.ndarray, seen: np.ndarray, total: int) -> np.ndar
     base = float(out_count[rest].sum() / max(1, seen[rest].sum())) if rest.size else 0.0
     base = max(base, _BASE_RATE_FLOOR)
     ranks = int((seen > 0).sum())
-    keep = [r for r in candidates.tolist() if _binomial_tail(int(out_count[r]), total, base) * ranks < _ALPHA]
+    keep = [r for r in candidates.tolist() if _binomial_tail(int(out_count[r]), total, base) * ranks < alpha]
     # A quarter of the job consistently apart is a different role (a pipeline stage), not a slow machine.
     if len(keep) > max(1, ranks // 4):
         return np.empty(0, dtype=np.int64)
@@ -949,6 +1027,8 @@ def _round_suspects(
     informative: int,
     states: list[str | None],
     counts: dict[int, int],
+    *,
+    why: str = "",
 ) -> RoundsAnalysis:
     total = len(snaps)
     node, node_names = _round_nodes(snaps, out_count.size)
@@ -956,7 +1036,8 @@ def _round_suspects(
     waited = sum(1 for s in states if s == COLLECTIVE) * 2 > total
     # Apart in (nearly) every round is strong evidence on its own, even where the others' wait is not
     # visible as a collective (DDP waits inside backward).
-    steady = total >= 3 and int(out_count[stragglers].min()) >= 0.8 * total
+    # (The stuck-in-one-stack test speaks only for ranks in one place in 80% of the rounds: steady too.)
+    steady = bool(why) or (total >= 3 and int(out_count[stragglers].min()) >= 0.8 * total)
     base = 0.85 if waited else (0.8 if steady else 0.7)
     ids: list[int] = []
     frames: list[str] = []
@@ -970,9 +1051,10 @@ def _round_suspects(
         index = int(snap.sig[first]) if first < snap.sig.size else _UNREPORTED
         if not frames and index >= 0 and snap.state[first] != _CODE[COLLECTIVE]:
             frames, doing = norm.sigs[index].labels, " " + _doing(index, norm)
-    out_of = ", ".join(f"{int(out_count[r])}/{total}" for r in stragglers[:6].tolist())
-    others = "wait in a collective" if waited else "share one stack"
-    why = f"{_who(stragglers)}{doing} stood apart in most rounds ({out_of}) while the others {others}"
+    if not why:
+        out_of = ", ".join(f"{int(out_count[r])}/{total}" for r in stragglers[:6].tolist())
+        others = "wait in a collective" if waited else "share one stack"
+        why = f"{_who(stragglers)}{doing} stood apart in most rounds ({out_of}) while the others {others}"
     hosts = np.unique(node[stragglers][node[stragglers] >= 0])
     result = RoundsAnalysis(total, informative, stragglers.tolist(), counts, [], "inconclusive", why, states)
     result = replace(result, straggler_frames=frames, straggler_sample_ids=ids[:_EVIDENCE_SIGNALS])

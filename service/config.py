@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     # Fail-slow localization: this many stack-dump rounds, this far apart (ByteRobust: 5 rounds, 10 s).
     failslow_rounds: int = Field(default=5, ge=1, le=20)
     failslow_round_s: float = Field(default=5.0, gt=0)
+    # A rank apart in many rounds but not yet beyond noise gets more rounds, up to this many in all.
+    failslow_max_rounds: int = Field(default=12, ge=1, le=40)
 
     # Policy guard rails. `act`: decisions go to schedulers; `shadow`: decided and recorded, never acted on;
     # `approval`: every decision waits for a person.

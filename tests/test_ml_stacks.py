@@ -488,3 +488,55 @@ def test_a_slow_rank_stands_apart_from_its_machine_mate_while_machines_are_skewe
     result = analyze_rounds(job, rounds)
     assert result.stragglers == [3]
     assert [s[0] for s in result.suspects] == ["node-1"]
+
+
+def test_real_rounds_where_the_slow_ranks_mate_computes_beside_it_ask_for_more() -> None:
+    """The eval's torch_slow, seed 1: in 5 rounds rank 3 is always computing, but so is its mate in 4."""
+    data = json.loads((FIXTURES / "pyspy_rounds_slow_ddp8_mates.json").read_text())
+    rounds = [[StackSample(d["rank"], d["node"], d["pid"], d["threads"]) for d in r] for r in data["rounds"]]
+    job = JobInfo("slow", world_size=8, rank_nodes={d.rank: d.node for d in rounds[0]})
+    result = analyze_rounds(job, rounds)
+    assert result.stragglers == [] and result.leading == [3]
+    assert round_findings(job, result, observed_at=NOW) == []
+
+
+def test_a_rank_always_in_its_own_work_is_named_once_enough_rounds_outweigh_the_others_rate() -> None:
+    """Rank 3 computes in every round; the others are caught computing in about 45% of theirs."""
+    job = make_job(8, 2)
+    rng = random.Random(11)
+    rounds = [
+        snapshot(job, {r: COMPUTE for r in range(8) if r == 3 or rng.random() < 0.45}, ALL_REDUCE) for _ in range(12)
+    ]
+    assert analyze_rounds(job, rounds[:5]).leading == [3]
+    settled = next(
+        (n, result) for n in range(5, 13) if (result := analyze_rounds(job, rounds[:n], looks=n - 4)).stragglers
+    )
+    n, result = settled
+    assert result.stragglers == [3] and [s[0] for s in result.suspects] == ["node-1"] and n <= 12
+    assert f"in {n}/{n} rounds" in result.why and result.suspects[0][1] >= 0.8
+
+
+def test_a_rank_that_stands_apart_clearly_needs_no_more_rounds() -> None:
+    job = make_job(8, 2)
+    rounds = [snapshot(job, {3: COMPUTE, r: COMPUTE}, ALL_REDUCE) for r in (0, 5, 1, 6, 7)]
+    result = analyze_rounds(job, rounds)
+    assert result.stragglers == [3] and result.leading == []
+
+
+def test_sequential_looks_keep_noise_from_passing() -> None:
+    """Healthy jobs with noisy rounds, tested after every added round: no straggler, whatever the seed."""
+    job = make_job(64, 8)
+    for seed in range(40):
+        rng = random.Random(seed)
+        rounds = [
+            snapshot(job, {r: COMPUTE for r in job.rank_nodes if rng.random() < 0.1}, ALL_REDUCE) for _ in range(12)
+        ]
+        for n in range(5, 13):
+            assert analyze_rounds(job, rounds[:n], looks=n - 4).stragglers == [], (seed, n)
+
+
+def test_a_role_apart_in_every_round_is_no_lead() -> None:
+    job = make_job(16, 4, tp=4, pp=2)
+    stage = set(range(8, 16))  # a whole pipeline stage computes while the other waits
+    result = analyze_rounds(job, [snapshot(job, dict.fromkeys(stage, COMPUTE), ALL_REDUCE) for _ in range(5)])
+    assert result.stragglers == [] and result.leading == []

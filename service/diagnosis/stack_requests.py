@@ -62,11 +62,13 @@ def ask(
 
 
 def request_round(session: Session, *, job: Job, campaign_id: uuid.UUID, round: int, settings: Settings) -> Directive:
+    of = settings.failslow_rounds
+    planned = f"round {round} of {of}" if round <= of else f"extra round {round} (up to {_max_rounds(settings)})"
     return request_stack_dump(
         session,
         job=job,
         requested_by="faultline",
-        reason=f"fail-slow localization, round {round} of {settings.failslow_rounds}",
+        reason=f"fail-slow localization, {planned}",
         ttl_s=int(settings.failslow_round_s + settings.stack_dump_deadline_s),
         purpose="failslow",
         round=round,
@@ -130,11 +132,23 @@ def aggregate(
             continue
         samples = [signals.stack_samples(session, directive_id=d.id) for d in rounds]
         samples = [s for s in samples if s]
-        result = stacks.analyze_rounds(info, samples) if samples else None
+        looks = len(rounds) - settings.failslow_rounds + 1
+        result = stacks.analyze_rounds(info, samples, looks=looks) if samples else None
+        if result is not None and result.leading and not result.stragglers and len(rounds) < _max_rounds(settings):
+            due = last.created_at + timedelta(seconds=settings.failslow_round_s)
+            if now >= due:
+                request_round(session, job=job, campaign_id=campaign_id, round=len(rounds) + 1, settings=settings)
+                log.info("job %s: stack rounds not settled after %d, one more", job.external_id, len(rounds))
+            waits.append(settings.failslow_round_s if now >= due else (due - now).total_seconds())
+            continue
         observed = _when([s for r in samples for s in r], now)
         found = stacks.round_findings(info, result, observed_at=observed) if result else []
         out += _keyed(found, str(campaign_id), job, now, what="straggler", n=len(samples))
     return out, (min(waits) if waits else None)
+
+
+def _max_rounds(settings: Settings) -> int:
+    return max(settings.failslow_rounds, settings.failslow_max_rounds)
 
 
 def _campaigns(session: Session, *, job: Job, now: datetime) -> dict[uuid.UUID, list[Directive]]:

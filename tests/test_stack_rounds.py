@@ -1,0 +1,119 @@
+"""Fail-slow stack rounds in the service: a campaign that is not settled after its planned rounds gets more."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ml.findings import JobInfo
+from service.config import Settings
+from service.diagnosis import stack_requests
+from service.models import Directive, Job, Node, StackDump
+
+T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+WAITING = [("_engine_run_backward", "torch/autograd/graph.py"), ("backward", "torch/_tensor.py")]
+COMPUTING = [("sleep", "time.py"), ("_simulate_compute", "train.py")]
+
+
+def _threads(frames: list[tuple[str, str]], rank: int) -> list[dict[str, Any]]:
+    """A py-spy --json thread list, innermost frame first, under a common training loop."""
+    stack = [*frames, ("main", "train.py"), ("<module>", "train.py")]
+    return [
+        {
+            "thread_id": rank,
+            "thread_name": "MainThread",
+            "active": True,
+            "owns_gil": False,
+            "frames": [{"name": n, "filename": f"/app/{f}", "line": 1, "module": None} for n, f in stack],
+        }
+    ]
+
+
+def _answer(session: Session, job: Job, nodes: list[Node], directive: Directive, computing: set[int]) -> None:
+    for rank in range(8):
+        frames = COMPUTING if rank in computing else WAITING
+        session.add(
+            StackDump(
+                batch_id=uuid.uuid4(),
+                node_id=nodes[rank // 2].id,
+                job_id=job.id,
+                ts=directive.created_at + timedelta(seconds=1),
+                rank=rank,
+                pid=1000 + rank,
+                directive_id=str(directive.id),
+                threads=_threads(frames, rank),
+            )
+        )
+    session.flush()
+
+
+def _rounds(session: Session, job: Job) -> list[Directive]:
+    query = select(Directive).where(Directive.job_id == job.id, Directive.purpose == "failslow")
+    return list(session.scalars(query.order_by(Directive.round)))
+
+
+def test_an_unsettled_campaign_gets_more_rounds_until_the_straggler_is_significant(session: Session) -> None:
+    settings = Settings(failslow_rounds=5, failslow_max_rounds=12, failslow_round_s=5.0)
+    job = Job(external_id=f"rounds-{uuid.uuid4().hex[:6]}", world_size=8, source="agent")
+    session.add(job)
+    session.flush()
+    nodes = [Node(name=f"{job.external_id}-n{i}") for i in range(4)]
+    session.add_all(nodes)
+    session.flush()
+    info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
+    # Rank 3 computes in every round; the others are caught computing in about 45% of theirs.
+    rng = random.Random(11)
+    computing = [{r for r in range(8) if r == 3 or rng.random() < 0.45} for _ in range(12)]
+    campaign = uuid.uuid4()
+    for k in range(5):
+        directive = stack_requests.request_round(session, job=job, campaign_id=campaign, round=k + 1, settings=settings)
+        directive.created_at = T0 + timedelta(seconds=5 * k)
+        _answer(session, job, nodes, directive, computing[k])
+
+    early = T0 + timedelta(seconds=22)
+    found, wait = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=early)
+    assert found == [] and wait == 3.0 and len(_rounds(session, job)) == 5  # not settled; one more is due at 25 s
+    now = T0 + timedelta(seconds=26)
+    found, wait = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=now)
+    assert found == [] and wait == 5.0  # no "no outlier" marker, and a sixth round asked
+    rounds = _rounds(session, job)
+    assert [d.round for d in rounds] == [1, 2, 3, 4, 5, 6] and rounds[-1].campaign_id == campaign
+    assert "extra round 6 (up to 12)" in (rounds[-1].reason or "")
+
+    # Before the extra round is answered nothing is concluded and nothing more is asked.
+    assert stack_requests.aggregate(session, job=job, info=info, settings=settings, now=now)[0] == []
+    assert len(_rounds(session, job)) == 6
+    for k in range(5, 12):
+        directive = _rounds(session, job)[-1]
+        directive.created_at = T0 + timedelta(seconds=5 * k)
+        _answer(session, job, nodes, directive, computing[k])
+        now = directive.created_at + timedelta(seconds=6)
+        found, _ = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=now)
+        if found:
+            break
+    assert [(f.category, f.subject, f.action) for f in found] == [("straggler", nodes[1].name, "evict")]
+    assert found[0].evidence["rounds"] == len(_rounds(session, job)) < 12
+
+
+def test_a_campaign_without_a_lead_ends_after_its_planned_rounds(session: Session) -> None:
+    settings = Settings(failslow_rounds=5, failslow_max_rounds=12)
+    job = Job(external_id=f"rounds-{uuid.uuid4().hex[:6]}", world_size=8, source="agent")
+    session.add(job)
+    session.flush()
+    nodes = [Node(name=f"{job.external_id}-n{i}") for i in range(4)]
+    session.add_all(nodes)
+    session.flush()
+    info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
+    campaign = uuid.uuid4()
+    for k in range(5):
+        directive = stack_requests.request_round(session, job=job, campaign_id=campaign, round=k + 1, settings=settings)
+        directive.created_at = T0 + timedelta(seconds=5 * k)
+        _answer(session, job, nodes, directive, {k} if k < 2 else set())
+    found, _ = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=T0 + timedelta(seconds=30))
+    assert [f.summary for f in found] == ["stacks of 5 ranks show no outlier"]
+    assert len(_rounds(session, job)) == 5
