@@ -842,6 +842,7 @@ _BASE_RATE_FLOOR = 0.02  # healthy ranks are caught outside the collective at le
 # A rank apart in this share of the rounds (and in two at least) but not yet significant is worth more rounds:
 # a straggler that computes most of a step is still caught beside a computing peer now and then.
 _LEAD_SHARE = 0.4
+_LEAD_CHANCE = 0.25  # not yet beyond chance, but unlikely enough that more rounds may settle it
 
 
 def _round_out(snap: _Snapshot, norm: _Normalizer, usual: int) -> tuple[np.ndarray | None, str | None]:
@@ -910,16 +911,13 @@ def analyze_rounds(job: JobInfo, rounds: list[list[StackSample]], *, looks: int 
             out_count[: out.size] += out
     total = len(snaps)
     alpha = _ALPHA / max(1, looks)
-    stragglers = _significant(out_count, seen, total, alpha=alpha)
+    stragglers, apart_leading = _significant(out_count, seen, total, alpha=alpha)
     stuck, stuck_leading, stuck_why = _stuck_in_one_stack(snaps, norm, size, alpha=alpha)
     top = np.argsort(-out_count, kind="stable")[:50]
     counts = {int(r): int(out_count[r]) for r in top.tolist() if out_count[r] > 0}
     if not stragglers.size and not stuck.size:
         why = f"no rank stood apart in a majority of {total} rounds ({informative} with a clear majority stack)"
-        leading = np.flatnonzero((out_count >= 2) & (out_count >= _LEAD_SHARE * total)).tolist()
-        if len(leading) > max(1, int((seen > 0).sum()) // 4):
-            leading = []  # a role apart (a pipeline stage), which more rounds would only confirm
-        leading = sorted(set(leading) | set(stuck_leading))
+        leading = sorted(set(apart_leading) | set(stuck_leading))
         return RoundsAnalysis(total, informative, [], counts, [], "inconclusive", why, states, leading=leading)
     if not stragglers.size:  # only the second test spoke: its counts are the evidence
         return _round_suspects(job, snaps, norm, stuck, out_count, informative, states, counts, why=stuck_why)
@@ -927,7 +925,6 @@ def analyze_rounds(job: JobInfo, rounds: list[list[StackSample]], *, looks: int 
 
 
 _STUCK_SHARE = 0.8  # found in one stack in at least this share of its rounds
-_LEAD_CHANCE = 0.25  # not yet beyond chance, but unlikely enough that more rounds may settle it
 
 
 def _stuck_in_one_stack(
@@ -962,12 +959,17 @@ def _stuck_in_one_stack(
     ranks = int((rounds_seen > 0).sum())
     keep: list[int] = []
     leading: list[int] = []
+    tails: dict[tuple[int, int, float], float] = {}  # few distinct values, even over 16,384 candidates
     for r in candidates.tolist():
+        args = (int(held[r]), int(rounds_seen[r]), max(float(others_rate[r]), _BASE_RATE_FLOOR))
+        chance = tails.get(args)
+        if chance is None:
+            chance = tails[args] = _binomial_tail(*args) * ranks
+        if chance >= _LEAD_CHANCE:
+            continue
         mates = np.flatnonzero((node == node[r]) & (np.arange(size) != r)) if node[r] >= 0 else np.empty(0, int)
         if mates.size and bool((per_rank[mates, mode[r]] >= held[r]).all()):
             continue  # its whole machine sits there as often: the machine's timing (or the machine), not this rank
-        rate = max(float(others_rate[r]), _BASE_RATE_FLOOR)
-        chance = _binomial_tail(int(held[r]), int(rounds_seen[r]), rate) * ranks
         if chance < alpha:
             keep.append(r)
         elif chance < _LEAD_CHANCE:
@@ -987,20 +989,23 @@ def _stuck_in_one_stack(
     return np.asarray(keep, dtype=np.int64), leading, why
 
 
-def _significant(out_count: np.ndarray, seen: np.ndarray, total: int, *, alpha: float) -> np.ndarray:
-    """Ranks out in a majority of rounds, and more often than noise at the job's base rate explains."""
+def _significant(out_count: np.ndarray, seen: np.ndarray, total: int, *, alpha: float) -> tuple[np.ndarray, list[int]]:
+    """Ranks out in a majority of rounds, and more often than noise at the job's base rate explains; and the
+    ranks not there yet that more rounds may settle (out in 40% of them, and unlikely by chance)."""
     if total == 0 or out_count.size == 0:
-        return np.empty(0, dtype=np.int64)
-    candidates = np.flatnonzero(out_count * 2 > total)
-    rest = np.setdiff1d(np.flatnonzero(seen > 0), candidates)
+        return np.empty(0, dtype=np.int64), []
+    candidates = np.flatnonzero((out_count >= 2) & (out_count >= _LEAD_SHARE * total))
+    rest = np.setdiff1d(np.flatnonzero(seen > 0), candidates[out_count[candidates] * 2 > total])
     base = float(out_count[rest].sum() / max(1, seen[rest].sum())) if rest.size else 0.0
     base = max(base, _BASE_RATE_FLOOR)
     ranks = int((seen > 0).sum())
-    keep = [r for r in candidates.tolist() if _binomial_tail(int(out_count[r]), total, base) * ranks < alpha]
+    tails = {k: _binomial_tail(k, total, base) * ranks for k in np.unique(out_count[candidates]).tolist()}
+    keep = [r for r in candidates.tolist() if out_count[r] * 2 > total and tails[int(out_count[r])] < alpha]
+    leading = [r for r in candidates.tolist() if r not in keep and tails[int(out_count[r])] < _LEAD_CHANCE]
     # A quarter of the job consistently apart is a different role (a pipeline stage), not a slow machine.
     if len(keep) > max(1, ranks // 4):
-        return np.empty(0, dtype=np.int64)
-    return np.asarray(keep, dtype=np.int64)
+        return np.empty(0, dtype=np.int64), []
+    return np.asarray(keep, dtype=np.int64), (leading if len(leading) <= max(1, ranks // 4) else [])
 
 
 def _round_nodes(snaps: list[_Snapshot], size: int) -> tuple[np.ndarray, list[str]]:
