@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from sqlalchemy import text
 
 pytestmark = pytest.mark.slow
 
@@ -32,3 +33,27 @@ def test_bench_rejects_nonsense_arguments():
         [sys.executable, "-m", "faultline", "bench", "ingest", "--nodes", "0"], capture_output=True, text=True
     )
     assert result.returncode == 2 and "must be positive" in result.stderr
+
+
+def test_bench_storage_times_retention_against_a_writer_and_leaves_nothing_behind(tmp_path, committed):
+    out = tmp_path / "storage.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "faultline", "bench", "storage", "--gpus", "16", "--hours", "1", "--delete-minutes", "1",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    for drop in (figures["drop"], figures["drop_small_day"]):
+        # Every partition timed in its parts, and the probe inserted through the parent meanwhile.
+        assert len(drop["statements_ms"]) == len(drop["commit_ms"]) == len(drop["insert_wait_ms"]) == drop["partitions"]
+        assert all(wait > 0 for wait in drop["insert_wait_ms"])
+    assert figures["drop"]["partitions_left"] == 0
+    assert "an insert waited at most" in result.stdout and "files freed" in result.stdout
+    with committed.connect() as conn:
+        left = conn.execute(
+            text("SELECT count(*) FROM pg_class WHERE relname LIKE 'metric\\_samples\\_p209%' OR relname = :plain"),
+            {"plain": "bench_storage_unpartitioned"},
+        ).scalar_one()
+        probe_rows = conn.execute(text("SELECT count(*) FROM metric_samples WHERE job_id = -4242")).scalar_one()
+    assert left == 0 and probe_rows == 0

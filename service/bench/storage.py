@@ -5,7 +5,8 @@ benchmark's synthetic job) inside PostgreSQL, into hourly partitions of metric_s
 in the future (2090), so the real rows of a live database are never in the way. Measures bytes per GPU-sample
 (heap and indexes, pg_total_relation_size over the partitions) and projects them to 16,384 GPUs; then times
 retention as beat runs it (DETACH and DROP of whole partitions) for those rows and for a whole day of 10 GPUs,
-and the old retention (50,000-row DELETEs, then VACUUM) on `--delete-minutes` of the same cluster in an
+while another connection inserts through metric_samples as ingest does (how long a writer waits on it), and
+the old retention (50,000-row DELETEs, then VACUUM) on `--delete-minutes` of the same cluster in an
 unpartitioned copy with the old indexes, projected linearly to the same rows.
 """
 
@@ -19,6 +20,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -38,6 +40,9 @@ SMALL_GPUS = 10
 # Synthetic days no live database has rows for; partitions there are the benchmark's own.
 BIG_DAY = datetime(2090, 1, 1, tzinfo=UTC)
 SMALL_DAY = datetime(2091, 1, 1, tzinfo=UTC)
+# The insert probe's rows: a day no partition covers, so they land in the default partition (deleted after).
+PROBE_DAY = datetime(2092, 1, 1, tzinfo=UTC)
+PROBE_EVERY_S = 0.005
 PLAIN = "bench_storage_unpartitioned"
 OLD_CHUNK = 50_000  # rows per DELETE in the old retention task (one chunk per table per 10-minute run)
 OLD_RUN_S = 600
@@ -164,16 +169,70 @@ def _wal_since(engine: Engine, lsn: str) -> int:
         )
 
 
-def _drop_partitions(engine: Engine, names: list[str]) -> list[float]:
-    """Retention as beat runs it: DETACH and DROP, then commit (which unlinks the files); seconds for each."""
-    each: list[float] = []
-    for name in names:
-        began = time.perf_counter()
-        with engine.begin() as conn:
-            conn.execute(text("SELECT set_config('lock_timeout', :v, true)"), {"v": partitions.LOCK_TIMEOUT})
-            partitions.drop_partition(conn, METRICS, name)
-        each.append(time.perf_counter() - began)
-    return each
+class _InsertProbe:
+    """Single-row inserts through metric_samples every few ms from a connection of its own, as ingest writes,
+    each one timed: how long retention keeps a writer waiting on the parent table's lock."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="insert-probe", daemon=True)
+        self.inserts: list[tuple[float, float]] = []  # (start, end), perf_counter seconds
+
+    def __enter__(self) -> _InsertProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        insert = text("INSERT INTO metric_samples (ts, node_id, gpu, job_id) VALUES (:ts, -1, 0, :job)")
+        n = 0
+        with self._engine.connect() as conn:
+            while not self._stop.is_set():
+                began = time.perf_counter()
+                conn.execute(insert, {"ts": PROBE_DAY + timedelta(milliseconds=n), "job": JOB_ID})
+                conn.commit()
+                self.inserts.append((began, time.perf_counter()))
+                n += 1
+                self._stop.wait(PROBE_EVERY_S)
+
+    def longest_wait(self, start: float, end: float) -> float:
+        """The longest insert that overlapped [start, end], in seconds."""
+        return max((e - b for b, e in self.inserts if e >= start and b <= end), default=0.0)
+
+
+def _delete_probe_rows(conn: Connection) -> None:
+    conn.execute(
+        text("DELETE FROM metric_samples WHERE job_id = :job AND ts >= :day"), {"job": JOB_ID, "day": PROBE_DAY}
+    )
+
+
+def _drop_partitions(engine: Engine, names: list[str]) -> dict[str, list[float]]:
+    """Retention as beat runs it, one partition a transaction: DETACH and DROP, under the parent's exclusive lock,
+    then COMMIT, which releases the locks and only then frees the files (PostgreSQL unlinks dropped files after
+    releasing locks, since that "may take many seconds"). Seconds of the statements, of the commit, and the
+    longest wait of an insert through the parent meanwhile (the probe), per partition."""
+    out: dict[str, list[float]] = {"statements": [], "commit": [], "insert_wait": []}
+    with _InsertProbe(engine) as probe:
+        time.sleep(0.2)  # the probe's connection is open and inserting
+        for name in names:
+            with engine.connect() as conn:
+                began = time.perf_counter()
+                conn.execute(text("SELECT set_config('lock_timeout', :v, true)"), {"v": partitions.LOCK_TIMEOUT})
+                partitions.drop_partition(conn, METRICS, name)
+                statements = time.perf_counter()
+                conn.commit()
+                done = time.perf_counter()
+            time.sleep(0.05)  # an insert waiting on the lock finishes and is counted
+            out["statements"].append(statements - began)
+            out["commit"].append(done - statements)
+            out["insert_wait"].append(probe.longest_wait(began, done))
+    with engine.begin() as conn:
+        _delete_probe_rows(conn)
+    return out
 
 
 def _total_size(conn: Connection, table: str) -> int:
@@ -240,6 +299,7 @@ def _cleanup(engine: Engine) -> None:
         for day in (BIG_DAY, SMALL_DAY):
             for name in _bench_partitions(conn, day):
                 partitions.drop_partition(conn, METRICS, name)
+        _delete_probe_rows(conn)
 
 
 def _conditions(conn: Connection, kind: str) -> dict[str, Any]:
@@ -307,7 +367,7 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
 
     per_sample = sizes["total"] / stored
     day_16k = TARGET_GPUS * 86_400
-    drop_s = sum(drop_each)
+    drop_s = sum(drop_each["statements"]) + sum(drop_each["commit"])
     delete_same_s = stored / old["rows_per_s"] if old["rows_per_s"] else None
     return {
         "conditions": conditions,
@@ -331,7 +391,7 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
             "rows": stored,
             "bytes": sizes["total"],
             "seconds": round(drop_s, 4),
-            "per_partition_ms": [round(s * 1000, 2) for s in drop_each],
+            **_per_partition_ms(drop_each),
             "partitions_left": len(left),
             "wal_bytes": drop_wal,
         },
@@ -340,8 +400,8 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
             "partitions": len(small_names),
             "rows": small_rows,
             "bytes": small_sizes["total"],
-            "seconds": round(sum(small_each), 4),
-            "per_partition_ms": [round(s * 1000, 2) for s in small_each],
+            "seconds": round(sum(small_each["statements"]) + sum(small_each["commit"]), 4),
+            **_per_partition_ms(small_each),
         },
         "old_delete": {
             **old,
@@ -350,6 +410,16 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
             "projected_h_for_a_day_at_16k": round(day_16k / old["rows_per_s"] / 3600, 2) if old["rows_per_s"] else None,
             "old_task_rows_per_day": OLD_CHUNK * 86_400 // OLD_RUN_S,
         },
+    }
+
+
+def _per_partition_ms(each: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per partition: the whole drop, the statements (the parent locked), the commit (files freed after the
+    locks went), and the longest wait of an insert through the parent meanwhile; in ms."""
+    totals = [a + b for a, b in zip(each["statements"], each["commit"], strict=True)]
+    return {
+        "per_partition_ms": [round(s * 1000, 2) for s in totals],
+        **{f"{k}_ms": [round(s * 1000, 2) for s in v] for k, v in each.items()},
     }
 
 
@@ -363,6 +433,13 @@ def _plural(n: int, noun: str) -> str:
 
 def _median_ms(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
+
+
+def _drop_line(label: str, d: dict[str, Any]) -> str:
+    return label.ljust(19) + (
+        f"{_plural(d['partitions'], 'partition')}, {_mib(d['bytes'])}: {d['seconds'] * 1000:,.0f} ms in all; an insert "
+        f"waited at most {max(d['insert_wait_ms'], default=0.0):,.1f} ms"
+    )
 
 
 def format_report(f: dict[str, Any]) -> str:
@@ -388,17 +465,19 @@ def format_report(f: dict[str, Any]) -> str:
         f"an hourly partition {_mib(p['bytes_per_hourly_partition'])}; 72 h of retention "
         f"{_mib(p['bytes_per_day'] * 3)}",
         "",
-        "retention by partition drop (DETACH, DROP, commit; after a CHECKPOINT, as a partition past retention is "
-        "long written out)",
-        f"  {f['gpus']:,} GPUs x {f['hours']} h".ljust(19)
-        + f"{_plural(drop['partitions'], 'partition')}, {_mib(drop['bytes'])}: "
-        f"{drop_ms:,.0f} ms (median {_median_ms(drop['per_partition_ms']):,.1f} ms a partition); WAL "
-        f"{drop['wal_bytes'] / 1024:,.0f} KiB; left: no partition, no dead row, nothing for VACUUM",
-        f"  {small['gpus']} GPUs x 24 h".ljust(19)
-        + f"{_plural(small['partitions'], 'partition')}, {_mib(small['bytes'])}: "
-        f"{small['seconds'] * 1000:,.0f} ms (median {_median_ms(small['per_partition_ms']):,.1f} ms a partition)",
-        f"  cost             per partition, plus the filesystem freeing the files at commit "
-        f"({drop_ms / max(drop['bytes'] / 2**30, 1e-9):,.0f} ms per GiB here); nothing per row",
+        "retention by partition drop (DETACH, DROP, commit, one partition a transaction; after a CHECKPOINT, as a "
+        "partition past retention is long written out; an insert through metric_samples every "
+        f"{PROBE_EVERY_S * 1000:g} ms meanwhile, as ingest writes)",
+        _drop_line(f"  {f['gpus']:,} GPUs x {f['hours']} h", drop),
+        _drop_line(f"  {small['gpus']} GPUs x 24 h", small),
+        f"  parent locked    median {_median_ms(drop['statements_ms']):,.1f} ms a partition ({f['gpus']:,} GPUs) vs "
+        f"{_median_ms(small['statements_ms']):,.1f} ms ({small['gpus']} GPUs): the catalog change only, whatever the "
+        "partition holds",
+        f"  files freed      at commit, after the locks are released: median {_median_ms(drop['commit_ms']):,.0f} ms "
+        f"vs {_median_ms(small['commit_ms']):,.1f} ms ({drop_ms / max(drop['bytes'] / 2**30, 1e-9):,.0f} ms per GiB "
+        "here); no writer waits for it",
+        f"  WAL              {drop['wal_bytes'] / 1024:,.0f} KiB for {_mib(drop['bytes'])}; left: no partition, no "
+        "dead row, nothing for VACUUM",
         "",
         f"retention by DELETE (as before partitioning: {OLD_CHUNK:,}-row DELETEs on a plain table with its two btree "
         "indexes, then VACUUM)",
