@@ -1,7 +1,7 @@
 """Alertmanager alerts (the rules a cluster already has) into findings on the machine they name.
 
 The service stores every alert as a log event with source "alertmanager": alerts that carry an Xid code as kind
-"xid", read by the Xid rules in ml/signatures.py exactly like a kernel Xid line; all others as kind "alert",
+"xid", read by the Xid rules in ml/signatures/hardware.py exactly like a kernel Xid line; all others as kind "alert",
 read here. A firing alert becomes a cause on its node (or GPU). Its category comes from a `faultline_category`
 label, else from words in its name and annotations, else from the log classifier; its confidence from its
 severity. An alert rule alone never evicts: it asks for diagnostics at most. Resolved alerts add nothing.

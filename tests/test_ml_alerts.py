@@ -81,7 +81,7 @@ def test_confidence_follows_severity_and_info_makes_nothing() -> None:
 def test_resolved_alerts_xid_events_and_other_sources_make_nothing() -> None:
     records = [
         alert("GpuEccErrors", status="resolved"),
-        alert("GpuXidError", kind="xid", id=2),  # judged by the Xid rules in ml/signatures.py
+        alert("GpuXidError", kind="xid", id=2),  # judged by the Xid rules in ml/signatures/hardware.py
         alert("GpuEccErrors", source="kmsg", id=3),
     ]
     assert alerts.detect(JOB, records) == []

@@ -1,0 +1,114 @@
+"""Symptom rules: what victims print (watchdog and collective timeouts, torchrun and elastic errors) and the
+pointers some of it carries (a desync report's lagging ranks, a failed barrier's rank, a lost heartbeat)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from ml.findings import Finding
+from ml.signatures.common import MAX_LIST, _finding, _Job, _Occ, _rank_note
+
+_SYMPTOM_NAMES = {
+    "watchdog_timeout": "NCCL watchdog timeouts",
+    "watchdog_exception": "NCCL watchdog exceptions",
+    "collective_timeout": "collective timeouts",
+    "child_failed": "torchrun: worker processes failed",
+    "elastic_error": "torchrun elastic agent errors",
+    "cpp_exception": "C++ exceptions",
+}
+
+
+def _symptom_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    findings: list[Finding] = []
+    for kind, name in _SYMPTOM_NAMES.items():
+        group = [o for o in occs if o.kind == kind]
+        if not group:
+            continue
+        extra: dict[str, Any] = {}
+        if kind == "watchdog_timeout":
+            seqs = sorted({s for o in group if isinstance(s := o.fields.get("seq"), int)})
+            extra = {"seqs": seqs[:MAX_LIST] or None, "ops": sorted({str(o.fields.get("op")) for o in group})}
+        elif kind == "child_failed":
+            failed = sorted({r for o in group for r in (o.fields.get("failures") or []) if isinstance(r, int)})
+            roots = sorted({r for o in group if isinstance(r := o.fields.get("root_rank"), int)})
+            signals = sorted({str(o.fields["signal"]) for o in group if o.fields.get("signal")})
+            extra = {"failed_ranks": failed or None, "root_ranks": roots or None, "exit_signals": signals or None}
+        findings.append(
+            _finding(
+                group,
+                key=f"symptom:{kind}",
+                category="job_failure",
+                confidence=0.3,
+                summary=f"{name}{_rank_note(group)}",
+                node=None,
+                job=job,
+                role="symptom",
+                sig_text=kind,
+                **extra,
+            )
+        )
+    findings += _pointer_findings(occs, job)
+    return findings
+
+
+def _pointer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    """Symptoms that name the ranks others waited for: a desync report's lagging ranks, a failed barrier."""
+    pointed: dict[str, list[_Occ]] = defaultdict(list)
+    pointed_ranks: dict[str, set[int]] = defaultdict(set)
+    unresolved: list[_Occ] = []
+    for o in occs:
+        ranks: list[int] = []
+        if o.kind == "desync_report":
+            ranks = [r for r in o.fields.get("lagging_ranks") or [] if isinstance(r, int)]
+        elif o.kind == "collective_timeout" and isinstance(o.fields.get("failed_rank"), int):
+            ranks = [o.fields["failed_rank"]]
+        elif o.kind == "elastic_error" and o.fields.get("category") in ("heartbeat", "rendezvous_shutdown"):
+            node = job.resolve(str(o.fields.get("node") or ""))
+            if node:
+                pointed[node].append(o)
+            continue
+        else:
+            continue
+        nodes = {n for r in ranks if (n := job.node_of_rank(r))}
+        if len(nodes) == 1:
+            node = next(iter(nodes))
+            pointed[node].append(o)
+            pointed_ranks[node].update(ranks)
+        else:
+            unresolved.append(o)
+    findings = [
+        _finding(
+            group,
+            key=f"pointer:{node}",
+            category="job_failure",
+            confidence=0.45,
+            summary=f"peers waited for {node}"
+            + (f" (ranks {sorted(pointed_ranks[node])})" if pointed_ranks[node] else ""),
+            node=node,
+            job=job,
+            role="symptom",
+            action="diagnose",
+            sig_text=f"pointer {node}",
+            lagging_ranks=sorted(pointed_ranks[node]) or None,
+        )
+        for node, group in sorted(pointed.items())
+    ]
+    desyncs = [o for o in unresolved if o.kind == "desync_report"]
+    if desyncs:
+        lagging = sorted({r for o in desyncs for r in o.fields.get("lagging_ranks") or [] if isinstance(r, int)})
+        findings.append(
+            _finding(
+                desyncs,
+                key="desync_report",
+                category="job_failure",
+                confidence=0.3,
+                summary="NCCL desync report" + (f": ranks {lagging[:8]} did not join" if lagging else ""),
+                node=None,
+                job=job,
+                role="symptom",
+                sig_text="desync",
+                lagging_ranks=lagging[:MAX_LIST] or None,
+            )
+        )
+    return findings
