@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from ml.findings import JobInfo
 from service.config import Settings
-from service.diagnosis import stack_requests
+from service.diagnosis import signals, stack_requests
 from service.models import Directive, Job, Node, StackDump
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -52,6 +52,17 @@ def _answer(session: Session, job: Job, nodes: list[Node], directive: Directive,
     session.flush()
 
 
+def _job(session: Session) -> tuple[Job, list[Node]]:
+    """A job of 8 ranks on 4 machines (two ranks each)."""
+    job = Job(external_id=f"rounds-{uuid.uuid4().hex[:6]}", world_size=8, source="agent")
+    session.add(job)
+    session.flush()
+    nodes = [Node(name=f"{job.external_id}-n{i}") for i in range(4)]
+    session.add_all(nodes)
+    session.flush()
+    return job, nodes
+
+
 def _rounds(session: Session, job: Job) -> list[Directive]:
     query = select(Directive).where(Directive.job_id == job.id, Directive.purpose == "failslow")
     return list(session.scalars(query.order_by(Directive.round)))
@@ -59,12 +70,7 @@ def _rounds(session: Session, job: Job) -> list[Directive]:
 
 def test_an_unsettled_campaign_gets_more_rounds_until_the_straggler_is_significant(session: Session) -> None:
     settings = Settings(failslow_rounds=5, failslow_max_rounds=12, failslow_round_s=5.0)
-    job = Job(external_id=f"rounds-{uuid.uuid4().hex[:6]}", world_size=8, source="agent")
-    session.add(job)
-    session.flush()
-    nodes = [Node(name=f"{job.external_id}-n{i}") for i in range(4)]
-    session.add_all(nodes)
-    session.flush()
+    job, nodes = _job(session)
     info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
     # Rank 3 computes in every round; the others are caught computing in about 45% of theirs.
     rng = random.Random(11)
@@ -102,12 +108,7 @@ def test_an_unsettled_campaign_gets_more_rounds_until_the_straggler_is_significa
 
 def test_a_campaign_without_a_lead_ends_after_its_planned_rounds(session: Session) -> None:
     settings = Settings(failslow_rounds=5, failslow_max_rounds=12)
-    job = Job(external_id=f"rounds-{uuid.uuid4().hex[:6]}", world_size=8, source="agent")
-    session.add(job)
-    session.flush()
-    nodes = [Node(name=f"{job.external_id}-n{i}") for i in range(4)]
-    session.add_all(nodes)
-    session.flush()
+    job, nodes = _job(session)
     info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
     campaign = uuid.uuid4()
     for k in range(5):
@@ -117,3 +118,35 @@ def test_a_campaign_without_a_lead_ends_after_its_planned_rounds(session: Sessio
     found, _ = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=T0 + timedelta(seconds=30))
     assert [f.summary for f in found] == ["stacks of 5 ranks show no outlier"]
     assert len(_rounds(session, job)) == 5
+
+
+def test_stack_samples_of_several_requests_are_read_at_once(session: Session) -> None:
+    settings = Settings()
+    job, nodes = _job(session)
+    campaign = uuid.uuid4()
+    rounds = [
+        stack_requests.request_round(session, job=job, campaign_id=campaign, round=k + 1, settings=settings)
+        for k in range(3)
+    ]
+    for k, directive in enumerate(rounds[:2]):
+        directive.created_at = T0 + timedelta(seconds=5 * k)
+        _answer(session, job, nodes, directive, {k})
+    # Rank 5 dumps the first round again, later: its newest dump is the one read.
+    again = StackDump(
+        batch_id=uuid.uuid4(),
+        node_id=nodes[2].id,
+        job_id=job.id,
+        ts=rounds[0].created_at + timedelta(seconds=3),
+        rank=5,
+        pid=1005,
+        directive_id=str(rounds[0].id),
+        threads=_threads(COMPUTING, 5),
+    )
+    session.add(again)
+    session.flush()
+    ids = [d.id for d in rounds]
+    batched = signals.stack_samples_for(session, directive_ids=ids)
+    assert list(batched) == ids and batched[ids[2]] == []
+    assert all(batched[i] == signals.stack_samples(session, directive_id=i) for i in ids)
+    assert [s.rank for s in batched[ids[0]]] == list(range(8)) and batched[ids[0]][5].id == again.id
+    assert signals.stack_samples_for(session, directive_ids=[]) == {}

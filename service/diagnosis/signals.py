@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -186,16 +187,33 @@ def processes_frame(session: Session, *, job: Job, now: datetime) -> pd.DataFram
 
 def stack_samples(session: Session, *, directive_id: uuid.UUID) -> list[StackSample]:
     """One sample per rank for a stack-dump request (a rank's newest dump if it sent several)."""
+    return stack_samples_for(session, directive_ids=[directive_id])[directive_id]
+
+
+def stack_samples_for(session: Session, *, directive_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[StackSample]]:
+    """`stack_samples` of several requests in one query: every id given maps to its samples ([] if none came)."""
+    wanted = {str(d): d for d in directive_ids}  # dumps hold their request's id as text
+    if not wanted:
+        return {}
     rows = session.execute(
-        select(StackDump.id, StackDump.rank, Node.name, StackDump.pid, StackDump.threads, StackDump.ts)
+        select(
+            StackDump.directive_id,
+            StackDump.id,
+            StackDump.rank,
+            Node.name,
+            StackDump.pid,
+            StackDump.threads,
+            StackDump.ts,
+        )
         .join(Node, Node.id == StackDump.node_id)
-        .where(StackDump.directive_id == str(directive_id), StackDump.rank.is_not(None))
+        .where(StackDump.directive_id.in_(list(wanted)), StackDump.rank.is_not(None))
         .order_by(StackDump.rank, StackDump.ts)
     ).all()
-    by_rank: dict[int, StackSample] = {}
-    for sid, rank, node, pid, threads, ts in rows:
-        by_rank[rank] = StackSample(rank=rank, node=node, pid=pid, threads=threads or [], id=sid, ts=ts)
-    return list(by_rank.values())
+    by_rank: dict[uuid.UUID, dict[int, StackSample]] = {d: {} for d in wanted.values()}
+    # Oldest first within a rank, so a rank's newest dump is the one left.
+    for key, sid, rank, node, pid, threads, ts in rows:
+        by_rank[wanted[key]][rank] = StackSample(rank=rank, node=node, pid=pid, threads=threads or [], id=sid, ts=ts)
+    return {d: list(samples.values()) for d, samples in by_rank.items()}
 
 
 def window_start(now: datetime, seconds: float) -> datetime:

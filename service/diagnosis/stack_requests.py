@@ -100,10 +100,22 @@ def aggregate(
     session: Session, *, job: Job, info: JobInfo, settings: Settings, now: datetime
 ) -> tuple[list[Finding], float | None]:
     """Findings from requests that are complete or past their deadline; and when to look again, if ever."""
-    out: list[Finding] = []
+    out, waits = _aggregate_hangs(session, job=job, info=info, settings=settings, now=now)
+    # Rounds due now are asked before the campaigns are read, so a campaign sees its newest round.
+    next_wait = next_round(session, job=job, settings=settings, now=now)
+    if next_wait is not None:
+        waits.append(next_wait)
+    found, campaign_waits = _advance_campaigns(session, job=job, info=info, settings=settings, now=now)
+    waits += campaign_waits
+    return out + found, (min(waits) if waits else None)
+
+
+def _aggregate_hangs(
+    session: Session, *, job: Job, info: JobInfo, settings: Settings, now: datetime
+) -> tuple[list[Finding], list[float]]:
+    """One snapshot's findings per hang request that is complete or past its deadline; (findings, waits)."""
     waits: list[float] = []
-    expected = len(info.rank_nodes) or (info.world_size or 0)
-    deadline = timedelta(seconds=settings.stack_dump_deadline_s)
+    ready: list[Directive] = []
     hangs = session.scalars(
         select(Directive).where(
             Directive.job_id == job.id, Directive.purpose == "hang", Directive.created_at >= now - HORIZON
@@ -112,26 +124,41 @@ def aggregate(
     for directive in hangs:
         if _done(session, job=job, key=str(directive.id)):
             continue
-        if _answered(session, [directive]) < expected and now < directive.created_at + deadline:
-            waits.append((directive.created_at + deadline - now).total_seconds())
-            continue
-        samples = signals.stack_samples(session, directive_id=directive.id)
+        wait = _pending(session, directive, info=info, settings=settings, now=now)
+        if wait is not None:
+            waits.append(wait)
+        else:
+            ready.append(directive)
+    samples_of = signals.stack_samples_for(session, directive_ids=[d.id for d in ready])
+    out: list[Finding] = []
+    for directive in ready:
+        samples = samples_of[directive.id]
         analysis = stacks.analyze(info, samples) if samples else None
         found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
         out += _keyed(found, str(directive.id), job, now, what="hang", n=len(samples))
+    return out, waits
 
-    next_wait = next_round(session, job=job, settings=settings, now=now)
-    if next_wait is not None:
-        waits.append(next_wait)
+
+def _advance_campaigns(
+    session: Session, *, job: Job, info: JobInfo, settings: Settings, now: datetime
+) -> tuple[list[Finding], list[float]]:
+    """Each fail-slow campaign whose planned rounds are in: its findings, or one more round while it is
+    unsettled; (findings, waits)."""
+    waits: list[float] = []
+    ready: list[tuple[uuid.UUID, list[Directive]]] = []
     for campaign_id, rounds in _campaigns(session, job=job, now=now).items():
         if _done(session, job=job, key=str(campaign_id)) or len(rounds) < settings.failslow_rounds:
             continue
+        wait = _pending(session, rounds[-1], info=info, settings=settings, now=now)
+        if wait is not None:
+            waits.append(wait)
+        else:
+            ready.append((campaign_id, rounds))
+    samples_of = signals.stack_samples_for(session, directive_ids=[d.id for _, rounds in ready for d in rounds])
+    out: list[Finding] = []
+    for campaign_id, rounds in ready:
         last = rounds[-1]
-        if _answered(session, [last]) < expected and now < last.created_at + deadline:
-            waits.append((last.created_at + deadline - now).total_seconds())
-            continue
-        samples = [signals.stack_samples(session, directive_id=d.id) for d in rounds]
-        samples = [s for s in samples if s]
+        samples = [s for s in (samples_of[d.id] for d in rounds) if s]
         looks = len(rounds) - settings.failslow_rounds + 1
         result = stacks.analyze_rounds(info, samples, looks=looks) if samples else None
         if result is not None and result.leading and not result.stragglers and len(rounds) < _max_rounds(settings):
@@ -144,7 +171,18 @@ def aggregate(
         observed = _when([s for r in samples for s in r], now)
         found = stacks.round_findings(info, result, observed_at=observed) if result else []
         out += _keyed(found, str(campaign_id), job, now, what="straggler", n=len(samples))
-    return out, (min(waits) if waits else None)
+    return out, waits
+
+
+def _pending(
+    session: Session, directive: Directive, *, info: JobInfo, settings: Settings, now: datetime
+) -> float | None:
+    """Seconds to wait for a request that not every rank answered yet and whose deadline has not passed."""
+    expected = len(info.rank_nodes) or (info.world_size or 0)
+    deadline = directive.created_at + timedelta(seconds=settings.stack_dump_deadline_s)
+    if _answered(session, [directive]) < expected and now < deadline:
+        return (deadline - now).total_seconds()
+    return None
 
 
 def _max_rounds(settings: Settings) -> int:
