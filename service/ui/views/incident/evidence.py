@@ -1,0 +1,97 @@
+"""Evidence shaped for reading: a finding's short scalar fields, and plots of the windows it cites."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+from service.incidents.schemas import FindingOut
+from service.ui import plots
+
+# Evidence fields that are plumbing, not something an engineer weighs.
+_NOT_NUMBERS = {"signature", "stack_request", "job_id", "unit", "dominant", "covering_group", "tree"}
+
+
+@dataclass
+class Chart:
+    finding: FindingOut
+    subject: str  # whose line is red: "node-3 GPU 1", "rank 5", "the job"
+    metric: str
+    direction: str | None
+    plot: plots.Plot
+    reference: str  # what the dashed line is: the peers' median, the job's usual pace
+
+
+def _short(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, str):
+        ts = plots.parse_time(value) if len(value) >= 19 and value[10:11] == "T" else None
+        if ts is not None:
+            return f"{ts.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+        return value if 0 < len(value) <= 80 else None
+    if isinstance(value, list) and value and all(isinstance(v, int | str) and not isinstance(v, bool) for v in value):
+        text = ", ".join(str(v) for v in value[:8]) + (f" (+{len(value) - 8})" if len(value) > 8 else "")
+        return text if len(text) <= 120 else None
+    return None
+
+
+def numbers(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The evidence's short scalar fields (counts, rates, ratios, codes) as label/value pairs."""
+    out = []
+    for key, value in evidence.items():
+        if key in _NOT_NUMBERS or key in ("signals", "lines", "messages", "why"):
+            continue
+        text = _short(value)
+        if text is not None:
+            out.append((key.replace("_", " "), text))
+    return out
+
+
+def _gpu_subject(finding: FindingOut) -> str:
+    unit = finding.evidence.get("unit") or finding.subject
+    node, _, gpu = str(unit).rpartition("/")
+    return f"{node} GPU {gpu}" if node else str(unit)
+
+
+def charts(finding: FindingOut) -> list[Chart]:
+    """Plots for a finding with window series: peers (every metric), fail-slow rounds (step time, CPU)."""
+    ev = finding.evidence
+    out = []
+    if finding.detector == "peers":
+        for m in ev.get("metrics") or []:
+            if not isinstance(m, Mapping):
+                continue
+            metric = str(m.get("metric", "?"))
+            plot = plots.window_plot(
+                plots.windows_from(m.get("windows") or []), title=metric, unit=plots.unit_of(metric)
+            )
+            if plot:
+                direction = m.get("direction")
+                out.append(Chart(finding, _gpu_subject(finding), metric, direction, plot, "peers' median"))
+    elif finding.detector == "failslow" and isinstance(ev.get("rounds"), list) and ev["rounds"]:
+        first = ev["rounds"][0] if isinstance(ev["rounds"][0], Mapping) else {}
+        who = finding.subject if finding.subject_kind == "rank" else "the job"
+        if "rank_ms" in first:
+            windows, metric, unit, ref = plots.windows_from(ev["rounds"], value="rank_ms"), "step time", "ms", "peers'"
+        elif "rank_cpu_pct" in first:
+            windows, metric, unit, ref = plots.windows_from(ev["rounds"], value="rank_cpu_pct"), "CPU", "%", "peers'"
+        elif "step_s" in first:
+            baseline = ev.get("baseline_step_s")
+            windows = plots.windows_from(
+                ev["rounds"], value="step_s", baseline=baseline if isinstance(baseline, int | float) else None
+            )
+            metric, unit, ref = "seconds per step", "s", "the job's usual pace"
+        else:
+            return []
+        plot = plots.window_plot(windows, title=metric, unit=unit)
+        if plot:
+            reference = f"{ref} median" if ref == "peers'" else ref
+            out.append(Chart(finding, who, metric, ev.get("direction"), plot, reference))
+    return out

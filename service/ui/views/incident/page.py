@@ -1,0 +1,187 @@
+"""One incident as the on-call engineer reads it: what broke, on which machine, why we think so, what was done.
+
+A fixed number of queries whatever the incident holds: the incident with its findings and decisions
+(incidents.service.get), then one query each for the log lines and stack dumps its evidence points at,
+the job's nodes, and the silence that muted it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from service.decisions.schemas import DecisionOut
+from service.incidents import service as incidents
+from service.incidents.schemas import FindingOut, IncidentOut
+from service.models import Incident, Node, Rank, StackDump
+from service.models.silences import Silence
+from service.ui.views.incident.evidence import Chart, charts, numbers
+from service.ui.views.incident.logs import LogGroup, cited_lines, log_groups
+from service.ui.views.incident.stacks import StackView, stack_views
+from service.ui.views.incident.timeline import Dump, Entry, capped, merged_timeline
+
+LOG_LIMIT = 300  # log lines fetched for one page; the evidence of a big incident points at more
+STACK_LIMIT = 200
+TIMELINE_LIMIT = 400
+_OPEN = ("awaiting_approval", "pending")
+
+
+@dataclass
+class SuspectView:
+    node: str
+    state: str | None  # the node's state now (suspect, cordoned, evicted...)
+    confidence: float
+    action: str
+    reason: str
+    findings: list[FindingOut]
+
+
+@dataclass
+class FindingRow:
+    finding: FindingOut
+    numbers: list[tuple[str, str]]  # the evidence's scalar fields, for counters and anything not plotted
+    accuses: bool  # listed by a suspect
+
+
+@dataclass
+class SilenceView:
+    id: int
+    node_pattern: str | None
+    job_pattern: str | None
+    ends_at: datetime
+    author: str
+    comment: str
+
+
+@dataclass
+class IncidentPage:
+    incident: IncidentOut
+    suspects: list[SuspectView]
+    findings: list[FindingRow]
+    charts: list[Chart]
+    stacks: list[StackView]
+    timeline: list[Entry]
+    timeline_omitted: int
+    logs: list[LogGroup]
+    log_count: int
+    logs_omitted: int
+    override_nodes: list[str]
+    silence: SilenceView | None
+    decisions: list[DecisionOut]  # the ones waiting on someone first, then newest first
+    waiting: int  # how many wait for a person or a scheduler
+
+
+def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
+    """Everything the incident page shows; raises NotFound for an unknown id."""
+    incident = incidents.get(session, incident_id=incident_id)
+    findings = incident.findings
+    signals = _signals(findings)
+    log_ids = [i for i in signals.get("log", {}) if isinstance(i, int)]
+    logs = cited_lines(session, ids=log_ids[:LOG_LIMIT], refs=signals.get("log", {}))
+    stack_ids = [i for i in signals.get("stack", {}) if isinstance(i, int)][:STACK_LIMIT]
+    dumps = _stack_dumps(session, ids=stack_ids) if stack_ids else []
+    suspect_names = [s.node for s in incident.suspects]
+    states = _job_nodes(session, incident_id=incident.id, suspects=suspect_names)
+    by_id = {f.id: f for f in findings}
+    accused = {i for s in incident.suspects for i in s.finding_ids}
+    timeline, omitted = capped(merged_timeline(incident, logs=logs, dumps=dumps, findings=findings), TIMELINE_LIMIT)
+    return IncidentPage(
+        incident=incident,
+        suspects=[
+            SuspectView(
+                node=s.node,
+                state=states.get(s.node),
+                confidence=s.confidence,
+                action=s.action,
+                reason=s.reason,
+                findings=[by_id[i] for i in s.finding_ids if i in by_id],
+            )
+            for s in incident.suspects
+        ],
+        findings=[
+            FindingRow(finding=f, numbers=numbers(f.evidence), accuses=f.id in accused)
+            for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence, f.observed_at))
+        ],
+        charts=[chart for f in findings for chart in charts(f)],
+        stacks=stack_views(findings),
+        timeline=timeline,
+        timeline_omitted=omitted,
+        logs=log_groups(logs),
+        log_count=len(logs),
+        logs_omitted=max(0, len(log_ids) - LOG_LIMIT),
+        override_nodes=_suspects_first(suspect_names, states),
+        silence=_silence(session, silence_id=incident.silence_id) if incident.silence_id else None,
+        decisions=sorted(incident.decisions, key=lambda d: (d.state not in _OPEN, -d.id)),
+        waiting=sum(d.state in _OPEN for d in incident.decisions),
+    )
+
+
+# --- queries ---
+
+
+def _signals(findings: Iterable[FindingOut]) -> dict[str, dict[Any, list[int]]]:
+    """The signals the findings' evidence points at, by type and id (or, for metric and process signals that
+    have no id, by their description), with the findings that cite each; causes first, so a cap keeps them."""
+    out: dict[str, dict[Any, list[int]]] = {}
+    for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence)):
+        for signal in f.evidence.get("signals") or []:
+            if not isinstance(signal, Mapping) or not isinstance(signal.get("type"), str):
+                continue
+            key = signal.get("id")
+            if key is None:
+                key = json.dumps(signal, sort_keys=True, default=str)
+            elif not isinstance(key, int) or isinstance(key, bool):
+                continue
+            cited = out.setdefault(signal["type"], {}).setdefault(key, [])
+            if f.id not in cited:
+                cited.append(f.id)
+    return out
+
+
+def _stack_dumps(session: Session, *, ids: list[int]) -> list[Dump]:
+    """When and where each cited stack dump was taken (not the stacks: the finding already summarizes them)."""
+    return [
+        tuple(row)  # type: ignore[misc]
+        for row in session.execute(
+            select(StackDump.id, StackDump.ts, Node.name, StackDump.rank, StackDump.error)
+            .outerjoin(Node, Node.id == StackDump.node_id)
+            .where(StackDump.id.in_(ids))
+        ).all()
+    ]
+
+
+def _job_nodes(session: Session, *, incident_id: int, suspects: list[str]) -> dict[str, str]:
+    """State of each node of the incident's job and of its suspects, in one query (as jobs.service.node_ids
+    finds a job's nodes: its ranks, and nodes whose agents say they run it)."""
+    job_id = select(Incident.job_id).where(Incident.id == incident_id).scalar_subquery()
+    of_job = (
+        select(Rank.node_id).where(Rank.job_id == job_id).union(select(Node.id).where(Node.current_job_id == job_id))
+    )
+    condition = Node.id.in_(of_job)
+    if suspects:
+        condition = or_(condition, Node.name.in_(suspects))
+    return dict(session.execute(select(Node.name, Node.state).where(condition).order_by(Node.name)).all())  # type: ignore[arg-type]
+
+
+def _suspects_first(suspects: list[str], job_nodes: Iterable[str]) -> list[str]:
+    """Nodes an operator may name instead: the incident's suspects first, then the job's other nodes."""
+    return suspects + sorted(n for n in job_nodes if n not in suspects)
+
+
+def override_choices(session: Session, *, incident_id: int) -> list[str]:
+    """The override list of an incident's decision card, read on its own (after an htmx action)."""
+    suspects = [s["node"] for s in session.scalar(select(Incident.suspects).where(Incident.id == incident_id)) or []]
+    return _suspects_first(suspects, _job_nodes(session, incident_id=incident_id, suspects=suspects))
+
+
+def _silence(session: Session, *, silence_id: int) -> SilenceView | None:
+    s = session.get(Silence, silence_id)
+    if s is None:
+        return None
+    return SilenceView(s.id, s.node_pattern, s.job_pattern, s.expired_at or s.ends_at, s.author, s.comment)
