@@ -12,6 +12,8 @@ Severity rule, from the catalog's immediate_action column:
   WORKFLOW_XID_45, which is usually a consequence of another Xid) -> error
 - IGNORE, and the informational XID_154 -> warning (154 is raised to critical by the parser when it
   says a reset or reboot is required)
+- except the codes the service evicts on although the catalog's action is mild (_RAISED_TO_CRITICAL), so
+  they reach it at once like every other eviction-worthy Xid
 Codes 162-172 have no action in the catalog yet; their names say what they are (see _NO_ACTION below).
 """
 
@@ -161,10 +163,15 @@ _NO_ACTION_SEVERITY: dict[int, str] = {
     172: "critical",
 }
 
+# The service evicts on these (ml/xid.py's overrides) where the catalog says IGNORE or RESTART_APP: 63 records a
+# row remap after an uncorrectable error, which takes a GPU reset; 94 is a contained uncorrectable ECC error.
+# tests/test_xid_parity.py keeps this set and ml/xid.py in step (the agent cannot import ml/).
+_RAISED_TO_CRITICAL = frozenset({63, 94})
+
 CRITICAL_XIDS: frozenset[int] = frozenset(
     code
     for code, (_, action) in XID_CATALOG.items()
-    if action in CRITICAL_ACTIONS or _NO_ACTION_SEVERITY.get(code) == "critical"
+    if action in CRITICAL_ACTIONS or _NO_ACTION_SEVERITY.get(code) == "critical" or code in _RAISED_TO_CRITICAL
 )
 
 
@@ -186,6 +193,8 @@ def lookup(code: int) -> XidInfo:
     if entry is None:
         return XidInfo(code, None, None, "error")
     mnemonic, action = entry
+    if code in _RAISED_TO_CRITICAL:
+        return XidInfo(code, mnemonic, action or None, "critical")
     if not action:
         return XidInfo(code, mnemonic, None, _NO_ACTION_SEVERITY.get(code, "error"))
     if action in CRITICAL_ACTIONS:
