@@ -15,9 +15,11 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/faultline demo
 
+# lint-imports checks the import contracts in pyproject.toml; the graph builds in a second, so no cache folder.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
 	$(VENV)/bin/python -m pytest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -13,7 +14,6 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import faultline
 from service import health, openapi
 from service.alerts import routes as alerts_routes
 from service.config import Settings, get_settings
@@ -39,6 +39,15 @@ from service.ui import router as ui_router
 from service.validation import invalid
 
 
+def _version() -> str:
+    # The installed distribution's version (pyproject.toml's), read from its metadata rather than from the CLI
+    # package, so the service does not import faultline/, which imports the service.
+    try:
+        return version("faultline")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "dev"
+
+
 def create_app(settings: Settings | None = None, *, factory: sessionmaker[Session] | None = None) -> FastAPI:
     settings = settings or get_settings()
     factory = factory or make_sessionmaker(get_engine(settings.sqlalchemy_url))
@@ -59,7 +68,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
 
     app = FastAPI(
         title="faultline",
-        version=faultline.__version__,
+        version=_version(),
         description="Finds the machine that breaks a GPU training job, shows the evidence, "
         "and tells the scheduler to evict it.",
         lifespan=lifespan,

@@ -32,13 +32,14 @@ def _print(text: str) -> None:
 def _demo_tokens(data_dir: Path) -> dict[str, str]:
     """Tokens printed at every start: created once, kept (mode 0600) in the data folder."""
     from service.db import session_scope
+    from service.security import find_by_token
     from service.tokens import service as tokens
 
     path = data_dir / "demo-tokens.json"
     saved: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
     with session_scope() as session:
         for scope in ("agent", "operator", "scheduler", "admin"):
-            record = tokens.find_by_token(session, token=saved[scope]) if scope in saved else None
+            record = find_by_token(session, token=saved[scope]) if scope in saved else None
             if record is None or record.revoked_at is not None:
                 saved[scope] = tokens.create(session, scope=scope, name=f"demo-{scope}").token
     path.write_text(json.dumps(saved, indent=2))

@@ -1,21 +1,63 @@
-"""Bearer-token authentication and scope checks as FastAPI dependencies."""
+"""Bearer-token authentication and scope checks as FastAPI dependencies.
+
+Shared plumbing under every domain: it reads the api_tokens table itself and imports no domain, so the tokens
+domain (which issues and revokes tokens, behind these same checks) can depend on it and not the other way.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.db import session_scope
 from service.errors import Forbidden, Unauthenticated, error_response
-from service.tokens import service as tokens
-from service.tokens.service import Principal
+from service.models import ApiToken
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: resolved from a bearer token."""
+
+    token_id: int
+    scope: str
+    node_name: str | None
+    name: str | None
+    expires_at: datetime | None
+
+    @property
+    def actor(self) -> str:
+        """Who did it, for histories and audit fields: the token's name, else its id."""
+        return f"{self.scope}:{self.name or f'token #{self.token_id}'}"
+
+
+def hash_token(token: str) -> str:
+    # Tokens carry 256 random bits, so a fast hash is enough: nothing to brute-force.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def find_by_token(session: Session, *, token: str) -> ApiToken | None:
+    return session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+
+
+def to_principal(record: ApiToken) -> Principal:
+    return Principal(
+        token_id=record.id,
+        scope=record.scope,
+        node_name=record.node_name,
+        name=record.name,
+        expires_at=record.expires_at,
+    )
 
 
 class TokenCache:
@@ -53,12 +95,12 @@ class TokenCache:
 
 def _lookup(request: Request, token: str) -> tuple[Principal | None, str]:
     with session_scope(request.app.state.sessionmaker) as session:
-        record = tokens.find_by_token(session, token=token)
+        record = find_by_token(session, token=token)
         if record is None:
             return None, "invalid token"
         if record.revoked_at is not None:
             return None, "token revoked"
-        return tokens.to_principal(record), ""
+        return to_principal(record), ""
 
 
 async def authenticate(request: Request) -> Principal:

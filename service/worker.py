@@ -25,6 +25,8 @@ def create_celery() -> Celery:
             "service.decisions.tasks",
             "service.incidents.tasks",
             "service.notify.tasks",
+            # No tasks: it registers the web UI's expired sessions with the retention pass above.
+            "service.ui.retention",
         ],
     )
     app.conf.update(

@@ -25,7 +25,7 @@ from service.diagnosis import signals
 from service.diagnosis.service import diagnose_job
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Job, LogEvent, Node
-from service.tokens.service import Principal
+from service.security import Principal
 from tests.conftest import bearer, count
 
 SAMPLE = Path(__file__).parent / "fixtures" / "formats" / "alertmanager_webhook_v4_sample.json"

@@ -1,5 +1,5 @@
 """Ingest's trigger: a critical event asks for the events fast pass, a stack answer for a full pass, each
-debounced per job in the real Redis."""
+debounced per job in the real Redis. Ingest picks the jobs out of its batch; the trigger gets their ids."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from service.diagnosis import tasks
-from service.diagnosis.trigger import DiagnosisTrigger, jobs_with_critical_events, jobs_with_stack_answers
+from service.diagnosis.trigger import DiagnosisTrigger
+from service.ingest.handoff import jobs_with_critical_events, jobs_with_stack_answers
 from service.ingest.schemas import IngestBatch
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.maintenance import partitions, tasks
 from service.maintenance.partitions import REGISTRY
+from service.worker import celery_app
 
 METRICS = REGISTRY["metric_samples"]
 LOGS = REGISTRY["log_events"]
@@ -208,6 +209,8 @@ def old_rows(committed):
 
 
 def test_prune_task_drops_old_signals_and_expired_ui_sessions(committed, old_rows) -> None:
+    # As a starting worker does: its modules include the web UI's, which registers its session pruning.
+    celery_app.loader.import_default_modules()
     pruned = tasks.prune_old_signals()
 
     assert pruned["ui_sessions"] == 1

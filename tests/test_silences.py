@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from service.security import Principal
 from service.silences import service as silences
 from service.silences.schemas import SilenceIn
-from service.tokens.service import Principal
 from tests.conftest import bearer, count
 
 URL = "/api/v1/silences"

@@ -11,8 +11,7 @@ from service.alerts import service
 from service.alerts.schemas import AlertmanagerPayload, AlertsResult
 from service.deps import DbSession
 from service.errors import ErrorBody
-from service.security import require_scope
-from service.tokens.service import Principal
+from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/alertmanager", tags=["alerts"])
 Poster = Annotated[Principal, Depends(require_scope("agent", "operator", "admin"))]

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from service.ingest.schemas import INT32_MAX, StartTime
+from service.types import INT32_MAX, StartTime
 
 MAX_ALERTS = 10_000
 

@@ -28,7 +28,7 @@ from service.db import after_commit
 from service.errors import Forbidden
 from service.models import Job, LogEvent, Node
 from service.nodes.service import ensure_nodes
-from service.tokens.service import Principal
+from service.security import Principal
 
 # Where the machine is named, most specific first: dcgm-exporter's Hostname (both spellings), then the
 # usual relabelings, then the scrape target (host:port).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, update
@@ -11,14 +12,26 @@ from service.config import Settings
 from service.decisions import service
 from service.decisions.schemas import DecisionOut
 from service.errors import Conflict, NotFound
-from service.incidents import service as incidents
-from service.models import Decision, Incident, Node
+from service.models import Decision, Node
 from service.nodes import lifecycle as nodes
 
 OUTCOMES = ("done", "failed", "rejected")
 FINAL = ("done", "failed", "rejected", "expired")
 # Only these wait on someone: pending on a scheduler, awaiting_approval on a person.
 OPEN = ("pending", "awaiting_approval")
+
+AfterFinish = Callable[[Session, Decision, datetime], None]
+# What else follows a closed decision, in its transaction, after its node: the incidents domain registers its
+# resolution here when it is imported (as the API app does). Incidents show their decisions, so they import
+# decisions; decisions importing incidents back would make the two domains a cycle.
+_after_finish: list[AfterFinish] = []
+
+
+def after_finish(hook: AfterFinish) -> AfterFinish:
+    """Run `hook` after each decision is closed, in the same transaction; registering it twice runs it once."""
+    if hook not in _after_finish:
+        _after_finish.append(hook)
+    return hook
 
 
 def _locked(session: Session, decision_id: int) -> Decision:
@@ -167,7 +180,7 @@ def _finish(
     now: datetime,
     settings: Settings,
 ) -> DecisionOut:
-    """Close the decision; then its node's state and history, and its incident, follow."""
+    """Close the decision; then its node's state and history, and (through `after_finish`) its incident, follow."""
     decision.state = outcome
     decision.outcome = outcome
     decision.outcome_message = message
@@ -177,10 +190,8 @@ def _finish(
         node = session.scalar(select(Node).where(Node.id == decision.node_id).with_for_update())
         if node is not None:
             nodes.on_acknowledged(session, decision=decision, node=node, now=now, settings=settings)
-    if decision.incident_id is not None:
-        incident = session.get(Incident, decision.incident_id)
-        if incident is not None:
-            incidents.resolve_if_mitigated(session, incident=incident, now=now)
+    for hook in _after_finish:
+        hook(session, decision, now)
     return service.get(session, decision_id=decision.id)
 
 

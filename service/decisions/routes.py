@@ -16,8 +16,7 @@ from service.deps import DbSession
 from service.errors import ErrorBody
 from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
 from service.params import BIGINT_MAX, Cursor, Id
-from service.security import require_scope
-from service.tokens.service import Principal
+from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/decisions", tags=["decisions"])
 Scheduler = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]

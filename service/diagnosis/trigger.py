@@ -1,5 +1,8 @@
 """Ingest's hook into diagnosis: a critical event gets its job a fast pass over events at once; stacks
-answering a request get it a full pass (stack aggregation is part of it)."""
+answering a request get it a full pass (stack aggregation is part of it).
+
+Ingest reads its batches and hands over job ids (service/ingest/handoff.py); this module never sees a batch, so
+diagnosis does not depend on the wire protocol."""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ import logging
 
 from redis import Redis
 from redis.exceptions import RedisError
-
-from service.ingest.schemas import IngestBatch
 
 log = logging.getLogger(__name__)
 
@@ -37,27 +38,9 @@ NEEDS_STEPS = frozenset({"nan_loss"})
 DEBOUNCE_MS = 500
 
 
-def _default_job(batch: IngestBatch) -> str | None:
-    return batch.job_id or next((p.job_id for p in batch.processes if p.job_id), None)
-
-
-def jobs_with_critical_events(batch: IngestBatch, *, needing_steps: bool = False) -> set[str]:
-    """External ids of the jobs this batch carries a critical event of: with `needing_steps`, only those
-    whose event must be judged against the job's step lines (a NaN on one node while the others report
-    finite values is that node's GPU, not the user's code), which the events-only fast pass does not read."""
-    default = _default_job(batch)
-    jobs = {
-        e.job_id or default
-        for e in batch.logs
-        if (e.kind in CRITICAL_KINDS or e.severity == "critical") and (e.kind in NEEDS_STEPS) == needing_steps
-    }
-    return {job for job in jobs if job}
-
-
-def jobs_with_stack_answers(batch: IngestBatch) -> set[str]:
-    """External ids of the jobs this batch answers a stack request of."""
-    default = _default_job(batch)
-    return {job for job in (s.job_id or default for s in batch.stacks if s.directive_id) if job}
+def is_critical(kind: str, severity: str | None) -> bool:
+    """Whether an event of this kind and severity cannot wait for the next periodic pass."""
+    return kind in CRITICAL_KINDS or severity == "critical"
 
 
 class DiagnosisTrigger:

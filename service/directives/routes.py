@@ -11,8 +11,7 @@ from service.deps import DbSession
 from service.directives import service
 from service.directives.schemas import DirectiveOut, StackDumpRequest, StackDumpsOut
 from service.jobs.service import get_by_external_id
-from service.security import require_scope
-from service.tokens.service import Principal
+from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}/stack-dumps", tags=["jobs"])
 Operator = Annotated[Principal, Depends(require_scope("operator", "admin"))]

@@ -11,8 +11,7 @@ from service.incidents import service
 from service.incidents.schemas import IncidentOut, IncidentPage
 from service.models.diagnosis import INCIDENT_STATES
 from service.params import Cursor, Id
-from service.security import require_scope
-from service.tokens.service import Principal
+from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/incidents", tags=["incidents"])
 Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]

@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ml.demarcation import IncidentProposal
+from service.decisions import lifecycle as decision_lifecycle
 from service.decisions import service as decisions
 from service.errors import NotFound
 from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage, SuspectOut
@@ -114,6 +115,15 @@ def resolve_if_mitigated(session: Session, *, incident: Incident, now: datetime)
         return False
     what = ", ".join(f"{kind} {node}" if node else kind for kind, node in done)
     return resolve(session, incident=incident, resolution=f"mitigated: {what} done", now=now)
+
+
+@decision_lifecycle.after_finish
+def _resolve_after_decision(session: Session, decision: Decision, now: datetime) -> None:
+    """A decision just closed: if it was its incident's remedy and nothing else waits, the incident resolves."""
+    if decision.incident_id is not None:
+        incident = session.get(Incident, decision.incident_id)
+        if incident is not None:
+            resolve_if_mitigated(session, incident=incident, now=now)
 
 
 def resolve_quiet(session: Session, *, now: datetime, quiet_s: float) -> list[int]:

@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.diagnosis.trigger import jobs_with_critical_events, jobs_with_stack_answers
 from service.errors import Forbidden, ServiceUnavailable, error_response
 from service.ingest.body import read_body
+from service.ingest.handoff import jobs_with_critical_events, jobs_with_stack_answers
 from service.ingest.schemas import IngestBatch
 from service.observability import INGEST_BATCHES, INGEST_ITEMS
 from service.security import authorize

@@ -6,60 +6,14 @@ Unknown fields are ignored so that a newer agent can talk to an older service.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import BaseModel, ConfigDict, Field
 
-NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
-JobId = Annotated[str, Field(min_length=1, max_length=200)]
+from service.types import INT32_MAX, JobId, NodeName, PlausibleTime
+
 Severity = Literal["debug", "info", "warning", "error", "critical"]
 MAX_ITEMS = 100_000
-# pids, ranks and sizes are int4 columns: a larger value must be refused, not wrapped around.
-INT32_MAX = 2**31 - 1
-# The times a node may report, around the server's clock: its spool replays batches this old, its clock is
-# this far ahead at worst. A time outside is a broken clock or hostile input; stored, a year-10000 line
-# would break every later query over its job. The ingest route passes the configured window as the
-# validation context ("time_window": (max age, max ahead)); these are the defaults.
-TIME_WINDOW = (timedelta(days=30), timedelta(days=1))
-
-
-def _plausible(value: datetime, info: ValidationInfo) -> datetime:
-    max_age, max_ahead = (info.context or {}).get("time_window", TIME_WINDOW)
-    now = datetime.now(UTC)
-    if not now - max_age <= value <= now + max_ahead:
-        raise ValueError(
-            f"{value.isoformat()} is implausible: more than {max_age} before or {max_ahead} after the server's "
-            "clock (check the node's clock)"
-        )
-    return value
-
-
-PlausibleTime = Annotated[AwareDatetime, AfterValidator(_plausible)]
-# A start that may lie far back (an alert firing for months), but never ahead of the clock or before 2000.
-_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-def _started(value: datetime, info: ValidationInfo) -> datetime:
-    _, max_ahead = (info.context or {}).get("time_window", TIME_WINDOW)
-    if not _EPOCH <= value <= datetime.now(UTC) + max_ahead:
-        raise ValueError(f"{value.isoformat()} is implausible: before 2000 or more than {max_ahead} ahead")
-    return value
-
-
-StartTime = Annotated[AwareDatetime, AfterValidator(_started)]
-# A time people set (a silence's end, a token's expiry): anything up to ten years ahead. Beyond year 9999
-# Python cannot even read a stored time back, which would break every page listing it.
-HORIZON = timedelta(days=3653)
-
-
-def _within_horizon(value: datetime) -> datetime:
-    if not _EPOCH <= value <= datetime.now(UTC) + HORIZON:
-        raise ValueError(f"{value.isoformat()} is out of range: give a time between 2000 and ten years from now")
-    return value
-
-
-HorizonTime = Annotated[AwareDatetime, AfterValidator(_within_horizon)]
 
 
 class _In(BaseModel):

@@ -9,8 +9,7 @@ from fastapi import APIRouter, Depends
 from service.deps import DbSession
 from service.jobs import service
 from service.jobs.schemas import JobIn, JobOut
-from service.security import require_scope
-from service.tokens.service import Principal
+from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.ingest.schemas import INT32_MAX, JobId, NodeName
+from service.types import INT32_MAX, JobId, NodeName
 
 DIMENSIONS = ("tp", "pp", "dp")
 

@@ -9,7 +9,6 @@ from typing import Any
 from service.config import get_settings
 from service.db import session_scope
 from service.maintenance import partitions, service
-from service.ui import sessions
 from service.worker import celery_app
 
 log = logging.getLogger(__name__)
@@ -47,7 +46,7 @@ def prune_old_signals() -> dict[str, Any]:
         pruned["agent_batches"] = service.prune_agent_batches(
             session, now=now, retention=partitions.log_retention(settings)
         )
-        pruned["ui_sessions"] = sessions.prune_expired(session, now=now)
+        pruned.update(service.prune_registered(session, now=now))
     if any(pruned.values()):
         log.info("pruned old signals: %s", pruned)
     return pruned

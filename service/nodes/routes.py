@@ -13,8 +13,7 @@ from service.models.nodes import NODE_STATES
 from service.nodes import service
 from service.nodes.schemas import CordonIn, NodeDetail, NodePage, ReturnIn
 from service.params import Cursor
-from service.security import require_scope
-from service.tokens.service import Principal
+from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
 Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]

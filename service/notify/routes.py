@@ -20,8 +20,7 @@ from service.notify.schemas import (
     DeliveryState,
 )
 from service.params import Cursor, Id, id_query
-from service.security import require_scope
-from service.tokens.service import Principal
+from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1")
 Operator = Annotated[Principal, Depends(require_scope("operator", "admin"))]

@@ -27,7 +27,7 @@ from service.notify.schemas import (
     DeliveryPage,
 )
 from service.pagination import decode_cursor, encode_cursor
-from service.tokens.service import Principal
+from service.security import Principal
 
 _TOP_SUSPECTS = 3
 # The first send waits for the group window; this much more and the rows are surely due when it runs.

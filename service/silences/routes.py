@@ -9,10 +9,9 @@ from fastapi import APIRouter, Depends, Query, status
 
 from service.deps import DbSession
 from service.params import Cursor, Id
-from service.security import require_scope
+from service.security import Principal, require_scope
 from service.silences import service
 from service.silences.schemas import SilenceIn, SilenceOut, SilencePage, SilenceState
-from service.tokens.service import Principal
 
 router = APIRouter(prefix="/api/v1/silences", tags=["silences"])
 Operator = Annotated[Principal, Depends(require_scope("operator", "admin"))]

@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.ingest.schemas import HorizonTime
 from service.pagination import page_config
+from service.types import HorizonTime
 
 SilenceState = Literal["active", "pending", "expired"]
 SILENCE_STATES: tuple[str, ...] = ("active", "pending", "expired")

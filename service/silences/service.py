@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 from service.errors import InvalidInput, NotFound
 from service.models import Silence
 from service.pagination import decode_cursor, encode_cursor
+from service.security import Principal
 from service.silences.schemas import SilenceIn, SilenceOut, SilencePage, SilenceState
-from service.tokens.service import Principal
 
 
 def create(session: Session, *, silence_in: SilenceIn, principal: Principal, now: datetime) -> Silence:

@@ -9,10 +9,9 @@ from fastapi import APIRouter, Depends, status
 
 from service.deps import DbSession
 from service.params import Id
-from service.security import require_scope
+from service.security import Principal, require_scope
 from service.tokens import service
 from service.tokens.schemas import TokenCreated, TokenIn, TokenOut
-from service.tokens.service import Principal
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 Admin = Annotated[Principal, Depends(require_scope("admin"))]

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.ingest.schemas import HorizonTime, NodeName
 from service.models.auth import SCOPES
+from service.types import HorizonTime, NodeName
 
 Scope = Literal[SCOPES]  # type: ignore[valid-type]
 TokenState = Literal["active", "expired", "revoked"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -14,36 +13,16 @@ from service.errors import Conflict, InvalidInput, NotFound
 from service.models import ApiToken
 from service.models.auth import SCOPES
 from service.pagination import decode_cursor, encode_cursor
+from service.security import hash_token
 from service.tokens.schemas import TokenCreated, TokenIn, TokenOut, TokenPage, TokenState
 
 TOKEN_PREFIX = "fl_"
 
 
 @dataclass(frozen=True)
-class Principal:
-    """Who is calling: resolved from a bearer token."""
-
-    token_id: int
-    scope: str
-    node_name: str | None
-    name: str | None
-    expires_at: datetime | None
-
-    @property
-    def actor(self) -> str:
-        """Who did it, for histories and audit fields: the token's name, else its id."""
-        return f"{self.scope}:{self.name or f'token #{self.token_id}'}"
-
-
-@dataclass(frozen=True)
 class NewToken:
     token: str
     record: ApiToken
-
-
-def hash_token(token: str) -> str:
-    # Tokens carry 256 random bits, so a fast hash is enough: nothing to brute-force.
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def create(
@@ -72,20 +51,6 @@ def create(
     session.add(record)
     session.flush()
     return NewToken(token=token, record=record)
-
-
-def find_by_token(session: Session, *, token: str) -> ApiToken | None:
-    return session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
-
-
-def to_principal(record: ApiToken) -> Principal:
-    return Principal(
-        token_id=record.id,
-        scope=record.scope,
-        node_name=record.node_name,
-        name=record.name,
-        expires_at=record.expires_at,
-    )
 
 
 def list_all(session: Session) -> list[ApiToken]:

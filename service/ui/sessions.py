@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import Forbidden, Unauthenticated
 from service.models import ApiToken, UiSession
-from service.tokens import service as tokens
+from service.security import find_by_token
 
 # Who may sign in to the UI: people's scopes. Agents and schedulers are programs with tokens of their own.
 UI_SCOPES = ("operator", "admin")
@@ -77,7 +77,7 @@ def _viewer(row: UiSession) -> Viewer:
 
 def sign_in(session: Session, *, token: str, now: datetime, hours: float) -> NewSession:
     """Open a session for the holder of an operator or admin token; refuse any other token with the reason."""
-    record = tokens.find_by_token(session, token=token.strip())
+    record = find_by_token(session, token=token.strip())
     if record is None:
         raise Unauthenticated("this token is not known to faultline")
     if record.revoked_at is not None:
@@ -115,5 +115,5 @@ def sign_out(session: Session, *, key: str) -> None:
 
 
 def prune_expired(session: Session, *, now: datetime) -> int:
-    """Forget sessions past their end (run by the maintenance task)."""
+    """Forget sessions past their end (run by the maintenance task, through service/ui/retention.py)."""
     return session.execute(delete(UiSession).where(UiSession.expires_at <= now)).rowcount or 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from service.errors import FaultlineError, InvalidInput
-from service.tokens.service import Principal
+from service.security import Principal
 from service.ui.sessions import Viewer
 
 # Units a duration field may be given in; the number goes in a field of its own.
