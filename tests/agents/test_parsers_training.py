@@ -7,15 +7,15 @@ import random
 import re
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from agents.events import SEVERITIES, Event
 from agents.parsers import parse_text
 from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = paths.FIXTURES
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 KIND = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 

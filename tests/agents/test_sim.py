@@ -32,6 +32,7 @@ from agents.sim.exporter import MetricsServer, render
 from agents.sim.gpu import GpuSample
 from agents.sim.model import CRASH_USER, CULPRIT_DATA, VICTIM, Cluster
 from agents.sim.scenarios import HARDWARE_FAULTS, SCENARIOS
+from tests import paths
 
 Snapshot = dict[str, list[GpuSample]]
 OnSample = Callable[[float, Snapshot], None]
@@ -424,7 +425,7 @@ def start_sim(tmp: Path, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=paths.REPO,
     )
 
 

@@ -13,7 +13,7 @@ from service.models import Decision, Node
 from service.tokens import service as tokens
 from tests.conftest import bearer
 from tests.procs import running, wait_for
-from tests.test_alertmanager_api import URL, notification, running_job, xid79_alert
+from tests.service.alerts.test_alertmanager_api import URL, notification, running_job, xid79_alert
 
 pytestmark = pytest.mark.slow
 

@@ -76,7 +76,7 @@ WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 # FastAPI's own pages (Starlette routes, not APIRoutes): no data behind them.
 FRAMEWORK = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 # The web UI answers people with a session cookie, not a bearer token: every page and form outside /api needs a
-# signed-in operator or admin, except these; pages under UI_ADMIN need an admin (tests/test_ui_auth.py: how).
+# signed-in operator or admin, except these; pages under UI_ADMIN need an admin (tests/service/ui/test_ui_auth.py: how).
 UI_PUBLIC = {("GET", "/login"), ("POST", "/login"), ("*", "/static")}
 UI_ADMIN = "/tokens"
 
@@ -122,7 +122,8 @@ def test_every_served_route_has_decided_scopes(served):
     decided = {(method, _shape(path)) for method, path in [*SCOPES_BY_ROUTE, *PUBLIC]}
     undecided = sorted(key for key in served if key not in decided and not _is_ui(key))
     assert not undecided, (
-        f"routes without a scope decision: {undecided}; add each to SCOPES_BY_ROUTE (or PUBLIC) in tests/test_scopes.py"
+        f"routes without a scope decision: {undecided}; add each to SCOPES_BY_ROUTE (or PUBLIC) in "
+        "tests/service/test_scopes.py"
     )
 
 

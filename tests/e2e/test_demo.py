@@ -18,10 +18,11 @@ import pytest
 
 from service.embedded import free_port
 from service.processes import healthy
+from tests import paths
 from tests.procs import wait_for
 
 pytestmark = pytest.mark.slow
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = paths.REPO / "README.md"
 
 
 def _curl_examples() -> list[str]:

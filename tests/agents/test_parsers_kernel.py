@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,9 @@ from agents.events import SEVERITIES, Event
 from agents.parsers import parse_text
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.xid import CRITICAL_XIDS, XID_CATALOG, lookup
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = paths.FIXTURES
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 BOOT = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
 KIND = r"^[a-z][a-z0-9_.-]{0,63}$"

@@ -6,7 +6,6 @@ import json
 import random
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +23,9 @@ from ml.stacks import (
     rank_ranges,
     round_findings,
 )
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
+FIXTURES = paths.FIXTURES / "stacks"
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 SITE = ("/usr/local/lib/python3.11/site-packages/", "/home/alice/.venv/lib/python3.11/site-packages/")
 STD = ("/usr/lib/python3.11/", "/opt/conda/lib/python3.11/")

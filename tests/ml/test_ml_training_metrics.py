@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +17,9 @@ from agents.sim.config import SimConfig
 from agents.sim.model import Cluster
 from ml import training_metrics
 from ml.findings import Finding, JobInfo, LogRecord
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = paths.FIXTURES
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 START = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 JOB = JobInfo(job_id="job-1", world_size=16, rank_nodes={r: f"node-{r // 8:03d}" for r in range(16)})

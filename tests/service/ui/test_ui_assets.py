@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-UI = Path(__file__).parent.parent / "service" / "ui"
+from tests import paths
+
+UI = paths.REPO / "service" / "ui"
 
 
 def test_the_vendored_htmx_is_the_version_package_json_pins() -> None:

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from service.config import get_settings
 from service.diagnosis.service import diagnose_job
 from service.models import Decision, Finding, Incident, Node, NotificationChannel, NotificationDelivery, Silence
-from tests.test_diagnosis_service import _kernel, _ship, _xid79
+from tests.service.diagnosis.test_diagnosis_service import _kernel, _ship, _xid79
 
 
 def _silence(session, **patterns: str) -> Silence:  # type: ignore[no-untyped-def]

@@ -21,8 +21,9 @@ from agents.sim.model import Cluster
 from ml import signatures, xid
 from ml.findings import ACTIONS, BLAMES, CATEGORIES, ROLES, SUBJECT_KINDS, Finding, JobInfo, LogRecord
 from ml.normalize import normalize, signature
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = paths.FIXTURES
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 START = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 

@@ -7,7 +7,6 @@ import copy
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +25,10 @@ from service.diagnosis.service import diagnose_job
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Job, LogEvent, Node
 from service.security import Principal
+from tests import paths
 from tests.conftest import bearer, count
 
-SAMPLE = Path(__file__).parent / "fixtures" / "formats" / "alertmanager_webhook_v4_sample.json"
+SAMPLE = paths.FIXTURES / "formats" / "alertmanager_webhook_v4_sample.json"
 URL = "/api/v1/alertmanager"
 NODES, GPUS = 4, 2
 

@@ -18,12 +18,13 @@ from sqlalchemy.orm import sessionmaker
 from service.bench import uidata
 from service.models import NotificationChannel, Silence
 from service.tokens import service as tokens
+from tests import paths
 from tests.procs import api_server, running, wait_for
 from tests.receiver import receiver
 
 CHROMIUM = os.environ.get("FAULTLINE_CHROMIUM", "/usr/bin/chromium")
 BROWSER_MISSING = "Chromium not installed"
-SCREENSHOTS = Path(os.environ.get("FAULTLINE_SCREENSHOT_DIR", Path(__file__).parent.parent / ".faultline/screenshots"))
+SCREENSHOTS = Path(os.environ.get("FAULTLINE_SCREENSHOT_DIR", paths.REPO / ".faultline/screenshots"))
 JOB = "ui-sim-job"
 
 pytestmark = [

@@ -19,9 +19,10 @@ from agents.config import ConfigError, load
 from agents.follow import FileTail, GlobFollower
 from agents.gpu import ExporterParser, _reference, parse_exporter
 from agents.procs import ProcessScanner
+from tests import paths
 from tests.procs import wait_for
 
-FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+FIXTURES = paths.FIXTURES / "formats"
 
 # A "launcher" with two torchrun-like workers; worker 1 has a data loader child that inherits its env.
 _LAUNCHER = textwrap.dedent(

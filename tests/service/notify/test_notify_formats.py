@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,8 +10,9 @@ import pytest
 
 from service.config import get_settings
 from service.notify import formats, sender
+from tests import paths
 
-FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+FIXTURES = paths.FIXTURES / "formats"
 SLACK_SAMPLES = json.loads((FIXTURES / "slack_incoming_webhook_samples.json").read_text())
 LARK_SAMPLES = json.loads((FIXTURES / "lark_feishu_bot_webhook_samples.json").read_text())
 

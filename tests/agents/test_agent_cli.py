@@ -12,10 +12,11 @@ from typing import Any
 
 import orjson
 
+from tests import paths
 from tests.procs import wait_for
 from tests.receiver import receiver
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
+LOGS = paths.FIXTURES / "logs"
 XID48 = (
     "[Sat Nov 22 10:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit "
     "error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.\n"
