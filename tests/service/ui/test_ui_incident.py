@@ -570,7 +570,7 @@ def test_an_incident_of_another_job_is_not_mixed_in(ui, session) -> None:
 def test_a_long_timeline_drops_late_signals_but_keeps_findings_and_decisions() -> None:
     entries = [view.Entry(at=T0 + timedelta(seconds=i), kind="signal", title=f"s{i}") for i in range(10)]
     entries.insert(8, view.Entry(at=T0 + timedelta(seconds=8), kind="decision", title="decision #1"))
-    kept, omitted = view._capped(entries, 5)
+    kept, omitted = view.capped(entries, 5)
     assert [e.title for e in kept] == ["s0", "s1", "s2", "s3", "decision #1"]
     assert omitted == 6
-    assert view._capped(entries, 50) == (entries, 0)
+    assert view.capped(entries, 50) == (entries, 0)

@@ -16,8 +16,6 @@ from service.ui.views.incident.page import (
 from service.ui.views.incident.stacks import TREE_DEPTH, StackGroupRow, StackView, TreeNode, stack_tree, stack_views
 from service.ui.views.incident.timeline import Entry, capped
 
-_capped = capped  # the name it had when the page was one module; tests/test_ui_incident.py still uses it
-
 __all__ = [
     "LOG_LIMIT",
     "STACK_LIMIT",
