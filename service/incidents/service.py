@@ -14,11 +14,12 @@ from ml.demarcation import IncidentProposal
 from service.decisions import lifecycle as decision_lifecycle
 from service.decisions import service as decisions
 from service.errors import NotFound
-from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage, SuspectOut
+from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage
 from service.models import Decision, Finding, Incident, Job, Node
 from service.nodes import lifecycle as nodes
 from service.notify import service as notify
 from service.pagination import decode_cursor, encode_cursor
+from service.schemas import Joined
 
 # Decisions whose completion ends an incident: the job runs again without the fault.
 _REMEDIES = ("evict", "restart", "rollback")
@@ -157,11 +158,13 @@ def get(session: Session, *, incident_id: int) -> IncidentOut:
         .where(Finding.incident_id == incident.id)
         .order_by(Finding.observed_at, Finding.id)
     ).all()
-    return _out(
-        incident,
-        job_id=job_id,
-        findings=[_finding_out(f, node) for f, node in rows],
-        decisions=decisions.for_incident(session, incident_id=incident.id),
+    return IncidentOut.model_validate(
+        Joined(
+            incident,
+            job_id=job_id,
+            findings=[FindingOut.model_validate(Joined(f, node=node)) for f, node in rows],
+            decisions=decisions.for_incident(session, incident_id=incident.id),
+        )
     )
 
 
@@ -190,45 +193,5 @@ def list_incidents(
     if cursor:
         query = query.where(Incident.id < decode_cursor(cursor))
     rows = session.execute(query.limit(limit + 1)).all()
-    items = [_out(i, job_id=j) for i, j in rows[:limit]]
+    items = [IncidentOut.model_validate(Joined(i, job_id=j)) for i, j in rows[:limit]]
     return IncidentPage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)
-
-
-def _out(incident: Incident, *, job_id: str, findings=None, decisions=None) -> IncidentOut:  # type: ignore[no-untyped-def]
-    return IncidentOut(
-        id=incident.id,
-        job_id=job_id,
-        state=incident.state,
-        root_cause=incident.root_cause,
-        blame=incident.blame,
-        severity=incident.severity,
-        confidence=incident.confidence,
-        summary=incident.summary,
-        suspects=[SuspectOut(**s) for s in incident.suspects or []],
-        opened_at=incident.opened_at,
-        updated_at=incident.updated_at,
-        resolved_at=incident.resolved_at,
-        resolution=incident.resolution,
-        silence_id=incident.silence_id,
-        findings=findings or [],
-        decisions=decisions or [],
-    )
-
-
-def _finding_out(f: Finding, node: str | None) -> FindingOut:
-    return FindingOut(
-        id=f.id,
-        detector=f.detector,
-        category=f.category,
-        subject_kind=f.subject_kind,
-        subject=f.subject,
-        node=node,
-        confidence=f.confidence,
-        blame=f.blame,
-        role=f.role,
-        action=f.action,
-        summary=f.summary,
-        evidence=f.evidence,
-        observed_at=f.observed_at,
-        created_at=f.created_at,
-    )

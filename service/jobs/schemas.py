@@ -6,7 +6,7 @@ import itertools
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from service.types import INT32_MAX, JobId, NodeName
 
@@ -84,6 +84,8 @@ class JobIn(BaseModel):
 
 
 class RankOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     rank: int
     node: str
     local_rank: int | None
@@ -93,6 +95,7 @@ class RankOut(BaseModel):
 
 class JobOut(BaseModel):
     model_config = ConfigDict(
+        from_attributes=True,
         json_schema_extra={
             "examples": [
                 {
@@ -109,10 +112,11 @@ class JobOut(BaseModel):
                     "ranks": [{"rank": 0, "node": "gpu-node-001", "local_rank": 0, "gpu": 0, "pid": 4242}],
                 }
             ]
-        }
+        },
     )
 
-    job_id: str
+    # A Job row holds it as external_id; "job_id" first, so a dict (FastAPI re-validates its answers) reads by name.
+    job_id: str = Field(validation_alias=AliasChoices("job_id", "external_id"))
     world_size: int | None
     parallelism: Parallelism | None
     hang_timeout_s: int

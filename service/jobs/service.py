@@ -10,6 +10,7 @@ from service.errors import NotFound
 from service.jobs.schemas import JobIn, JobOut, Parallelism, RankOut
 from service.models import Job, Node, Rank
 from service.nodes.service import ensure_nodes
+from service.schemas import Joined
 
 
 def register(session: Session, *, job_in: JobIn) -> Job:
@@ -67,29 +68,20 @@ def get_by_external_id(session: Session, *, job_id: str) -> Job:
 def describe(session: Session, *, job: Job) -> JobOut:
     """The job with its rank-to-node map, in one query for the ranks."""
     rows = session.execute(
-        select(Rank.rank, Node.name, Rank.local_rank, Rank.gpu_index, Rank.pid)
+        # Labelled with the RankOut fields they fill.
+        select(Rank.rank, Node.name.label("node"), Rank.local_rank, Rank.gpu_index.label("gpu"), Rank.pid)
         .join(Node, Node.id == Rank.node_id)
         .where(Rank.job_id == job.id)
         .order_by(Rank.rank)
     ).all()
-    ranks = [RankOut(rank=r, node=n, local_rank=lr, gpu=g, pid=pid) for r, n, lr, g, pid in rows]
+    ranks = [RankOut.model_validate(row) for row in rows]
     parallelism = (
         Parallelism(tp=job.tp, pp=job.pp, dp=job.dp, order=job.rank_order or "tp-dp-pp")
         if job.tp and job.pp and job.dp
         else None
     )
-    return JobOut(
-        job_id=job.external_id,
-        world_size=job.world_size,
-        parallelism=parallelism,
-        hang_timeout_s=job.hang_timeout_s,
-        state=job.state,
-        source=job.source,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        last_seen_at=job.last_seen_at,
-        nodes=sorted({r.node for r in ranks}),
-        ranks=ranks,
+    return JobOut.model_validate(
+        Joined(job, parallelism=parallelism, nodes=sorted({r.node for r in ranks}), ranks=ranks)
     )
 
 
