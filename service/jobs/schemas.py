@@ -86,10 +86,12 @@ class JobIn(BaseModel):
 class RankOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
+    # Read from a row of (Rank.rank, Node.name, Rank.local_rank, Rank.gpu_index, Rank.pid); the field's own name
+    # comes first so a dict (FastAPI re-validates its answers) still reads by it.
     rank: int
-    node: str
+    node: str = Field(validation_alias=AliasChoices("node", "name"))
     local_rank: int | None
-    gpu: int | None
+    gpu: int | None = Field(validation_alias=AliasChoices("gpu", "gpu_index"))
     pid: int | None
 
 
@@ -115,7 +117,7 @@ class JobOut(BaseModel):
         },
     )
 
-    # A Job row holds it as external_id; "job_id" first, so a dict (FastAPI re-validates its answers) reads by name.
+    # A Job row holds it as external_id; "job_id" first, as for RankOut.
     job_id: str = Field(validation_alias=AliasChoices("job_id", "external_id"))
     world_size: int | None
     parallelism: Parallelism | None

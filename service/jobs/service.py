@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from collections.abc import Sequence
+
+from sqlalchemy import Row, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.jobs.schemas import JobIn, JobOut, Parallelism, RankOut
-from service.models import Job, Node, Rank
+from service.models import Incident, Job, Node, Rank
 from service.nodes.service import ensure_nodes
+from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
 
 
@@ -68,8 +71,7 @@ def get_by_external_id(session: Session, *, job_id: str) -> Job:
 def describe(session: Session, *, job: Job) -> JobOut:
     """The job with its rank-to-node map, in one query for the ranks."""
     rows = session.execute(
-        # Labelled with the RankOut fields they fill.
-        select(Rank.rank, Node.name.label("node"), Rank.local_rank, Rank.gpu_index.label("gpu"), Rank.pid)
+        select(Rank.rank, Node.name, Rank.local_rank, Rank.gpu_index, Rank.pid)
         .join(Node, Node.id == Rank.node_id)
         .where(Rank.job_id == job.id)
         .order_by(Rank.rank)
@@ -90,3 +92,37 @@ def node_ids(session: Session, *, job: Job) -> list[int]:
     from_ranks = select(Rank.node_id).where(Rank.job_id == job.id)
     current = select(Node.id).where(Node.current_job_id == job.id)
     return sorted(set(session.scalars(from_ranks.union(current))))
+
+
+def list_with_counts(
+    session: Session, *, state: str | None, name: str | None, limit: int, cursor: str | None
+) -> tuple[Sequence[Row[Job, int, int]], str | None]:
+    """A page of jobs, newest first, with their node and open-incident counts, and the next page's cursor."""
+    # The counts as subqueries: one query a page, whatever its size.
+    nodes = (
+        select(func.count(func.distinct(Rank.node_id))).where(Rank.job_id == Job.id).scalar_subquery().label("nodes")
+    )
+    open_incidents = (
+        select(func.count(Incident.id))
+        .where(Incident.job_id == Job.id, Incident.state != "resolved")
+        .scalar_subquery()
+        .label("open_incidents")
+    )
+    query = select(Job, nodes, open_incidents).order_by(Job.id.desc()).limit(limit + 1)
+    if state:
+        query = query.where(Job.state == state)
+    if name:
+        query = query.where(Job.external_id.icontains(name, autoescape=True))
+    if cursor:
+        query = query.where(Job.id < decode_cursor(cursor))
+    rows = session.execute(query).all()
+    return rows[:limit], encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None
+
+
+def node_states(session: Session, *, job: Job) -> dict[str, tuple[str, bool]]:
+    """State and lemon flag of every node running the job (from its ranks or its agents): one query."""
+    in_job = select(Rank.node_id).where(Rank.job_id == job.id)
+    rows = session.execute(
+        select(Node.name, Node.state, Node.lemon).where((Node.id.in_(in_job)) | (Node.current_job_id == job.id))
+    ).all()
+    return {name: (state, lemon) for name, state, lemon in rows}

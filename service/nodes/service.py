@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Row, func, select, update
+from sqlalchemy.dialects.postgresql import distinct_on, insert
 from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.errors import NotFound
-from service.models import Decision, Gpu, Incident, Job, Node, NodeEvent, Rank
+from service.models import Decision, Gpu, Incident, Job, LogEvent, Node, NodeEvent, Rank
+from service.models.signals import metric_samples
 from service.nodes import lifecycle
 from service.nodes.schemas import NodeDetail, NodeEventOut, NodeIncidentOut, NodeOut, NodePage
 from service.pagination import decode_cursor, encode_cursor
@@ -112,6 +114,46 @@ def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDe
             jobs=list(jobs),
         )
     )
+
+
+def states_and_jobs(session: Session) -> Sequence[Row[str, str, bool, str | None]]:
+    """Every node's name, state and lemon flag, with its current job's external id, by name: one query."""
+    return session.execute(
+        select(Node.name, Node.state, Node.lemon, Job.external_id)
+        .outerjoin(Job, Job.id == Node.current_job_id)
+        .order_by(Node.name)
+    ).all()
+
+
+def latest_gpu_samples(session: Session, *, name: str, since: datetime, columns: Sequence[str]) -> Sequence[Row[Any]]:
+    """The node's latest metric sample of each GPU since `since` (gpu, ts and `columns`): one DISTINCT ON query."""
+    ms = metric_samples.c
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    return session.execute(
+        select(ms.gpu, ms.ts, *(ms[c] for c in columns))
+        .ext(distinct_on(ms.gpu))
+        .where(ms.node_id == node_id, ms.ts >= since)
+        .order_by(ms.gpu, ms.ts.desc())
+    ).all()
+
+
+def log_events(
+    session: Session, *, name: str, since: datetime, until: datetime, skip_kinds: Sequence[str], limit: int
+) -> Sequence[Row[LogEvent, str | None]]:
+    """The node's newest log events in [since, until), none of `skip_kinds`, each with its job's external id."""
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    return session.execute(
+        select(LogEvent, Job.external_id)
+        .outerjoin(Job, Job.id == LogEvent.job_id)
+        .where(
+            LogEvent.node_id == node_id,
+            LogEvent.ts >= since,
+            LogEvent.ts < until,
+            LogEvent.kind.not_in(skip_kinds),
+        )
+        .order_by(LogEvent.ts.desc(), LogEvent.id.desc())
+        .limit(limit)
+    ).all()
 
 
 def _node_decision(
