@@ -12,6 +12,7 @@ from service.pagination import page_config
 
 class DecisionOut(BaseModel):
     model_config = ConfigDict(
+        from_attributes=True,
         json_schema_extra={
             "examples": [
                 {
@@ -28,7 +29,7 @@ class DecisionOut(BaseModel):
                     "expires_at": "2026-11-22T10:30:03Z",
                 }
             ]
-        }
+        },
     )
 
     id: int

@@ -19,6 +19,7 @@ from service.errors import NotFound
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Incident, Job, Node
 from service.pagination import decode_cursor, encode_cursor
+from service.schemas import Joined
 
 # Decisions in these states did not (and will not) act: they count for neither cooldowns nor blast radius.
 _INACTIVE = ("rejected", "expired", "failed", "shadow")
@@ -182,36 +183,17 @@ def _select_out():  # type: ignore[no-untyped-def]
     )
 
 
-def to_out(decision: Decision, job_id: str | None, node: str | None) -> DecisionOut:
-    return DecisionOut(
-        id=decision.id,
-        incident_id=decision.incident_id,
-        job_id=job_id,
-        node=node,
-        kind=decision.kind,
-        state=decision.state,
-        confidence=decision.confidence,
-        reason=decision.reason,
-        evidence=decision.evidence,
-        created_at=decision.created_at,
-        expires_at=decision.expires_at,
-        acked_at=decision.acked_at,
-        outcome=decision.outcome,
-        outcome_message=decision.outcome_message,
-        actor=decision.actor,
-    )
-
-
 def get(session: Session, *, decision_id: int) -> DecisionOut:
     row = session.execute(_select_out().where(Decision.id == decision_id)).first()
     if row is None:
         raise NotFound(f"no decision {decision_id}")
-    return to_out(*row)
+    decision, job_id, node = row
+    return DecisionOut.model_validate(Joined(decision, job_id=job_id, node=node))
 
 
 def for_incident(session: Session, *, incident_id: int) -> list[DecisionOut]:
     rows = session.execute(_select_out().where(Decision.incident_id == incident_id).order_by(Decision.id)).all()
-    return [to_out(d, j, n) for d, j, n in rows]
+    return [DecisionOut.model_validate(Joined(d, job_id=j, node=n)) for d, j, n in rows]
 
 
 def list_decisions(
@@ -240,5 +222,5 @@ def list_decisions(
     if cursor:
         query = query.where(Decision.id < decode_cursor(cursor))
     rows = session.execute(query.limit(limit + 1)).all()
-    items = [to_out(d, j, n) for d, j, n in rows[:limit]]
+    items = [DecisionOut.model_validate(Joined(d, job_id=j, node=n)) for d, j, n in rows[:limit]]
     return DecisionPage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)

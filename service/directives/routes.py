@@ -37,7 +37,7 @@ def request_stack_dump(
         reason=body.reason,
         ttl_s=body.ttl_s,
     )
-    return service.describe(directive, job_id=job_id)
+    return service.to_out(directive, job_id=job_id)
 
 
 @router.get("/{directive_id}", response_model=StackDumpsOut, responses={404: {"description": "Unknown job or request"}})

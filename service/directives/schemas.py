@@ -30,7 +30,7 @@ _DIRECTIVE_EXAMPLE = {
 
 
 class DirectiveOut(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [_DIRECTIVE_EXAMPLE]})
+    model_config = ConfigDict(from_attributes=True, json_schema_extra={"examples": [_DIRECTIVE_EXAMPLE]})
 
     id: uuid.UUID
     job_id: str

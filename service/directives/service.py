@@ -13,6 +13,7 @@ from service.directives.schemas import DirectiveOut, StackDumpOut, StackDumpsOut
 from service.errors import NotFound
 from service.jobs.service import get_by_external_id
 from service.models import Directive, Job, Node, StackDump
+from service.schemas import Joined
 
 
 def request_stack_dump(
@@ -56,16 +57,9 @@ def active_by_job(session: Session) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def describe(directive: Directive, *, job_id: str) -> DirectiveOut:
-    return DirectiveOut(
-        id=directive.id,
-        job_id=job_id,
-        kind=directive.kind,
-        reason=directive.reason,
-        requested_by=directive.requested_by,
-        created_at=directive.created_at,
-        expires_at=directive.expires_at,
-    )
+def to_out(directive: Directive, *, job_id: str) -> DirectiveOut:
+    """The request as the API shows it, under the job's external id (the row holds the database's key)."""
+    return DirectiveOut.model_validate(Joined(directive, job_id=job_id))
 
 
 def _main_frames(threads: list[dict[str, Any]] | None) -> tuple[int, list[str]]:
@@ -96,5 +90,5 @@ def stack_dumps(session: Session, *, job_id: str, directive_id: uuid.UUID) -> St
         count, frames = _main_frames(threads)
         dumps.append(StackDumpOut(node=node, rank=rank, pid=pid, ts=ts, error=error, threads=count, frames=frames))
     return StackDumpsOut(
-        directive=describe(directive, job_id=job_id), nodes_reporting=len({d.node for d in dumps}), dumps=dumps
+        directive=to_out(directive, job_id=job_id), nodes_reporting=len({d.node for d in dumps}), dumps=dumps
     )

@@ -12,6 +12,7 @@ from service.pagination import page_config
 
 
 class SuspectOut(BaseModel):
+    # Read from the incident's JSON list of dicts, not from a row.
     node: str
     confidence: float
     action: str = Field(description="The strongest action a finding about this node asks for.")
@@ -20,6 +21,8 @@ class SuspectOut(BaseModel):
 
 
 class FindingOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     detector: str
     category: str
@@ -38,6 +41,7 @@ class FindingOut(BaseModel):
 
 class IncidentOut(BaseModel):
     model_config = ConfigDict(
+        from_attributes=True,
         json_schema_extra={
             "examples": [
                 {
@@ -67,7 +71,7 @@ class IncidentOut(BaseModel):
                     "decisions": [],
                 }
             ]
-        }
+        },
     )
 
     id: int

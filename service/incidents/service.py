@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, text, update
+from sqlalchemy import Float, Row, case, func, or_, select, text, true, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -14,14 +14,18 @@ from ml.demarcation import IncidentProposal
 from service.decisions import lifecycle as decision_lifecycle
 from service.decisions import service as decisions
 from service.errors import NotFound
-from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage, SuspectOut
+from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage
 from service.models import Decision, Finding, Incident, Job, Node
 from service.nodes import lifecycle as nodes
 from service.notify import service as notify
 from service.pagination import decode_cursor, encode_cursor
+from service.schemas import Joined
 
 # Decisions whose completion ends an incident: the job runs again without the fault.
 _REMEDIES = ("evict", "restart", "rollback")
+# Most severe first: the overview lists open incidents in this order, any other severity after them all.
+SEVERITIES = ("critical", "major", "minor")
+_SEVERITY_ORDER = case({s: i for i, s in enumerate(SEVERITIES)}, value=Incident.severity, else_=len(SEVERITIES))
 
 
 def open_incident(session: Session, *, job: Job, root_cause: str) -> tuple[Incident, bool]:
@@ -157,11 +161,13 @@ def get(session: Session, *, incident_id: int) -> IncidentOut:
         .where(Finding.incident_id == incident.id)
         .order_by(Finding.observed_at, Finding.id)
     ).all()
-    return _out(
-        incident,
-        job_id=job_id,
-        findings=[_finding_out(f, node) for f, node in rows],
-        decisions=decisions.for_incident(session, incident_id=incident.id),
+    return IncidentOut.model_validate(
+        Joined(
+            incident,
+            job_id=job_id,
+            findings=[FindingOut.model_validate(Joined(f, node=node)) for f, node in rows],
+            decisions=decisions.for_incident(session, incident_id=incident.id),
+        )
     )
 
 
@@ -190,45 +196,69 @@ def list_incidents(
     if cursor:
         query = query.where(Incident.id < decode_cursor(cursor))
     rows = session.execute(query.limit(limit + 1)).all()
-    items = [_out(i, job_id=j) for i, j in rows[:limit]]
+    items = [IncidentOut.model_validate(Joined(i, job_id=j)) for i, j in rows[:limit]]
     return IncidentPage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)
 
 
-def _out(incident: Incident, *, job_id: str, findings=None, decisions=None) -> IncidentOut:  # type: ignore[no-untyped-def]
-    return IncidentOut(
-        id=incident.id,
-        job_id=job_id,
-        state=incident.state,
-        root_cause=incident.root_cause,
-        blame=incident.blame,
-        severity=incident.severity,
-        confidence=incident.confidence,
-        summary=incident.summary,
-        suspects=[SuspectOut(**s) for s in incident.suspects or []],
-        opened_at=incident.opened_at,
-        updated_at=incident.updated_at,
-        resolved_at=incident.resolved_at,
-        resolution=incident.resolution,
-        silence_id=incident.silence_id,
-        findings=findings or [],
-        decisions=decisions or [],
+def open_counts(session: Session) -> dict[str, int]:
+    """Unresolved incidents per severity, over all of them."""
+    return dict(
+        session.execute(
+            select(Incident.severity, func.count()).where(Incident.state != "resolved").group_by(Incident.severity)
+        ).all()
     )
 
 
-def _finding_out(f: Finding, node: str | None) -> FindingOut:
-    return FindingOut(
-        id=f.id,
-        detector=f.detector,
-        category=f.category,
-        subject_kind=f.subject_kind,
-        subject=f.subject,
-        node=node,
-        confidence=f.confidence,
-        blame=f.blame,
-        role=f.role,
-        action=f.action,
-        summary=f.summary,
-        evidence=f.evidence,
-        observed_at=f.observed_at,
-        created_at=f.created_at,
-    )
+def most_severe_open(session: Session, *, limit: int) -> Sequence[Row[Incident, str]]:
+    """The most severe, then newest, unresolved incidents, each with its job's external id."""
+    return session.execute(
+        select(Incident, Job.external_id)
+        .join(Job, Job.id == Incident.job_id)
+        .where(Incident.state != "resolved")
+        .order_by(_SEVERITY_ORDER, Incident.id.desc())
+        .limit(limit)
+    ).all()
+
+
+def anomaly_scores(session: Session, *, now: datetime, window_s: float) -> dict[str, float]:
+    """Each node's current anomaly score: how strongly an open incident accuses it, or a recent finding about it."""
+    suspect = func.jsonb_array_elements(Incident.suspects).table_valued("value").alias("suspect")
+    accused = session.execute(
+        select(
+            suspect.c.value.op("->>")("node").label("node"),
+            func.max(suspect.c.value.op("->>")("confidence").cast(Float)),
+        )
+        .select_from(Incident)
+        .join(suspect, true())
+        .where(Incident.state != "resolved")
+        .group_by("node")
+    ).all()
+    recent = session.execute(
+        select(Node.name, func.max(Finding.confidence))
+        .join(Node, Node.id == Finding.node_id)
+        .where(Finding.created_at >= now - timedelta(seconds=window_s))
+        .group_by(Node.name)
+    ).all()
+    scores: dict[str, float] = {}
+    for name, score in [*accused, *recent]:
+        if name is not None and score is not None:
+            scores[name] = max(scores.get(name, 0.0), float(score))
+    return scores
+
+
+def of_job(session: Session, *, job: Job) -> Sequence[Incident]:
+    """Every incident of the job, resolved ones included, oldest first."""
+    return session.scalars(select(Incident).where(Incident.job_id == job.id).order_by(Incident.id)).all()
+
+
+def naming_node(session: Session, *, name: str, limit: int) -> Sequence[Row[Incident, str]]:
+    """Incidents, open or not, naming the node as a suspect or in a finding, newest first, with the job's id."""
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    in_findings = select(Finding.incident_id).where(Finding.node_id == node_id, Finding.incident_id.is_not(None))
+    return session.execute(
+        select(Incident, Job.external_id)
+        .join(Job, Job.id == Incident.job_id)
+        .where(or_(Incident.id.in_(in_findings), Incident.suspects.contains([{"node": name}])))
+        .order_by(Incident.id.desc())
+        .limit(limit)
+    ).all()

@@ -6,7 +6,7 @@ import itertools
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from service.types import INT32_MAX, JobId, NodeName
 
@@ -84,15 +84,20 @@ class JobIn(BaseModel):
 
 
 class RankOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    # Read from a row of (Rank.rank, Node.name, Rank.local_rank, Rank.gpu_index, Rank.pid); the field's own name
+    # comes first so a dict (FastAPI re-validates its answers) still reads by it.
     rank: int
-    node: str
+    node: str = Field(validation_alias=AliasChoices("node", "name"))
     local_rank: int | None
-    gpu: int | None
+    gpu: int | None = Field(validation_alias=AliasChoices("gpu", "gpu_index"))
     pid: int | None
 
 
 class JobOut(BaseModel):
     model_config = ConfigDict(
+        from_attributes=True,
         json_schema_extra={
             "examples": [
                 {
@@ -109,10 +114,11 @@ class JobOut(BaseModel):
                     "ranks": [{"rank": 0, "node": "gpu-node-001", "local_rank": 0, "gpu": 0, "pid": 4242}],
                 }
             ]
-        }
+        },
     )
 
-    job_id: str
+    # A Job row holds it as external_id; "job_id" first, as for RankOut.
+    job_id: str = Field(validation_alias=AliasChoices("job_id", "external_id"))
     world_size: int | None
     parallelism: Parallelism | None
     hang_timeout_s: int

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from collections.abc import Sequence
+
+from sqlalchemy import Row, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.jobs.schemas import JobIn, JobOut, Parallelism, RankOut
-from service.models import Job, Node, Rank
+from service.models import Incident, Job, Node, Rank
 from service.nodes.service import ensure_nodes
+from service.pagination import decode_cursor, encode_cursor
+from service.schemas import Joined
 
 
 def register(session: Session, *, job_in: JobIn) -> Job:
@@ -72,24 +76,14 @@ def describe(session: Session, *, job: Job) -> JobOut:
         .where(Rank.job_id == job.id)
         .order_by(Rank.rank)
     ).all()
-    ranks = [RankOut(rank=r, node=n, local_rank=lr, gpu=g, pid=pid) for r, n, lr, g, pid in rows]
+    ranks = [RankOut.model_validate(row) for row in rows]
     parallelism = (
         Parallelism(tp=job.tp, pp=job.pp, dp=job.dp, order=job.rank_order or "tp-dp-pp")
         if job.tp and job.pp and job.dp
         else None
     )
-    return JobOut(
-        job_id=job.external_id,
-        world_size=job.world_size,
-        parallelism=parallelism,
-        hang_timeout_s=job.hang_timeout_s,
-        state=job.state,
-        source=job.source,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        last_seen_at=job.last_seen_at,
-        nodes=sorted({r.node for r in ranks}),
-        ranks=ranks,
+    return JobOut.model_validate(
+        Joined(job, parallelism=parallelism, nodes=sorted({r.node for r in ranks}), ranks=ranks)
     )
 
 
@@ -98,3 +92,37 @@ def node_ids(session: Session, *, job: Job) -> list[int]:
     from_ranks = select(Rank.node_id).where(Rank.job_id == job.id)
     current = select(Node.id).where(Node.current_job_id == job.id)
     return sorted(set(session.scalars(from_ranks.union(current))))
+
+
+def list_with_counts(
+    session: Session, *, state: str | None, name: str | None, limit: int, cursor: str | None
+) -> tuple[Sequence[Row[Job, int, int]], str | None]:
+    """A page of jobs, newest first, with their node and open-incident counts, and the next page's cursor."""
+    # The counts as subqueries: one query a page, whatever its size.
+    nodes = (
+        select(func.count(func.distinct(Rank.node_id))).where(Rank.job_id == Job.id).scalar_subquery().label("nodes")
+    )
+    open_incidents = (
+        select(func.count(Incident.id))
+        .where(Incident.job_id == Job.id, Incident.state != "resolved")
+        .scalar_subquery()
+        .label("open_incidents")
+    )
+    query = select(Job, nodes, open_incidents).order_by(Job.id.desc()).limit(limit + 1)
+    if state:
+        query = query.where(Job.state == state)
+    if name:
+        query = query.where(Job.external_id.icontains(name, autoescape=True))
+    if cursor:
+        query = query.where(Job.id < decode_cursor(cursor))
+    rows = session.execute(query).all()
+    return rows[:limit], encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None
+
+
+def node_states(session: Session, *, job: Job) -> dict[str, tuple[str, bool]]:
+    """State and lemon flag of every node running the job (from its ranks or its agents): one query."""
+    in_job = select(Rank.node_id).where(Rank.job_id == job.id)
+    rows = session.execute(
+        select(Node.name, Node.state, Node.lemon).where((Node.id.in_(in_job)) | (Node.current_job_id == job.id))
+    ).all()
+    return {name: (state, lemon) for name, state, lemon in rows}

@@ -12,6 +12,7 @@ from service.pagination import page_config
 
 class NodeOut(BaseModel):
     model_config = ConfigDict(
+        from_attributes=True,
         json_schema_extra={
             "examples": [
                 {
@@ -26,7 +27,7 @@ class NodeOut(BaseModel):
                     "gpus": 8,
                 }
             ]
-        }
+        },
     )
 
     name: str
@@ -48,6 +49,8 @@ class NodePage(BaseModel):
 
 
 class GpuOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     index: int
     uuid: str | None
     model: str | None
@@ -56,6 +59,8 @@ class GpuOut(BaseModel):
 
 
 class NodeIncidentOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     job_id: str
     state: str
@@ -66,6 +71,8 @@ class NodeIncidentOut(BaseModel):
 
 
 class NodeEventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     at: datetime
     kind: str = Field(description="e.g. suspect, lemon, cordon, evict_done, evict_failed, repair, return, cleared")
     from_state: str | None

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Row, func, select, update
+from sqlalchemy.dialects.postgresql import distinct_on, insert
 from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.errors import NotFound
-from service.models import Decision, Gpu, Incident, Job, Node, NodeEvent, Rank
+from service.models import Decision, Gpu, Incident, Job, LogEvent, Node, NodeEvent, Rank
+from service.models.signals import metric_samples
 from service.nodes import lifecycle
-from service.nodes.schemas import GpuOut, NodeDetail, NodeEventOut, NodeIncidentOut, NodeOut, NodePage
+from service.nodes.schemas import NodeDetail, NodeEventOut, NodeIncidentOut, NodeOut, NodePage
 from service.pagination import decode_cursor, encode_cursor
+from service.schemas import Joined
 
 
 def ensure_nodes(session: Session, *, names: set[str]) -> dict[str, int]:
@@ -31,20 +34,6 @@ def get_by_name(session: Session, *, name: str, lock: bool = False) -> Node:
     if node is None:
         raise NotFound(f"no node named {name!r}")
     return node
-
-
-def _out(node: Node, *, current_job: str | None, gpus: int) -> NodeOut:
-    return NodeOut(
-        name=node.name,
-        state=node.state,
-        state_reason=node.state_reason,
-        state_changed_at=node.state_changed_at,
-        lemon=node.lemon,
-        quarantined_until=node.quarantined_until,
-        last_seen_at=node.last_seen_at,
-        current_job=current_job,
-        gpus=gpus,
-    )
 
 
 def list_nodes(
@@ -73,7 +62,7 @@ def list_nodes(
     if cursor:
         query = query.where(Node.id > decode_cursor(cursor))
     rows = session.execute(query).all()
-    items = [_out(n, current_job=j, gpus=g) for n, j, g in rows[:limit]]
+    items = [NodeOut.model_validate(Joined(n, current_job=j, gpus=g)) for n, j, g in rows[:limit]]
     return NodePage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)
 
 
@@ -105,41 +94,66 @@ def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDe
         .order_by(func.max(Rank.updated_at).desc())
         .limit(50)
     ).all()
-    return NodeDetail(
-        **_out(node, current_job=current_job, gpus=len(gpus)).model_dump(),
-        gpu_list=[
-            GpuOut(index=g.index, uuid=g.uuid, model=g.model, pci_bus_id=g.pci_bus_id, last_seen_at=g.last_seen_at)
-            for g in gpus
-        ],
-        open_incidents=[
-            NodeIncidentOut(
-                id=i.id,
-                job_id=job,
-                state=i.state,
-                root_cause=i.root_cause,
-                blame=i.blame,
-                confidence=next((s["confidence"] for s in i.suspects if s.get("node") == node.name), 0.0),
-                opened_at=i.opened_at,
-            )
-            for i, job in incidents
-        ],
-        history=[
-            NodeEventOut(
-                at=e.at,
-                kind=e.kind,
-                from_state=e.from_state,
-                to_state=e.to_state,
-                actor=e.actor,
-                reason=e.reason,
-                job_id=job,
-                incident_id=e.incident_id,
-                decision_id=e.decision_id,
-                details=e.details,
-            )
-            for e, job in events
-        ],
-        jobs=list(jobs),
+    return NodeDetail.model_validate(
+        Joined(
+            node,
+            current_job=current_job,
+            gpus=len(gpus),
+            gpu_list=gpus,
+            open_incidents=[
+                NodeIncidentOut.model_validate(
+                    Joined(
+                        i,
+                        job_id=job,
+                        confidence=next((s["confidence"] for s in i.suspects if s.get("node") == node.name), 0.0),
+                    )
+                )
+                for i, job in incidents
+            ],
+            history=[NodeEventOut.model_validate(Joined(e, job_id=job)) for e, job in events],
+            jobs=list(jobs),
+        )
     )
+
+
+def states_and_jobs(session: Session) -> Sequence[Row[str, str, bool, str | None]]:
+    """Every node's name, state and lemon flag, with its current job's external id, by name: one query."""
+    return session.execute(
+        select(Node.name, Node.state, Node.lemon, Job.external_id)
+        .outerjoin(Job, Job.id == Node.current_job_id)
+        .order_by(Node.name)
+    ).all()
+
+
+def latest_gpu_samples(session: Session, *, name: str, since: datetime, columns: Sequence[str]) -> Sequence[Row[Any]]:
+    """The node's latest metric sample of each GPU since `since` (gpu, ts and `columns`): one DISTINCT ON query."""
+    ms = metric_samples.c
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    return session.execute(
+        select(ms.gpu, ms.ts, *(ms[c] for c in columns))
+        .ext(distinct_on(ms.gpu))
+        .where(ms.node_id == node_id, ms.ts >= since)
+        .order_by(ms.gpu, ms.ts.desc())
+    ).all()
+
+
+def log_events(
+    session: Session, *, name: str, since: datetime, until: datetime, skip_kinds: Sequence[str], limit: int
+) -> Sequence[Row[LogEvent, str | None]]:
+    """The node's newest log events in [since, until), none of `skip_kinds`, each with its job's external id."""
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    return session.execute(
+        select(LogEvent, Job.external_id)
+        .outerjoin(Job, Job.id == LogEvent.job_id)
+        .where(
+            LogEvent.node_id == node_id,
+            LogEvent.ts >= since,
+            LogEvent.ts < until,
+            LogEvent.kind.not_in(skip_kinds),
+        )
+        .order_by(LogEvent.ts.desc(), LogEvent.id.desc())
+        .limit(limit)
+    ).all()
 
 
 def _node_decision(

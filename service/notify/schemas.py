@@ -83,6 +83,7 @@ class ChannelUpdate(BaseModel):
 
 class ChannelOut(BaseModel):
     model_config = ConfigDict(
+        from_attributes=True,
         json_schema_extra={
             "examples": [
                 {
@@ -99,7 +100,7 @@ class ChannelOut(BaseModel):
                     "failed": 1,
                 }
             ]
-        }
+        },
     )
 
     id: int
@@ -138,6 +139,7 @@ class ChannelTestResult(BaseModel):
 
 class DeliveryOut(BaseModel):
     model_config = ConfigDict(
+        from_attributes=True,
         json_schema_extra={
             "examples": [
                 {
@@ -159,7 +161,7 @@ class DeliveryOut(BaseModel):
                     "payload": {"event": "opened", "incident_id": 7, "job": "llm-pretrain-42"},
                 }
             ]
-        }
+        },
     )
 
     id: int

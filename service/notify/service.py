@@ -27,6 +27,7 @@ from service.notify.schemas import (
     DeliveryPage,
 )
 from service.pagination import decode_cursor, encode_cursor
+from service.schemas import Joined
 from service.security import Principal
 
 _TOP_SUSPECTS = 3
@@ -176,17 +177,17 @@ def create_channel(session: Session, *, channel_in: ChannelIn, principal: Princi
     )
     if channel_id is None:
         raise Conflict(f"a channel named {channel_in.name!r} exists already")
-    return _channel_out(session, _get_channel(session, channel_id))
+    return to_out(_get_channel(session, channel_id), counts=_delivery_counts(session, [channel_id]))
 
 
 def list_channels(session: Session) -> ChannelPage:
     channels = session.scalars(select(NotificationChannel).order_by(NotificationChannel.name)).all()
     counts = _delivery_counts(session, [c.id for c in channels])
-    return ChannelPage(items=[_describe(c, *counts.get(c.id, (0, 0))) for c in channels])
+    return ChannelPage(items=[to_out(c, counts=counts) for c in channels])
 
 
 def get_channel(session: Session, *, channel_id: int) -> ChannelOut:
-    return _channel_out(session, _get_channel(session, channel_id))
+    return to_out(_get_channel(session, channel_id), counts=_delivery_counts(session, [channel_id]))
 
 
 def update_channel(
@@ -203,7 +204,7 @@ def update_channel(
     for name, value in changes.items():
         setattr(channel, name, value)
     session.flush()
-    return _channel_out(session, channel)
+    return to_out(channel, counts=_delivery_counts(session, [channel.id]))
 
 
 def delete_channel(session: Session, *, channel_id: int) -> None:
@@ -257,24 +258,10 @@ def _delivery_counts(session: Session, channel_ids: Sequence[int]) -> dict[int, 
     return {channel_id: (int(w), int(f)) for channel_id, w, f in rows}
 
 
-def _channel_out(session: Session, channel: NotificationChannel) -> ChannelOut:
-    return _describe(channel, *_delivery_counts(session, [channel.id]).get(channel.id, (0, 0)))
-
-
-def _describe(channel: NotificationChannel, pending: int, failed: int) -> ChannelOut:
-    return ChannelOut(
-        id=channel.id,
-        name=channel.name,
-        kind=channel.kind,
-        url=sender.mask_url(channel.url),
-        enabled=channel.enabled,
-        group_wait_s=channel.group_wait_s,
-        rate_limit_per_minute=channel.rate_limit_per_minute,
-        author=channel.author,
-        created_at=channel.created_at,
-        pending=pending,
-        failed=failed,
-    )
+def to_out(channel: NotificationChannel, *, counts: dict[int, tuple[int, int]]) -> ChannelOut:
+    """The channel as the API shows it: its URL masked, its (waiting, failed) deliveries from `counts`."""
+    pending, failed = counts.get(channel.id, (0, 0))
+    return ChannelOut.model_validate(Joined(channel, url=sender.mask_url(channel.url), pending=pending, failed=failed))
 
 
 # ---- deliveries ----
@@ -304,7 +291,7 @@ def list_deliveries(
     if cursor:
         query = query.where(NotificationDelivery.id < decode_cursor(cursor))
     rows = session.execute(query.limit(limit + 1)).all()
-    items = [_delivery_out(d, name) for d, name in rows[:limit]]
+    items = [DeliveryOut.model_validate(Joined(d, channel=name)) for d, name in rows[:limit]]
     return DeliveryPage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)
 
 
@@ -323,25 +310,4 @@ def retry_delivery(session: Session, *, delivery_id: int, now: datetime) -> Deli
         session.flush()
         _enqueue_send(session)
     name = session.scalar(select(NotificationChannel.name).where(NotificationChannel.id == row.channel_id)) or ""
-    return _delivery_out(row, name)
-
-
-def _delivery_out(row: NotificationDelivery, channel: str) -> DeliveryOut:
-    return DeliveryOut(
-        id=row.id,
-        channel_id=row.channel_id,
-        channel=channel,
-        event=row.event,
-        event_key=row.event_key,
-        incident_id=row.incident_id,
-        decision_id=row.decision_id,
-        state=row.state,
-        attempts=row.attempts,
-        last_error=row.last_error,
-        next_attempt_at=row.next_attempt_at,
-        created_at=row.created_at,
-        claimed_at=row.claimed_at,
-        sent_at=row.sent_at,
-        message_key=row.message_key,
-        payload=row.payload,
-    )
+    return DeliveryOut.model_validate(Joined(row, channel=name))

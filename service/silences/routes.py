@@ -29,7 +29,7 @@ Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "ad
 def create_silence(silence_in: SilenceIn, session: DbSession, principal: Operator) -> SilenceOut:
     """Silence matching nodes and/or jobs for a window: incidents are still recorded but decide and alert nothing."""
     now = datetime.now(UTC)
-    return service.describe(service.create(session, silence_in=silence_in, principal=principal, now=now), now=now)
+    return service.to_out(service.create(session, silence_in=silence_in, principal=principal, now=now), now=now)
 
 
 @router.get("", response_model=SilencePage, responses={422: {"description": "Unknown state or bad cursor"}})
@@ -47,11 +47,11 @@ def list_silences(
 @router.get("/{silence_id}", response_model=SilenceOut, responses={404: {"description": "Unknown silence"}})
 def get_silence(silence_id: Id, session: DbSession, _: Reader) -> SilenceOut:
     """One silence with its state."""
-    return service.describe(service.get(session, silence_id=silence_id), now=datetime.now(UTC))
+    return service.to_out(service.get(session, silence_id=silence_id), now=datetime.now(UTC))
 
 
 @router.delete("/{silence_id}", response_model=SilenceOut, responses={404: {"description": "Unknown silence"}})
 def expire_silence(silence_id: Id, session: DbSession, _: Operator) -> SilenceOut:
     """End a silence now (idempotent). The record stays, with `expired_at` set."""
     now = datetime.now(UTC)
-    return service.describe(service.expire(session, silence_id=silence_id, now=now), now=now)
+    return service.to_out(service.expire(session, silence_id=silence_id, now=now), now=now)

@@ -80,6 +80,7 @@ class SilenceIn(BaseModel):
 
 class SilenceOut(BaseModel):
     model_config = ConfigDict(
+        from_attributes=True,
         json_schema_extra={
             "examples": [
                 {
@@ -95,7 +96,7 @@ class SilenceOut(BaseModel):
                     "state": "active",
                 }
             ]
-        }
+        },
     )
 
     id: int

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from service.errors import InvalidInput, NotFound
 from service.models import Silence
 from service.pagination import decode_cursor, encode_cursor
+from service.schemas import Joined
 from service.security import Principal
 from service.silences.schemas import SilenceIn, SilenceOut, SilencePage, SilenceState
 
@@ -81,19 +82,9 @@ def state_of(silence: Silence, *, now: datetime) -> SilenceState:
     return "pending" if silence.starts_at > now else "active"
 
 
-def describe(silence: Silence, *, now: datetime) -> SilenceOut:
-    return SilenceOut(
-        id=silence.id,
-        node_pattern=silence.node_pattern,
-        job_pattern=silence.job_pattern,
-        starts_at=silence.starts_at,
-        ends_at=silence.ends_at,
-        author=silence.author,
-        comment=silence.comment,
-        created_at=silence.created_at,
-        expired_at=silence.expired_at,
-        state=state_of(silence, now=now),
-    )
+def to_out(silence: Silence, *, now: datetime) -> SilenceOut:
+    """The silence as the API shows it, with its state at `now`."""
+    return SilenceOut.model_validate(Joined(silence, state=state_of(silence, now=now)))
 
 
 def list_silences(
@@ -108,7 +99,7 @@ def list_silences(
     rows = list(session.scalars(query))
     page, more = rows[:limit], len(rows) > limit
     return SilencePage(
-        items=[describe(s, now=now) for s in page],
+        items=[to_out(s, now=now) for s in page],
         next_cursor=encode_cursor(page[-1].id) if more else None,
     )
 

@@ -32,13 +32,13 @@ def create_token(token_in: TokenIn, session: DbSession, _: Admin) -> TokenCreate
 def list_tokens(session: DbSession, _: Admin) -> list[TokenOut]:
     """Every token, oldest first, with its state (active, expired, revoked); never the token or its hash."""
     now = datetime.now(UTC)
-    return [service.describe(record, now=now) for record in service.list_all(session)]
+    return [service.to_out(record, now=now) for record in service.list_all(session)]
 
 
 @router.get("/{token_id}", response_model=TokenOut, responses={404: {"description": "Unknown token"}})
 def get_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
     """One token's record."""
-    return service.describe(service.get(session, token_id=token_id), now=datetime.now(UTC))
+    return service.to_out(service.get(session, token_id=token_id), now=datetime.now(UTC))
 
 
 @router.delete(
@@ -48,4 +48,4 @@ def get_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
 )
 def revoke_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
     """Revoke a token (idempotent; the record stays). API processes honour it within `token_cache_seconds`."""
-    return service.describe(service.revoke(session, token_id=token_id), now=datetime.now(UTC))
+    return service.to_out(service.revoke(session, token_id=token_id), now=datetime.now(UTC))

@@ -60,7 +60,7 @@ _TOKEN_EXAMPLE = {
 
 
 class TokenOut(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [_TOKEN_EXAMPLE]})
+    model_config = ConfigDict(from_attributes=True, json_schema_extra={"examples": [_TOKEN_EXAMPLE]})
 
     id: int
     prefix: str = Field(description="The token's first characters, to tell tokens apart; never the token.")

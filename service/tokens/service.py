@@ -13,6 +13,7 @@ from service.errors import Conflict, InvalidInput, NotFound
 from service.models import ApiToken
 from service.models.auth import SCOPES
 from service.pagination import decode_cursor, encode_cursor
+from service.schemas import Joined
 from service.security import hash_token
 from service.tokens.schemas import TokenCreated, TokenIn, TokenOut, TokenPage, TokenState
 
@@ -75,7 +76,7 @@ def list_page(
     rows = list(session.scalars(query))
     page = rows[:limit]
     return TokenPage(
-        items=[describe(r, now=now) for r in page],
+        items=[to_out(r, now=now) for r in page],
         next_cursor=encode_cursor(page[-1].id) if len(rows) > limit else None,
     )
 
@@ -123,18 +124,9 @@ def state_of(record: ApiToken, *, now: datetime) -> TokenState:
     return "active"
 
 
-def describe(record: ApiToken, *, now: datetime) -> TokenOut:
-    return TokenOut(
-        id=record.id,
-        prefix=record.prefix,
-        name=record.name,
-        scope=record.scope,
-        node_name=record.node_name,
-        created_at=record.created_at,
-        expires_at=record.expires_at,
-        revoked_at=record.revoked_at,
-        state=state_of(record, now=now),
-    )
+def to_out(record: ApiToken, *, now: datetime) -> TokenOut:
+    """The token's record as the API shows it, with its state at `now`; never the token or its hash."""
+    return TokenOut.model_validate(Joined(record, state=state_of(record, now=now)))
 
 
 def issue(session: Session, *, token_in: TokenIn, now: datetime) -> TokenCreated:
@@ -151,4 +143,4 @@ def issue(session: Session, *, token_in: TokenIn, now: datetime) -> TokenCreated
     )
     # created_at is a server default: load it before describing the row.
     session.refresh(new.record)
-    return TokenCreated(**describe(new.record, now=now).model_dump(), token=new.token)
+    return TokenCreated.model_validate(Joined(new.record, state=state_of(new.record, now=now), token=new.token))

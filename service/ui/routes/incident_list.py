@@ -14,7 +14,6 @@ from service.incidents import service as incidents
 from service.models.diagnosis import INCIDENT_STATES
 from service.ui.auth import ViewerDep
 from service.ui.render import page
-from service.ui.views.overview import SEVERITIES
 
 router = APIRouter(include_in_schema=False)
 
@@ -41,7 +40,7 @@ def incident_list(
 ) -> Response:
     # A typo in a hand-edited URL says so rather than showing an empty list that looks like calm.
     _check("state", state, STATE_CHOICES)
-    _check("severity", severity, SEVERITIES)
+    _check("severity", severity, incidents.SEVERITIES)
     _check("root_cause", root_cause, CATEGORIES)
     job = job.strip()
     filters = {"state": state, "severity": severity, "job": job, "root_cause": root_cause, "cursor": cursor}
@@ -64,7 +63,7 @@ def incident_list(
             "page": result,
             "params": params,
             "states": STATE_CHOICES,
-            "severities": SEVERITIES,
+            "severities": incidents.SEVERITIES,
             "root_causes": CATEGORIES,
         },
     )

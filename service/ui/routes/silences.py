@@ -105,7 +105,7 @@ def create_silence(
     try:
         silence_in = _silence_in(form, author=viewer.name)
         with session_scope(request.app.state.sessionmaker) as session:
-            created = silences.describe(
+            created = silences.to_out(
                 silences.create(session, silence_in=silence_in, principal=admin.principal(viewer), now=now), now=now
             )
     except FaultlineError as exc:
@@ -130,7 +130,7 @@ def expire_silence(
     now = datetime.now(UTC)
     try:
         with session_scope(request.app.state.sessionmaker) as session:
-            ended = silences.describe(silences.expire(session, silence_id=silence_id, now=now), now=now)
+            ended = silences.to_out(silences.expire(session, silence_id=silence_id, now=now), now=now)
     except FaultlineError as exc:
         with session_scope(request.app.state.sessionmaker) as session:
             return _render(request, session, error=exc, status_code=exc.status_code)

@@ -123,7 +123,7 @@ def revoke_token(
 ) -> Response:
     try:
         with session_scope(request.app.state.sessionmaker) as session:
-            record = tokens.describe(tokens.revoke(session, token_id=token_id), now=datetime.now(UTC))
+            record = tokens.to_out(tokens.revoke(session, token_id=token_id), now=datetime.now(UTC))
     except FaultlineError as exc:
         with session_scope(request.app.state.sessionmaker) as session:
             return _render(request, session, action_error=exc, status_code=exc.status_code)

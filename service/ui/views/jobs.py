@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import numpy as np
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ml import parallel
 from ml.findings import JobInfo
+from service.incidents import service as incidents
 from service.jobs import service as jobs
 from service.jobs.schemas import JobOut
-from service.models import Incident, Job, Node, Rank
-from service.pagination import decode_cursor, encode_cursor
+from service.models import Incident
 
 Interval = tuple[datetime, datetime]
 RECENT = timedelta(hours=1)
@@ -128,24 +127,8 @@ class JobListPage:
 
 
 def list_jobs(session: Session, *, state: str | None, name: str | None, limit: int, cursor: str | None) -> JobListPage:
-    """Newest first, keyset-paginated on id; node and open-incident counts as subqueries: one query a page."""
-    nodes = (
-        select(func.count(func.distinct(Rank.node_id))).where(Rank.job_id == Job.id).scalar_subquery().label("nodes")
-    )
-    open_incidents = (
-        select(func.count(Incident.id))
-        .where(Incident.job_id == Job.id, Incident.state != "resolved")
-        .scalar_subquery()
-        .label("open_incidents")
-    )
-    query = select(Job, nodes, open_incidents).order_by(Job.id.desc()).limit(limit + 1)
-    if state:
-        query = query.where(Job.state == state)
-    if name:
-        query = query.where(Job.external_id.icontains(name, autoescape=True))
-    if cursor:
-        query = query.where(Job.id < decode_cursor(cursor))
-    rows = session.execute(query).all()
+    """Newest first, keyset-paginated on id, with node and open-incident counts: one query a page."""
+    rows, next_cursor = jobs.list_with_counts(session, state=state, name=name, limit=limit, cursor=cursor)
     items = [
         JobRow(
             job_id=j.external_id,
@@ -160,9 +143,9 @@ def list_jobs(session: Session, *, state: str | None, name: str | None, limit: i
             created_at=j.created_at,
             last_seen_at=j.last_seen_at,
         )
-        for j, n, o in rows[:limit]
+        for j, n, o in rows
     ]
-    return JobListPage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)
+    return JobListPage(items=items, next_cursor=next_cursor)
 
 
 # --- one job -----------------------------------------------------------------------------------------------
@@ -317,22 +300,13 @@ def placements(job: JobOut, *, states: dict[str, tuple[str, bool]]) -> tuple[lis
     return list(by_node.values()), grid
 
 
-def node_states(session: Session, *, job: Job) -> dict[str, tuple[str, bool]]:
-    """State and lemon flag of every node running the job (from its ranks or its agents): one query."""
-    in_job = select(Rank.node_id).where(Rank.job_id == job.id)
-    rows = session.execute(
-        select(Node.name, Node.state, Node.lemon).where((Node.id.in_(in_job)) | (Node.current_job_id == job.id))
-    ).all()
-    return {name: (state, lemon) for name, state, lemon in rows}
-
-
 def _costs(
-    incidents: Sequence[Incident], *, total: Interval, recent: Interval, now: datetime
+    job_incidents: Sequence[Incident], *, total: Interval, recent: Interval, now: datetime
 ) -> tuple[list[Interval], list[CostlyIncident], int]:
     lost: list[Interval] = []
     costly: list[CostlyIncident] = []
     merged = 0
-    for i in incidents:
+    for i in job_incidents:
         if not counts_against_ettr(i.resolution):
             merged += 1
             continue
@@ -360,11 +334,11 @@ def job_view(session: Session, *, job_id: str, now: datetime) -> JobView:
     """Everything the job page shows, in four queries whatever the number of ranks, nodes and incidents."""
     job = jobs.get_by_external_id(session, job_id=job_id)
     out = jobs.describe(session, job=job)
-    places, grid = placements(out, states=node_states(session, job=job))
-    incidents = session.scalars(select(Incident).where(Incident.job_id == job.id).order_by(Incident.id)).all()
+    places, grid = placements(out, states=jobs.node_states(session, job=job))
+    job_incidents = incidents.of_job(session, job=job)
     total = job_window(job.created_at, job.last_seen_at, running=job.state == "running", now=now)
     recent = (max(total[0], total[1] - RECENT), total[1])
-    lost, costly, merged = _costs(incidents, total=total, recent=recent, now=now)
+    lost, costly, merged = _costs(job_incidents, total=total, recent=recent, now=now)
     shown = [c for c in costly if c.lost_s > 0][:COSTLY_LIMIT]
     return JobView(
         job=out,

@@ -7,12 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select
-from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
-from service.models import Finding, Incident, Job, LogEvent, Node
-from service.models.signals import metric_samples
+from service.incidents import service as incidents
 from service.nodes import lifecycle
 from service.nodes import service as nodes
 from service.nodes.schemas import NodeDetail
@@ -210,14 +207,9 @@ COUNTER_CELLS: tuple[tuple[str, Callable[[dict[str, float | None]], Cell]], ...]
 
 def gpu_counters(session: Session, *, name: str, now: datetime, window_s: float) -> dict[int, GpuCounters]:
     """The latest sample of each of the node's GPUs within the window: one DISTINCT ON query."""
-    ms = metric_samples.c
-    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
-    rows = session.execute(
-        select(ms.gpu, ms.ts, *(ms[c] for c in _COUNTER_COLUMNS))
-        .ext(distinct_on(ms.gpu))
-        .where(ms.node_id == node_id, ms.ts >= now - timedelta(seconds=window_s))
-        .order_by(ms.gpu, ms.ts.desc())
-    ).all()
+    rows = nodes.latest_gpu_samples(
+        session, name=name, since=now - timedelta(seconds=window_s), columns=_COUNTER_COLUMNS
+    )
     return {
         row.gpu: GpuCounters(
             index=row.gpu,
@@ -251,20 +243,15 @@ def _gpus(detail: NodeDetail, counters: dict[int, GpuCounters]) -> list[GpuCount
 
 def recent_logs(session: Session, *, name: str, now: datetime, limit: int = LOG_LIMIT) -> list[LogLine]:
     """The node's newest log events of the last day, Xid lines among them, progress lines left out."""
-    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
-    rows = session.execute(
-        select(LogEvent, Job.external_id)
-        .outerjoin(Job, Job.id == LogEvent.job_id)
-        .where(
-            LogEvent.node_id == node_id,
-            LogEvent.ts >= now - LOG_WINDOW,
-            # Not past tomorrow: a row stored before ingest refused such times must not break the page.
-            LogEvent.ts < now + LOG_WINDOW,
-            LogEvent.kind.not_in(LOG_SKIP_KINDS),
-        )
-        .order_by(LogEvent.ts.desc(), LogEvent.id.desc())
-        .limit(limit)
-    ).all()
+    rows = nodes.log_events(
+        session,
+        name=name,
+        since=now - LOG_WINDOW,
+        # Not past tomorrow: a row stored before ingest refused such times must not break the page.
+        until=now + LOG_WINDOW,
+        skip_kinds=LOG_SKIP_KINDS,
+        limit=limit,
+    )
     out = []
     for e, job in rows:
         fields: dict[str, Any] = e.fields or {}
@@ -288,15 +275,7 @@ def recent_logs(session: Session, *, name: str, now: datetime, limit: int = LOG_
 
 def incidents_of(session: Session, *, name: str, limit: int = INCIDENT_LIMIT) -> list[NodeIncident]:
     """Incidents, open or not, that name the node as a suspect or in a finding: newest first, one query."""
-    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
-    in_findings = select(Finding.incident_id).where(Finding.node_id == node_id, Finding.incident_id.is_not(None))
-    rows = session.execute(
-        select(Incident, Job.external_id)
-        .join(Job, Job.id == Incident.job_id)
-        .where(or_(Incident.id.in_(in_findings), Incident.suspects.contains([{"node": name}])))
-        .order_by(Incident.id.desc())
-        .limit(limit)
-    ).all()
+    rows = incidents.naming_node(session, name=name, limit=limit)
     return [
         NodeIncident(
             id=i.id,

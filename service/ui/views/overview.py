@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from sqlalchemy import Float, case, func, select, true
 from sqlalchemy.orm import Session
 
 from service.decisions import service as decisions
 from service.decisions.schemas import DecisionOut
-from service.models import Finding, Incident, Job, Node
+from service.incidents import service as incidents
+from service.nodes import service as nodes
 
-SEVERITIES = ("critical", "major", "minor")
-_SEVERITY_ORDER = case({s: i for i, s in enumerate(SEVERITIES)}, value=Incident.severity, else_=len(SEVERITIES))
 # The ring on a tile: none below 0.3, then three steps up to a confident suspect.
 _SCORE_STEPS = (0.3, 0.6, 0.85)
 
@@ -69,18 +67,8 @@ class Overview:
 
 def open_incidents(session: Session, *, limit: int) -> tuple[list[OpenIncident], dict[str, int], int]:
     """The most severe, then newest, open incidents; counts per severity over all of them."""
-    counts = dict(
-        session.execute(
-            select(Incident.severity, func.count()).where(Incident.state != "resolved").group_by(Incident.severity)
-        ).all()
-    )
-    rows = session.execute(
-        select(Incident, Job.external_id)
-        .join(Job, Job.id == Incident.job_id)
-        .where(Incident.state != "resolved")
-        .order_by(_SEVERITY_ORDER, Incident.id.desc())
-        .limit(limit)
-    ).all()
+    counts = incidents.open_counts(session)
+    rows = incidents.most_severe_open(session, limit=limit)
     items = [
         OpenIncident(
             id=i.id,
@@ -97,43 +85,13 @@ def open_incidents(session: Session, *, limit: int) -> tuple[list[OpenIncident],
         for i, job_id in rows
     ]
     total = sum(counts.values())
-    return items, {s: counts.get(s, 0) for s in SEVERITIES}, max(0, total - len(items))
-
-
-def anomaly_scores(session: Session, *, now: datetime, window_s: float) -> dict[str, float]:
-    """Each node's current anomaly score: how strongly an open incident accuses it, or a recent finding about it."""
-    suspect = func.jsonb_array_elements(Incident.suspects).table_valued("value").alias("suspect")
-    accused = session.execute(
-        select(
-            suspect.c.value.op("->>")("node").label("node"),
-            func.max(suspect.c.value.op("->>")("confidence").cast(Float)),
-        )
-        .select_from(Incident)
-        .join(suspect, true())
-        .where(Incident.state != "resolved")
-        .group_by("node")
-    ).all()
-    recent = session.execute(
-        select(Node.name, func.max(Finding.confidence))
-        .join(Node, Node.id == Finding.node_id)
-        .where(Finding.created_at >= now - timedelta(seconds=window_s))
-        .group_by(Node.name)
-    ).all()
-    scores: dict[str, float] = {}
-    for name, score in [*accused, *recent]:
-        if name is not None and score is not None:
-            scores[name] = max(scores.get(name, 0.0), float(score))
-    return scores
+    return items, {s: counts.get(s, 0) for s in incidents.SEVERITIES}, max(0, total - len(items))
 
 
 def cluster_map(session: Session, *, now: datetime, window_s: float) -> list[TileGroup]:
     """Every node as a tile, grouped by the job it runs; groups with the sickest node first."""
-    scores = anomaly_scores(session, now=now, window_s=window_s)
-    rows = session.execute(
-        select(Node.name, Node.state, Node.lemon, Job.external_id)
-        .outerjoin(Job, Job.id == Node.current_job_id)
-        .order_by(Node.name)
-    ).all()
+    scores = incidents.anomaly_scores(session, now=now, window_s=window_s)
+    rows = nodes.states_and_jobs(session)
     groups: dict[str | None, TileGroup] = defaultdict(lambda: TileGroup(job_id=None, tiles=[]))
     for name, state, lemon, job_id in rows:
         group = groups[job_id]

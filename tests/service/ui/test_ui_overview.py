@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from service.bench import uidata
-from service.ui.views import overview
+from service.incidents import service as incidents
 from tests import rows
 
 
@@ -33,7 +33,7 @@ def test_anomaly_scores_take_the_strongest_accusation(session) -> None:
     rows.node(session, "n-b")
     rows.incident(session, job=job, suspects=["n-a"])
     rows.incident(session, job=job, suspects=["n-b"], root_cause="network", state="resolved")
-    scores = overview.anomaly_scores(session, now=datetime.now(UTC), window_s=300)
+    scores = incidents.anomaly_scores(session, now=datetime.now(UTC), window_s=300)
     assert scores == {"n-a": 0.95}
 
 
