@@ -1,7 +1,7 @@
 """GPU counters: uncorrectable memory errors, row-remap failures, Xids, NVLink and PCIe error rates, lost GPUs.
 
 Input: a job's metric samples as a DataFrame (ts, node, gpu and one column per metric, named as in
-service/metric_fields.py). Counters are cumulative; only increases between consecutive samples of one GPU
+ml/metrics.py). Counters are cumulative; only increases between consecutive samples of one GPU
 count, so a counter reset (a GPU reset zeroes the volatile ECC counters) is never an increase. Error-rate
 counters that every GPU accumulates a little (NVLink CRC, PCIe replays) are judged against the job's other
 GPUs: one GPU rising far faster than its peers is the finding. A GPU whose samples stop while the other GPUs
@@ -19,20 +19,27 @@ import numpy as np
 import pandas as pd
 
 from ml.findings import Finding, JobInfo
+from ml.metrics import (
+    ECC_DBE_VOLATILE,
+    NVLINK_CRC_DATA_ERRORS,
+    NVLINK_CRC_FLIT_ERRORS,
+    NVLINK_RECOVERY_ERRORS,
+    NVLINK_REPLAY_ERRORS,
+    PCIE_REPLAY,
+    REMAPPED_ROWS_UNCORRECTABLE,
+    ROW_REMAP_FAILURE,
+    XID_LAST,
+)
 from ml.xid import lookup
 
 DETECTOR = "counters"
 
 # Uncorrectable-error counters: any increase means the GPU's memory is broken. column -> (confidence, words)
 UNCORRECTABLE: dict[str, tuple[float, str]] = {
-    "ecc_dbe_volatile": (0.93, "uncorrectable (double-bit) ECC errors"),
-    "remapped_rows_uncorrectable": (0.85, "rows remapped after uncorrectable errors"),
+    ECC_DBE_VOLATILE: (0.93, "uncorrectable (double-bit) ECC errors"),
+    REMAPPED_ROWS_UNCORRECTABLE: (0.85, "rows remapped after uncorrectable errors"),
 }
-ROW_REMAP_FAILURE = "row_remap_failure"
-XID_LAST = "xid_last"
-NVLINK_ERRORS = ("nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors")
-NVLINK_RECOVERY = "nvlink_recovery_errors"
-PCIE_REPLAY = "pcie_replay"
+NVLINK_ERRORS = (NVLINK_CRC_FLIT_ERRORS, NVLINK_CRC_DATA_ERRORS, NVLINK_REPLAY_ERRORS)
 
 # Peer comparison of error-rate counters: at least this many new errors, and this many times the job's median.
 NVLINK_MIN_ERRORS = 20.0
@@ -50,7 +57,7 @@ FUTURE_SKEW = timedelta(minutes=5)  # samples stamped further ahead of `now` tha
 # The job-wide medians a caller may supply: name -> the counter columns whose per-GPU increases are summed.
 PEER_MEDIANS: dict[str, tuple[str, ...]] = {
     "nvlink": NVLINK_ERRORS,
-    "nvlink_recovery": (NVLINK_RECOVERY,),
+    "nvlink_recovery": (NVLINK_RECOVERY_ERRORS,),
     "pcie": (PCIE_REPLAY,),
 }
 
@@ -304,7 +311,9 @@ def _peer_outliers(
 def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """NVLink CRC/replay errors rising on one GPU far faster than on its peers, or link recoveries."""
     outliers, median = _peer_outliers(df, NVLINK_ERRORS, NVLINK_MIN_ERRORS, medians.get("nvlink"))
-    recovery = _increases(df, NVLINK_RECOVERY).set_index(_KEYS)["increase"] if NVLINK_RECOVERY in df else None
+    recovery = (
+        _increases(df, NVLINK_RECOVERY_ERRORS).set_index(_KEYS)["increase"] if NVLINK_RECOVERY_ERRORS in df else None
+    )
     flagged: dict[tuple[str, int], dict[str, Any]] = {}
     for (node, gpu), row in outliers.iterrows():
         flagged[(node, int(gpu))] = {"errors": float(row["total"]), "per_min": float(row["per_min"])}
@@ -314,7 +323,7 @@ def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str,
     if recovery is not None and not recovery.empty and recovery_median == 0.0:
         for (node, gpu), value in recovery[recovery > 0].items():
             flagged.setdefault((node, int(gpu)), {"errors": 0.0, "per_min": 0.0})["recoveries"] = float(value)
-    first_ts = _first_rise(df, (*NVLINK_ERRORS, NVLINK_RECOVERY))
+    first_ts = _first_rise(df, (*NVLINK_ERRORS, NVLINK_RECOVERY_ERRORS))
     return _grouped_findings(
         flagged,
         first_ts,
@@ -337,7 +346,7 @@ def _pcie(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, f
     return _grouped_findings(
         flagged,
         _first_rise(df, (PCIE_REPLAY,)),
-        key="pcie_replay",
+        key=PCIE_REPLAY,
         category="pcie",
         what="PCIe replays",
         severe=lambda info: False,

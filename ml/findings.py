@@ -103,6 +103,6 @@ class StackSample:
 
 
 # Metric samples travel as a pandas DataFrame with columns ts (UTC), node, gpu and one column per metric
-# named as in service/metric_fields.py (gpu_util, sm_clock, power_usage, ...). Counters (ecc_*, nvlink_*_errors,
+# named as in ml/metrics.py (gpu_util, sm_clock, power_usage, ...). Counters (ecc_*, nvlink_*_errors,
 # *_bytes, total_energy, ...) are cumulative: detectors difference them.
 # Process snapshots: a DataFrame with ts, node, rank, pid, cpu_pct, rss_bytes, state.

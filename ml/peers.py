@@ -25,25 +25,44 @@ import pandas as pd
 
 from ml import parallel, windows
 from ml.findings import Finding, JobInfo
-from ml.metrics import WINDOW_S
+from ml.metrics import (
+    DRAM_ACTIVE,
+    GPU_TEMP,
+    GPU_UTIL,
+    GR_ENGINE_ACTIVE,
+    MEM_COPY_UTIL,
+    MEMORY_TEMP,
+    NVLINK_BANDWIDTH_TOTAL,
+    NVLINK_RX_BYTES,
+    NVLINK_TX_BYTES,
+    PCIE_RX_BYTES,
+    PCIE_TX_BYTES,
+    POWER_LIMIT,
+    POWER_USAGE,
+    SM_ACTIVE,
+    SM_CLOCK,
+    SM_OCCUPANCY,
+    TENSOR_ACTIVE,
+    WINDOW_S,
+)
 
 DETECTOR = "peers"
 
 # Minder found network, CPU, GPU power, duty cycle, tensor activity and NVLink bandwidth the most telling;
 # DCGM has no network or CPU counters, so GPU power leads. Earlier metrics lead a finding's evidence.
 DEFAULT_PRIORITY: tuple[str, ...] = (
-    "power_usage",
-    "gpu_util",
-    "tensor_active",
-    "nvlink_tx_bytes",
-    "nvlink_rx_bytes",
-    "nvlink_bandwidth_total",
-    "sm_active",
-    "sm_clock",
-    "dram_active",
-    "gpu_temp",
-    "pcie_tx_bytes",
-    "pcie_rx_bytes",
+    POWER_USAGE,
+    GPU_UTIL,
+    TENSOR_ACTIVE,
+    NVLINK_TX_BYTES,
+    NVLINK_RX_BYTES,
+    NVLINK_BANDWIDTH_TOTAL,
+    SM_ACTIVE,
+    SM_CLOCK,
+    DRAM_ACTIVE,
+    GPU_TEMP,
+    PCIE_TX_BYTES,
+    PCIE_RX_BYTES,
 )
 
 Z_MIN = 4.0  # distance from the centre, in robust scale units, to be an outlier
@@ -69,28 +88,30 @@ class MetricSpec:
 
 
 SPECS: dict[str, MetricSpec] = {
-    "power_usage": MetricSpec("straggler", 0.05, 10.0, 0.6),
-    "gpu_util": MetricSpec("straggler", 0.05, 5.0, 0.45),
-    "tensor_active": MetricSpec("straggler", 0.05, 0.02, 0.55),
-    "sm_active": MetricSpec("straggler", 0.05, 0.02, 0.5),
-    "gr_engine_active": MetricSpec("straggler", 0.05, 0.02, 0.45),
-    "sm_occupancy": MetricSpec("straggler", 0.05, 0.02, 0.35),
-    "dram_active": MetricSpec("straggler", 0.05, 0.02, 0.4),
-    "sm_clock": MetricSpec("straggler", 0.05, 30.0, 0.55),
-    "mem_copy_util": MetricSpec("straggler", 0.05, 5.0, 0.35),
+    POWER_USAGE: MetricSpec("straggler", 0.05, 10.0, 0.6),
+    GPU_UTIL: MetricSpec("straggler", 0.05, 5.0, 0.45),
+    TENSOR_ACTIVE: MetricSpec("straggler", 0.05, 0.02, 0.55),
+    SM_ACTIVE: MetricSpec("straggler", 0.05, 0.02, 0.5),
+    GR_ENGINE_ACTIVE: MetricSpec("straggler", 0.05, 0.02, 0.45),
+    SM_OCCUPANCY: MetricSpec("straggler", 0.05, 0.02, 0.35),
+    DRAM_ACTIVE: MetricSpec("straggler", 0.05, 0.02, 0.4),
+    SM_CLOCK: MetricSpec("straggler", 0.05, 30.0, 0.55),
+    MEM_COPY_UTIL: MetricSpec("straggler", 0.05, 5.0, 0.35),
     # Slot position and airflow make temperatures differ more than anything else: a wider floor.
-    "gpu_temp": MetricSpec("straggler", 0.08, 3.0, 0.3),
-    "memory_temp": MetricSpec("straggler", 0.08, 3.0, 0.25),
-    "nvlink_tx_bytes": MetricSpec("nvlink", 0.05, 1e6, 0.5, counter=True),
-    "nvlink_rx_bytes": MetricSpec("nvlink", 0.05, 1e6, 0.5, counter=True),
-    "nvlink_bandwidth_total": MetricSpec("nvlink", 0.05, 1e3, 0.45, counter=True),
-    "pcie_tx_bytes": MetricSpec("pcie", 0.05, 1e6, 0.35, counter=True),
-    "pcie_rx_bytes": MetricSpec("pcie", 0.05, 1e6, 0.35, counter=True),
+    GPU_TEMP: MetricSpec("straggler", 0.08, 3.0, 0.3),
+    MEMORY_TEMP: MetricSpec("straggler", 0.08, 3.0, 0.25),
+    NVLINK_TX_BYTES: MetricSpec("nvlink", 0.05, 1e6, 0.5, counter=True),
+    NVLINK_RX_BYTES: MetricSpec("nvlink", 0.05, 1e6, 0.5, counter=True),
+    NVLINK_BANDWIDTH_TOTAL: MetricSpec("nvlink", 0.05, 1e3, 0.45, counter=True),
+    PCIE_TX_BYTES: MetricSpec("pcie", 0.05, 1e6, 0.35, counter=True),
+    PCIE_RX_BYTES: MetricSpec("pcie", 0.05, 1e6, 0.35, counter=True),
 }
 
+# Power over its limit: derived per window row, not a stored column.
+_POWER_RATIO = "power_ratio"
 # Whether the job is working in a window: the first of these with data, and the job-wide median it needs.
 # Utilization comes last: a rank spinning in a hung NCCL collective reads 100%.
-_ACTIVITY = (("sm_active", 0.1), ("tensor_active", 0.02), ("power_ratio", 0.25), ("gpu_util", 10.0))
+_ACTIVITY = ((SM_ACTIVE, 0.1), (TENSOR_ACTIVE, 0.02), (_POWER_RATIO, 0.25), (GPU_UTIL, 10.0))
 
 
 SPAN_S = 30.0  # one sub-window of the comparison: three 10 s windows
@@ -231,9 +252,9 @@ def _span_frame(job: JobInfo, rolled: pd.DataFrame, end: datetime, span_s: float
         return None
     frame["previous"] = pd.to_datetime(frame["window_start"], utc=True) < begin
     frame["unit"] = frame["node"].astype(str) + "/" + frame["gpu"].astype(int).astype(str)
-    if "power_usage" in frame.columns and "power_limit" in frame.columns:
-        limit = _numeric(frame["power_limit"])
-        frame["power_ratio"] = _numeric(frame["power_usage"]) / limit.where(limit > 0)
+    if POWER_USAGE in frame.columns and POWER_LIMIT in frame.columns:
+        limit = _numeric(frame[POWER_LIMIT])
+        frame[_POWER_RATIO] = _numeric(frame[POWER_USAGE]) / limit.where(limit > 0)
     return frame.sort_values(["unit", "window_start"])
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ml.findings import Finding, JobInfo, LogRecord
+from ml.metrics import FB_USED, POWER_USAGE, SM_ACTIVE, TENSOR_ACTIVE
 
 DETECTOR = "progress"
 
@@ -34,7 +35,7 @@ FB_USED_ALIVE_MIB = 1024.0  # without process snapshots: a GPU holding this much
 BUCKET_S = 10.0
 # Activity fallback: gauge, the level that counts as working before, and the absolute floor below which
 # it has collapsed (also below COLLAPSE_RATIO of the earlier level).
-_ACTIVITY = (("tensor_active", 0.05, 0.01), ("sm_active", 0.15, 0.05), ("power_usage", 0.0, 0.0))
+_ACTIVITY = ((TENSOR_ACTIVE, 0.05, 0.01), (SM_ACTIVE, 0.15, 0.05), (POWER_USAGE, 0.0, 0.0))
 COLLAPSE_RATIO = 0.3
 POWER_COLLAPSE_RATIO = 0.45  # power never reaches zero: idle draw is a fifth of a working GPU's
 MIN_COVERAGE = 0.8  # of the timeout's buckets that must have samples to claim a collapse
@@ -349,8 +350,8 @@ def job_activity(job: JobInfo, metrics: pd.DataFrame | None, now: datetime) -> p
             continue  # too sparse to speak for the job
         per_unit = values[ok].groupby([bucket[ok], frame["unit"][ok]]).mean()
         columns[column] = per_unit.groupby(level=0).median()
-    if "fb_used" in frame.columns:
-        used = numeric(frame["fb_used"])
+    if FB_USED in frame.columns:
+        used = numeric(frame[FB_USED])
         ok = used.notna()
         last = used[ok].groupby([bucket[ok], frame["unit"][ok]]).last()
         columns["gpus_alive"] = (last >= FB_USED_ALIVE_MIB).groupby(level=0).sum()
@@ -380,7 +381,7 @@ def _collapse(
     prior = float(before.quantile(0.9))
     if prior <= 0 or prior < working:
         return []  # it never worked: starting up, not hung
-    ratio = POWER_COLLAPSE_RATIO if column == "power_usage" else COLLAPSE_RATIO
+    ratio = POWER_COLLAPSE_RATIO if column == POWER_USAGE else COLLAPSE_RATIO
     threshold = max(floor, ratio * prior)
     if not bool((during < threshold).all()):
         return []

@@ -19,7 +19,7 @@ from agents.sim.config import SimConfig
 from agents.sim.gpu import TICK
 from agents.sim.model import CULPRIT_DATA, DEAD, NORMAL, Cluster
 from ml.findings import JobInfo, LogRecord
-from service.metric_fields import FIELD_TO_COLUMN
+from ml.metrics import FIELD_TO_COLUMN
 
 START = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 

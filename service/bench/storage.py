@@ -29,9 +29,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, text
 
+from ml.metrics import FIELD_TO_COLUMN
 from service.bench.ingest import say, start_backend
 from service.maintenance import partitions
-from service.metric_fields import FIELD_TO_COLUMN
 from service.synthetic import COUNTERS, GAUGES
 
 METRICS = partitions.REGISTRY["metric_samples"]

@@ -19,7 +19,17 @@ from sqlalchemy.orm import Session
 
 from ml import counters, peers, progress
 from ml.findings import Finding, JobInfo
-from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS, WINDOW_S
+from ml.metrics import (
+    GPU_UTIL,
+    METRIC_COLUMNS,
+    POWER_LIMIT,
+    ROW_REMAP_FAILURE,
+    SM_ACTIVE,
+    TENSOR_ACTIVE,
+    WINDOW_MAX_COLUMNS,
+    WINDOW_S,
+    XID_LAST,
+)
 from ml.windows import to_samples
 from service.diagnosis import state, windows
 from service.models import Job
@@ -33,7 +43,7 @@ _PEER_HISTORY_S = _PEER_SPANS * peers.SPAN_S
 
 
 def _peer_columns() -> list[str]:
-    columns = [*peers.DEFAULT_PRIORITY, "power_limit", "sm_active", "tensor_active", "gpu_util"]
+    columns = [*peers.DEFAULT_PRIORITY, POWER_LIMIT, SM_ACTIVE, TENSOR_ACTIVE, GPU_UTIL]
     columns += [f"{c}_max" for c in peers.DEFAULT_PRIORITY if peers.SPECS[c].counter]
     return columns
 
@@ -133,20 +143,20 @@ def _delta(columns: tuple[str, ...]) -> str:
 # Xid code or the remap-failure state moved, and when the GPU last reported against its node.
 _COUNTER_SQL = text(
     "WITH first AS ("
-    "  SELECT node_id, gpu, " + ", ".join(f"{c}_max" for c in (*_UNCORRECTABLE, *_PEER_COUNTED, "xid_last")) + " "
+    "  SELECT node_id, gpu, " + ", ".join(f"{c}_max" for c in (*_UNCORRECTABLE, *_PEER_COUNTED, XID_LAST)) + " "
     "  FROM metric_windows WHERE job_id = :job AND window_start = (SELECT min(window_start) FROM metric_windows "
     "    WHERE job_id = :job AND window_start >= :lo AND window_start < :hi)"
     "), last AS ("
     "  SELECT DISTINCT ON (node_id, gpu) node_id, gpu, last_ts, "
-    + ", ".join(f"{c}_max" for c in (*_UNCORRECTABLE, *_PEER_COUNTED, "xid_last", "row_remap_failure"))
+    + ", ".join(f"{c}_max" for c in (*_UNCORRECTABLE, *_PEER_COUNTED, XID_LAST, ROW_REMAP_FAILURE))
     + "  FROM metric_windows WHERE job_id = :job AND window_start >= :recent AND window_start < :hi "
     "  ORDER BY node_id, gpu, window_start DESC"
     "), g AS ("
     "  SELECT coalesce(l.node_id, f.node_id) AS node_id, l.last_ts, l.node_id IS NULL AS gone, "
     f"   {_delta(_UNCORRECTABLE)} AS uncorrectable, "
     + ", ".join(f"{_delta(cols)} AS {name}" for name, cols in counters.PEER_MEDIANS.items())
-    + ",   coalesce(l.row_remap_failure_max, 0) > 0 AS remap_failure, "
-    "   l.xid_last_max IS DISTINCT FROM f.xid_last_max AND f.node_id IS NOT NULL AS xid_changed "
+    + f",   coalesce(l.{ROW_REMAP_FAILURE}_max, 0) > 0 AS remap_failure, "
+    f"   l.{XID_LAST}_max IS DISTINCT FROM f.{XID_LAST}_max AND f.node_id IS NOT NULL AS xid_changed "
     "  FROM first f FULL JOIN last l ON l.node_id = f.node_id AND l.gpu = f.gpu"
     "), judged AS ("
     "  SELECT *, (max(last_ts) OVER (PARTITION BY node_id) - last_ts) >= make_interval(secs => :quiet) "

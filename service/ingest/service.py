@@ -15,8 +15,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
+from ml.metrics import FIELD_TO_COLUMN
 from service.ingest.schemas import IngestBatch
-from service.metric_fields import FIELD_TO_COLUMN
 from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS
 
 # dcgm-exporter reports unsupported fields as values near INT64_MAX; they mean "no value".

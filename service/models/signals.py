@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.metric_fields import METRIC_COLUMNS
+from ml.metrics import METRIC_COLUMNS
 from service.models.base import Base, created_at_column
 
 

@@ -13,7 +13,7 @@ from agents.sim.config import SimConfig
 from agents.sim.model import Cluster
 from ml import counters
 from ml.findings import ACTIONS, CATEGORIES, SUBJECT_KINDS, Finding, JobInfo
-from service.metric_fields import FIELD_TO_COLUMN
+from ml.metrics import FIELD_TO_COLUMN
 
 START = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 NODES, GPUS = 3, 4

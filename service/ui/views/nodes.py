@@ -28,7 +28,7 @@ ACTIONS_FROM: dict[str, tuple[str, ...]] = {
     "repair": lifecycle.REPAIR_FROM,
     "return": lifecycle.RETURN_FROM,
 }
-# The columns of metric_samples the GPU table shows (see service/metric_fields.py for where each comes from).
+# The columns of metric_samples the GPU table shows (see ml/metrics.py for where each comes from).
 _COUNTER_COLUMNS = (
     "gpu_util",
     "sm_active",
