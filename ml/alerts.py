@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ml.findings import CATEGORIES, Finding, JobInfo, LogRecord
+from ml.findings import CATEGORIES, AlertEvidence, Finding, JobInfo, LogRecord
 from ml.normalize import signature
 
 DETECTOR = "alerts"
@@ -226,7 +226,7 @@ def _finding(node: str, group: Sequence[_Alert]) -> Finding:
     count = f" x{len(group)}" if len(group) > 1 else ""
     observed = min(a.ts for a in group)
     ordered = sorted(group, key=lambda a: (a.ts, a.record.id))
-    evidence: dict[str, Any] = {
+    evidence: AlertEvidence = {
         "signals": [{"type": "log", "id": a.record.id} for a in ordered[:MAX_SIGNALS]],
         "signature": signature(f"alert {first.alertname} {first.category}"),
         "lines": list(dict.fromkeys(a.record.line for a in ordered if a.record.line))[:3],

@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
-from ml.findings import Finding, JobInfo
+from ml.findings import CounterEvidence, Finding, JobInfo, SignalRef
 from ml.metrics import (
     ECC_DBE_VOLATILE,
     NVLINK_CRC_DATA_ERRORS,
@@ -149,8 +149,8 @@ def _num(value: Any) -> float | None:
     return None if np.isnan(out) else out
 
 
-def _signal(node: str, gpu: int, column: str, ts: Any, before: Any = None, after: Any = None) -> dict[str, Any]:
-    signal: dict[str, Any] = {"type": "metric", "node": node, "gpu": int(gpu), "metric": column, "ts": _iso(ts)}
+def _signal(node: str, gpu: int, column: str, ts: Any, before: Any = None, after: Any = None) -> SignalRef:
+    signal: SignalRef = {"type": "metric", "node": node, "gpu": int(gpu), "metric": column, "ts": _iso(ts)}
     if _num(before) is not None:
         signal["from"] = _num(before)
     if _num(after) is not None:
@@ -168,17 +168,17 @@ def _gpu_finding(
     summary: str,
     observed_at: datetime,
     action: str,
-    signals: list[dict[str, Any]],
+    signals: list[SignalRef],
     **extra: Any,
 ) -> Finding:
     one = len(gpus) == 1
-    evidence: dict[str, Any] = {
+    evidence: CounterEvidence = {
         "signals": signals[:50],
         "signature": key.split(":", 1)[0],
         "count": len(signals),
         "gpus": sorted(int(g) for g in gpus),
     }
-    evidence.update({k: v for k, v in extra.items() if v is not None})
+    evidence.update(cast(CounterEvidence, {k: v for k, v in extra.items() if v is not None}))  # the rule's details
     return Finding(
         detector=DETECTOR,
         category=category,

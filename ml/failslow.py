@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ml import parallel
-from ml.findings import Finding, JobInfo, LogRecord
+from ml.findings import FailslowRound, Finding, JobInfo, LogRecord
 from ml.progress import StepPoint, is_dead, process_frame, snapshot_interval, step_points, utc
 
 DETECTOR = "failslow"
@@ -175,7 +175,7 @@ def _rank_step_times(
     out = []
     for rank in sorted(common):
         node = _node_of(job, rank, nodes.get(rank))
-        evidence_rounds = [
+        evidence_rounds: list[FailslowRound] = [
             {
                 **rnd.json(),
                 "rank_ms": round(medians[rank], 3),
@@ -275,7 +275,8 @@ def _job_slowdown(job: JobInfo, points: list[StepPoint], now: datetime, rounds: 
         return []  # too young to know its own pace
     # The lower quartile: the job's usual pace even when a slowdown already fills part of the history.
     baseline = float(np.quantile(baseline_chunks, 0.25))
-    per_round, sources = [], set()
+    per_round: list[FailslowRound] = []
+    sources: set[str] = set()
     for rnd in windows:
         value, source = _seconds_per_step(points, rnd.start, rnd.end)
         if value is None:
@@ -406,7 +407,7 @@ def _cpu_outliers(
         signs = {math.copysign(1.0, flagged[rank]) for _, _, flagged in per_round}
         if len(signs) != 1:
             continue
-        evidence_rounds = [
+        evidence_rounds: list[FailslowRound] = [
             {**rnd.json(), "rank_cpu_pct": round(med[rank], 2), "z": round(fl[rank], 2), **_band(med, stages, rank)}
             for rnd, med, fl in per_round
         ]
@@ -423,7 +424,7 @@ def _no_progress(points: list[StepPoint], since: datetime) -> bool:
 
 
 def _cpu_finding(
-    job: JobInfo, rank: int, node_hint: str | None, evidence_rounds: list[dict[str, Any]], stalled: bool, low: bool
+    job: JobInfo, rank: int, node_hint: str | None, evidence_rounds: list[FailslowRound], stalled: bool, low: bool
 ) -> Finding:
     node = _node_of(job, rank, node_hint)
     rounds = len(evidence_rounds)

@@ -12,6 +12,76 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+# The evidence each detector writes, and the readers that check a stored row, live in ml/evidence.py.
+from ml.evidence import (
+    AlertEvidence,
+    CounterEvidence,
+    CoveringGroup,
+    Evidence,
+    FailslowEvidence,
+    FailslowRound,
+    FindingEvidence,
+    LogCitedEvidence,
+    PeerEvidence,
+    PeerMetric,
+    PeerSupport,
+    PeerWindow,
+    ProgressEvidence,
+    SignalRef,
+    SignatureEvidence,
+    StackEvidence,
+    StackGroupEvidence,
+    StackRequestEvidence,
+    StackRoundsEvidence,
+    StackTreeNode,
+    TrainingMetricsEvidence,
+    evidence_of,
+    failslow_evidence,
+    peer_evidence,
+    signal_refs,
+    stack_evidence,
+    stack_tree_of,
+)
+
+__all__ = [
+    "ACTIONS",
+    "BLAMES",
+    "CATEGORIES",
+    "ROLES",
+    "SUBJECT_KINDS",
+    "AlertEvidence",
+    "CounterEvidence",
+    "CoveringGroup",
+    "Evidence",
+    "FailslowEvidence",
+    "FailslowRound",
+    "Finding",
+    "FindingEvidence",
+    "JobInfo",
+    "LogCitedEvidence",
+    "LogRecord",
+    "PeerEvidence",
+    "PeerMetric",
+    "PeerSupport",
+    "PeerWindow",
+    "ProgressEvidence",
+    "SignalRef",
+    "SignatureEvidence",
+    "StackEvidence",
+    "StackGroupEvidence",
+    "StackRequestEvidence",
+    "StackRoundsEvidence",
+    "StackSample",
+    "StackTreeNode",
+    "TrainingMetricsEvidence",
+    "evidence_of",
+    "failslow_evidence",
+    "peer_evidence",
+    "signal_refs",
+    "stack_evidence",
+    "stack_tree_of",
+]
+
 # Root-cause categories, most specific first: an incident's root cause is one of these.
 CATEGORIES = (
     "gpu_hardware",  # fatal Xid, GPU fallen off the bus, uncorrectable ECC, row-remap failure
@@ -53,8 +123,9 @@ class Finding:
     # Stable identity: the same claim about the same evidence gets the same key on every run, so a
     # re-run stores nothing new. The service prefixes the job and detector.
     key: str = ""
-    # JSON-able: {"signals": [{"type": "log"|"metric"|"stack"|"process", "id": ..., ...}], plus detector details}.
-    evidence: dict[str, Any] = field(default_factory=dict)
+    # JSON-able: {"signals": [{"type": "log"|"metric"|"stack"|"process", "id": ..., ...}], plus detector details},
+    # shaped as the detector's TypedDict in ml/evidence.py (a Mapping, so that a TypedDict is accepted).
+    evidence: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ml import parallel, windows
-from ml.findings import Finding, JobInfo
+from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
 from ml.metrics import (
     DRAM_ACTIVE,
     GPU_TEMP,
@@ -502,7 +502,7 @@ def _findings(
     out = []
     for category, recs in by_category.items():
         confidence = 1.0
-        evidence_metrics = []
+        evidence_metrics: list[PeerMetric] = []
         onset_w = 0
         for rec in recs:
             run = rec["run"]
@@ -518,6 +518,25 @@ def _findings(
         onset = now - timedelta(seconds=(onset_w + 1) * window_s)
         lead = evidence_metrics[0]
         names = ", ".join(m["metric"] for m in evidence_metrics)
+        evidence: PeerEvidence = {
+            "signals": [
+                {
+                    "type": "metric",
+                    "node": node,
+                    "gpu": int(gpu) if gpu.isdigit() else gpu,
+                    "metric": m["metric"],
+                    "from": m["windows"][-1]["start"],
+                    "to": m["windows"][0]["end"],
+                }
+                for m in evidence_metrics
+            ],
+            "unit": unit,
+            "job_id": job.job_id,
+            "window_s": window_s,
+            "continuity_s": n_cont * window_s,
+            "metrics": evidence_metrics,
+            "supporting": [{k: v for k, v in r.items() if k != "category"} for r in supporting],
+        }
         out.append(
             Finding(
                 detector=DETECTOR,
@@ -536,33 +555,15 @@ def _findings(
                 role="cause",
                 action="evict",
                 key=f"{unit}:{category}",
-                evidence={
-                    "signals": [
-                        {
-                            "type": "metric",
-                            "node": node,
-                            "gpu": int(gpu) if gpu.isdigit() else gpu,
-                            "metric": m["metric"],
-                            "from": m["windows"][-1]["start"],
-                            "to": m["windows"][0]["end"],
-                        }
-                        for m in evidence_metrics
-                    ],
-                    "unit": unit,
-                    "job_id": job.job_id,
-                    "window_s": window_s,
-                    "continuity_s": n_cont * window_s,
-                    "metrics": evidence_metrics,
-                    "supporting": [{k: v for k, v in r.items() if k != "category"} for r in supporting],
-                },
+                evidence=evidence,
             )
         )
     return out
 
 
-def _metric_evidence(rec: dict[str, Any], now: datetime, window_s: float, score: float) -> dict[str, Any]:
+def _metric_evidence(rec: dict[str, Any], now: datetime, window_s: float, score: float) -> PeerMetric:
     """What a UI plots: the suspect's window summary against the peers' median and p10-p90 band."""
-    windows = []
+    windows: list[PeerWindow] = []
     for w, r in rec["run"]:
         start = now - timedelta(seconds=(w + 1) * window_s)
         windows.append(

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ml.findings import Finding, JobInfo, LogRecord
+from ml.findings import Finding, JobInfo, LogRecord, ProgressEvidence
 from ml.metrics import FB_USED, POWER_USAGE, SM_ACTIVE, TENSOR_ACTIVE
 
 DETECTOR = "progress"
@@ -256,7 +256,7 @@ def _step_hang(
     last_step = last.step
     busy = _gpus_computing(activity, now, timeout)
     confidence = 0.75 if busy else 0.9
-    evidence: dict[str, Any] = {
+    evidence: ProgressEvidence = {
         "signals": [{"type": "log", "id": last.record_id}],
         "last_step": last_step,
         "last_step_at": last.ts.isoformat(),
@@ -393,7 +393,7 @@ def _collapse(
         onset = int(ts)
     onset_at = datetime.fromtimestamp(onset, UTC)
     stalled = now.timestamp() - onset
-    evidence: dict[str, Any] = {
+    evidence: ProgressEvidence = {
         "signals": [{"type": "metric", "metric": column, "from": onset_at.isoformat(), "to": now.isoformat()}],
         "metric": column,
         "level_before": round(prior, 4),
@@ -419,14 +419,14 @@ def _alive_text(live: Liveness) -> str:
     return f"{live.n_alive} of {live.expected} {what}"
 
 
-def _live_evidence(live: Liveness) -> dict[str, Any]:
+def _live_evidence(live: Liveness) -> ProgressEvidence:
     if live.source == "processes":
         return {"ranks_alive": live.n_alive, "ranks_expected": live.expected, "ranks_missing": list(live.missing[:64])}
     return {"gpus_holding_memory": live.n_alive, "gpus_seen": live.expected}
 
 
 def _finding(
-    job: JobInfo, summary: str, confidence: float, observed_at: datetime, key: str, evidence: dict[str, Any]
+    job: JobInfo, summary: str, confidence: float, observed_at: datetime, key: str, evidence: ProgressEvidence
 ) -> Finding:
     return Finding(
         detector=DETECTOR,

@@ -14,9 +14,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from ml.findings import Finding, JobInfo, LogRecord
+from ml.findings import Finding, JobInfo, LogRecord, TrainingMetricsEvidence
 
 DETECTOR = "training_metrics"
 METRICS = ("loss", "grad_norm")
@@ -133,7 +133,7 @@ def _clip(text: str, limit: int = LINE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _evidence(obs: Sequence[_Obs], **extra: Any) -> dict[str, Any]:
+def _evidence(obs: Sequence[_Obs], **extra: Any) -> TrainingMetricsEvidence:
     ordered = sorted(obs, key=lambda o: (o.ts, o.record.id))
     ids: list[int] = []
     for o in ordered:
@@ -145,7 +145,7 @@ def _evidence(obs: Sequence[_Obs], **extra: Any) -> dict[str, Any]:
         if line not in lines and len(lines) < MAX_LINES:
             lines.append(line)
     steps = sorted({o.step for o in obs if o.step is not None})
-    evidence: dict[str, Any] = {
+    evidence: TrainingMetricsEvidence = {
         "signals": [{"type": "log", "id": i} for i in ids],
         "signature": "",
         "lines": lines,
@@ -156,7 +156,7 @@ def _evidence(obs: Sequence[_Obs], **extra: Any) -> dict[str, Any]:
         "first_step": steps[0] if steps else None,
         "last_step": steps[-1] if steps else None,
     }
-    evidence.update({k: v for k, v in extra.items() if v is not None})
+    evidence.update(cast(TrainingMetricsEvidence, {k: v for k, v in extra.items() if v is not None}))
     return evidence
 
 

@@ -10,9 +10,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from ml.findings import Finding, JobInfo, LogRecord
+from ml.findings import Finding, JobInfo, LogRecord, SignatureEvidence
 from ml.normalize import signature
 
 DETECTOR = "signatures"
@@ -165,7 +165,7 @@ def _times(occs: Sequence[_Occ]) -> list[str]:
     return [t.isoformat() for t in out[-MAX_LIST:]]  # the latest ones: flap tolerance looks back from now
 
 
-def _evidence(occs: Sequence[_Occ], sig_text: str | None = None, **extra: Any) -> dict[str, Any]:
+def _evidence(occs: Sequence[_Occ], sig_text: str | None = None, **extra: Any) -> SignatureEvidence:
     """References to the records, the signature of the claim, a few raw lines, the count, and details."""
     ordered = sorted(occs, key=lambda o: (_ts(o.record), o.record.id))
     ids: list[int] = []
@@ -183,7 +183,7 @@ def _evidence(occs: Sequence[_Occ], sig_text: str | None = None, **extra: Any) -
     first_line = ordered[0].record.line if ordered else ""
     ranks = sorted({o.rank for o in occs if o.rank is not None})
     nodes = sorted({o.node for o in occs if o.node})
-    evidence: dict[str, Any] = {
+    evidence: SignatureEvidence = {
         "signals": [{"type": "log", "id": i} for i in ids],
         "signature": signature(sig_text if sig_text is not None else first_line or ""),
         "lines": lines,
@@ -192,7 +192,7 @@ def _evidence(occs: Sequence[_Occ], sig_text: str | None = None, **extra: Any) -
     }
     if ranks:
         evidence["ranks"] = ranks[:MAX_LIST]
-    evidence.update({k: v for k, v in extra.items() if v is not None})
+    evidence.update(cast(SignatureEvidence, {k: v for k, v in extra.items() if v is not None}))  # the rule's details
     return evidence
 
 

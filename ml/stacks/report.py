@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any
 
-from ml.findings import Finding, JobInfo
+from ml.findings import (
+    Finding,
+    JobInfo,
+    SignalRef,
+    StackEvidence,
+    StackGroupEvidence,
+    StackRoundsEvidence,
+)
 from ml.stacks.analysis import StackAnalysis, StackGroup
 from ml.stacks.frames import _EVIDENCE_SIGNALS, MAX_TREE_DEPTH, _cap, _short_ranges, rank_ranges
 
@@ -15,7 +21,7 @@ def _key(*parts: str) -> str:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).hexdigest()
 
 
-def _groups_evidence(groups: list[StackGroup], limit: int = 20) -> list[dict[str, Any]]:
+def _groups_evidence(groups: list[StackGroup], limit: int = 20) -> list[StackGroupEvidence]:
     return [
         {
             "signature": g.signature,
@@ -31,7 +37,7 @@ def _groups_evidence(groups: list[StackGroup], limit: int = 20) -> list[dict[str
     ]
 
 
-def _signals(culprit_ids: list[int], outlier_ids: list[int], total: int) -> tuple[list[dict[str, Any]], int]:
+def _signals(culprit_ids: list[int], outlier_ids: list[int], total: int) -> tuple[list[SignalRef], int]:
     ids = list(dict.fromkeys(culprit_ids + outlier_ids))[:_EVIDENCE_SIGNALS]
     return [{"type": "stack", "id": i} for i in ids], max(0, total - len(ids))
 
@@ -43,7 +49,7 @@ def findings(job: JobInfo, analysis: StackAnalysis, *, observed_at: datetime, ca
     signals, omitted = _signals(analysis.culprit_sample_ids, analysis.outlier_sample_ids, analysis.sample_ids)
     culprits = rank_ranges(analysis.culprit_ranks)
     covering = analysis.covering_group
-    evidence: dict[str, Any] = {
+    evidence: StackEvidence = {
         "signals": signals,
         "signals_omitted": omitted,
         "method": analysis.method,
@@ -73,7 +79,7 @@ def _findings(
     category: str,
     key: str,
     suspects: list[tuple[str, float, str]],
-    evidence: dict[str, Any],
+    evidence: StackEvidence | StackRoundsEvidence,
     observed_at: datetime,
     *,
     nobody: str,

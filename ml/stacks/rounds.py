@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
 
 import numpy as np
 
 from ml import parallel
-from ml.findings import Finding, JobInfo, StackSample
+from ml.findings import Finding, JobInfo, StackRoundsEvidence, StackSample
 from ml.stacks.analysis import _doing
 from ml.stacks.frames import (
     _CODE,
@@ -298,7 +297,7 @@ def round_findings(
     if not result.stragglers:
         return []
     key = _key(category, rank_ranges(result.stragglers), result.method, str(result.rounds))
-    evidence: dict[str, Any] = {
+    evidence: StackRoundsEvidence = {
         "signals": [{"type": "stack", "id": i} for i in result.straggler_sample_ids],
         "method": result.method,
         "rounds": result.rounds,

@@ -7,6 +7,7 @@ from typing import Any
 
 from ml import alerts
 from ml.findings import ACTIONS, CATEGORIES, SUBJECT_KINDS, JobInfo, LogRecord
+from tests.stored import check_evidence
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 JOB = JobInfo(job_id="job-1", world_size=16, rank_nodes={r: f"node-{r // 8}" for r in range(16)})
@@ -55,6 +56,7 @@ def alert(
 
 def only(findings: list) -> Any:
     assert len(findings) == 1, findings
+    check_evidence(findings)
     return findings[0]
 
 

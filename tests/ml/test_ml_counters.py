@@ -14,6 +14,7 @@ from agents.sim.model import Cluster
 from ml import counters
 from ml.findings import ACTIONS, CATEGORIES, SUBJECT_KINDS, Finding, JobInfo
 from ml.metrics import FIELD_TO_COLUMN
+from tests.stored import check_evidence
 
 START = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 NODES, GPUS = 3, 4
@@ -56,6 +57,7 @@ def detect(df: pd.DataFrame, now: datetime | None = None, info: JobInfo | None =
         assert 0 < f.confidence <= 1 and f.observed_at.tzinfo is not None
         assert f.evidence["signals"] and all(s["type"] == "metric" for s in f.evidence["signals"])
     assert len({f.key for f in findings}) == len(findings)
+    check_evidence(findings)
     return findings
 
 

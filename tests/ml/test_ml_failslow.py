@@ -12,6 +12,7 @@ import pytest
 from ml import failslow
 from ml.findings import Finding, JobInfo, LogRecord
 from tests.simdata import SimRun
+from tests.stored import check_evidence
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 RANKS = 8
@@ -23,9 +24,11 @@ def sim(scenario: str, seed: int, nodes: int = 2, gpus: int = 4) -> SimRun:
 
 
 def run_detector(run: SimRun, t: float) -> list[Finding]:
-    return failslow.detect(
+    found = failslow.detect(
         run.job, steps=run.steps(until=t, lookback=900), processes=run.processes(until=t, lookback=300), now=run.at(t)
     )
+    check_evidence(found)
+    return found
 
 
 def node_of(rank: int) -> str:
@@ -65,6 +68,7 @@ def rank_steps(
 
 def test_a_rank_slower_in_every_round_is_a_straggler_on_its_node() -> None:
     (f,) = failslow.detect(JOB, steps=rank_steps(slow={5: 1.25}), processes=None, now=NOW)
+    check_evidence([f])
     assert f.detector == "failslow" and f.category == "straggler"
     assert f.subject_kind == "rank" and f.subject == "rank 5" and f.node == "n1"
     assert f.action == "evict" and f.blame == "infrastructure" and f.role == "cause"
@@ -112,6 +116,7 @@ def test_pipeline_stages_are_compared_among_themselves() -> None:
 def test_a_job_slower_than_its_own_pace_in_every_round_is_a_job_finding() -> None:
     steps = rank_steps(180, slow=dict.fromkeys(range(RANKS), 1.5), slow_after=100)
     found = failslow.detect(JOB, steps=steps, processes=None, now=NOW)
+    check_evidence(found)
     (f,) = [f for f in found if f.subject_kind == "job"]
     assert f.subject == "j1" and f.node is None and f.category == "straggler"
     assert f.action == "diagnose" and f.role == "cause"
@@ -205,6 +210,7 @@ def cpu_frame(
 
 def test_a_rank_busy_while_its_peers_wait_is_a_weak_suspect() -> None:
     (f,) = failslow.detect(JOB, steps=[], processes=cpu_frame({6: 100.0}), now=NOW)
+    check_evidence([f])
     assert f.subject == "rank 6" and f.node == "n1" and f.category == "straggler"
     assert f.action == "diagnose" and f.confidence <= 0.5
     assert f.evidence["direction"] == "high" and len(f.evidence["rounds"]) == 5

@@ -12,6 +12,7 @@ import pytest
 from ml import peers
 from ml.findings import ACTIONS, BLAMES, CATEGORIES, Finding, JobInfo
 from tests.simdata import SimRun
+from tests.stored import check_evidence
 
 EVERY = 10  # seconds between two detector runs, as a periodic task would
 END = 300.0
@@ -42,6 +43,7 @@ def check_contract(f: Finding) -> None:
     assert 0 < f.confidence <= 1
     assert f.subject_kind == "gpu" and f.node is not None and f.subject.startswith(f.node + "/")
     assert f.key and f.observed_at.tzinfo is not None
+    check_evidence([f])
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 from ml import progress
 from ml.findings import Finding, JobInfo, LogRecord
 from tests.simdata import SimRun
+from tests.stored import check_evidence
 
 TIMEOUT = 120.0
 
@@ -22,13 +23,15 @@ def sim(scenario: str, seed: int = 1, nodes: int = 2, gpus: int = 4) -> SimRun:
 
 def detect(run: SimRun, t: float, *, steps: bool = True, processes: bool = True) -> list[Finding]:
     """What a periodic run at simulated time t would see: recent signals, the last steps."""
-    return progress.detect(
+    found = progress.detect(
         run.job,
         steps=run.steps(until=t, lookback=1800) if steps else [],
         processes=run.processes(until=t, lookback=300) if processes else None,
         metrics=run.metrics(until=t, lookback=TIMEOUT + 300),
         now=run.at(t),
     )
+    check_evidence(found)
+    return found
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

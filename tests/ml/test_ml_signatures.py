@@ -22,6 +22,7 @@ from ml import signatures, xid
 from ml.findings import ACTIONS, BLAMES, CATEGORIES, ROLES, SUBJECT_KINDS, Finding, JobInfo, LogRecord
 from ml.normalize import normalize, signature
 from tests import paths
+from tests.stored import check_evidence
 
 FIXTURES = paths.FIXTURES
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -88,6 +89,7 @@ def check(findings: Sequence[Finding]) -> list[Finding]:
         assert f.evidence["count"] >= 1 and f.evidence["lines"] and f.evidence["signature"]
         assert (f.node is None) == (f.subject_kind == "job" or f.subject_kind == "rank")
     assert len({f.key for f in findings}) == len(findings), "keys must be unique within one run"
+    check_evidence(findings)
     return list(findings)
 
 

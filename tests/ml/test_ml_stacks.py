@@ -24,6 +24,7 @@ from ml.stacks import (
     round_findings,
 )
 from tests import paths
+from tests.stored import check_evidence
 
 FIXTURES = paths.FIXTURES / "stacks"
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
@@ -142,6 +143,7 @@ def test_line_numbers_and_install_paths_do_not_split_groups() -> None:
     # Nothing stands apart: no machine is named, the finding asks for a diagnosis of the job.
     assert analysis.method == "inconclusive" and not analysis.suspects
     (finding,) = findings(job, analysis, observed_at=NOW)
+    check_evidence([finding])
     assert finding.subject_kind == "job" and finding.action == "diagnose" and finding.subject == "job-1"
 
 
@@ -261,6 +263,7 @@ def test_culprits_on_two_machines_fall_back_to_the_smallest_covering_group() -> 
     confidences = dict((s[0], s[1]) for s in analysis.suspects)
     assert confidences["node-0"] == confidences["node-2"] == 0.7 > confidences["node-4"]
     found = findings(job, analysis, observed_at=NOW)
+    check_evidence(found)
     assert {f.subject for f in found} == {"node-0", "node-2", "node-4", "node-6"}
     assert all(f.confidence < 0.9 for f in found)
     assert found[0].evidence["covering_group"] == {"dim": "pp", "ranks": "0,4,8,12"}
@@ -352,6 +355,7 @@ def test_findings_content_and_stable_keys() -> None:
     stacks = snapshot(job, {42: DATA, 3: None}, ALL_REDUCE)
     analysis = analyze(job, stacks)
     (finding,) = findings(job, analysis, observed_at=NOW)
+    check_evidence([finding])
     assert (finding.detector, finding.category, finding.subject_kind) == ("stacks", "hang", "node")
     assert (finding.subject, finding.node, finding.action) == ("node-5", "node-5", "evict")
     assert (finding.role, finding.blame, finding.confidence) == ("cause", "infrastructure", 0.9)
@@ -390,6 +394,7 @@ def test_rounds_find_the_machine_out_of_the_collective_in_most_rounds() -> None:
     assert result.stragglers == [26, 27]
     assert result.method == "named" and [s[0] for s in result.suspects] == ["node-3"]
     (finding,) = round_findings(job, result, observed_at=NOW)
+    check_evidence([finding])
     assert (finding.category, finding.subject, finding.action) == ("straggler", "node-3", "evict")
     assert json.loads(json.dumps(finding.evidence))["rounds"] == 5
     assert finding.evidence["signals"][0]["type"] == "stack"
@@ -449,6 +454,7 @@ def test_rounds_stragglers_on_two_machines_fall_back_to_their_group() -> None:
     assert result.method == "group_fallback" and result.covering_group == ("pp", [26, 58])
     assert sorted(s[0] for s in result.suspects) == ["node-14", "node-6"]
     assert all(s[1] < 0.85 for s in result.suspects)
+    check_evidence(round_findings(job, result, observed_at=NOW))
 
 
 def test_mostly_failed_dumps_blame_no_machine() -> None:

@@ -18,6 +18,7 @@ from agents.sim.model import Cluster
 from ml import training_metrics
 from ml.findings import Finding, JobInfo, LogRecord
 from tests import paths
+from tests.stored import check_evidence
 
 FIXTURES = paths.FIXTURES
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -43,6 +44,7 @@ def detect(records: list[LogRecord], job: JobInfo = JOB) -> list[Finding]:
         assert f.action in ("rollback", "diagnose", "none") and f.key
         assert f.evidence["signals"] and all(s["type"] == "log" for s in f.evidence["signals"])
     assert len({f.key for f in findings}) == len(findings)
+    check_evidence(findings)
     return findings
 
 
