@@ -406,6 +406,50 @@ def test_the_page_shows_what_broke_where_and_why(ui, session) -> None:
     assert s.outsider.name not in options
 
 
+def test_findings_whose_evidence_is_unreadable_are_listed_without_it(ui, session) -> None:
+    """A malformed or older evidence row shows its finding but none of the evidence, and never an error page."""
+    s = seed(session)
+    page = f"/incidents/{s.incident.id}"
+    before = ui.get(page).text
+    signal = {"type": "metric", "node": s.culprit.name, "gpu": 1, "metric": "bogus_metric", "ts": T0.isoformat()}
+    for detector, evidence in (
+        ("stacks", {"groups": "garbage", "tree": {"name": 3}, "why": "an unreadable analysis"}),
+        ("peers", {"unit": f"{s.culprit.name}/1", "metrics": {"power_usage": 1}, "window_s": "30"}),
+        ("failslow", {"rounds": [{"start": 1, "rank_ms": 5.0}], "ratio": 9.75}),
+        ("counters", {"signals": [signal], "errors": "many", "per_minute": 12345.0}),
+    ):
+        session.add(
+            Finding(
+                dedup_key=f"unreadable:{detector}:{uuid.uuid4().hex}",
+                job_id=s.job.id,
+                incident_id=s.incident.id,
+                node_id=s.culprit.id,
+                detector=detector,
+                category="unknown",
+                subject_kind="node",
+                subject=s.culprit.name,
+                confidence=0.2,
+                summary=f"unreadable {detector} evidence",
+                blame="unknown",
+                role="symptom",
+                action="none",
+                evidence=evidence,
+                observed_at=T0 + timedelta(seconds=20),
+            )
+        )
+    session.flush()
+    response = ui.get(page)
+    assert response.status_code == 200
+    html = response.text
+    findings = section(html, "findings")
+    for detector in ("stacks", "peers", "failslow", "counters"):
+        assert f"unreadable {detector} evidence" in findings
+    assert "1.234e+04" not in findings and "9.75" not in findings  # their numbers are not shown
+    assert section(html, "plots") == section(before, "plots")
+    assert section(html, "stacks") == section(before, "stacks")
+    assert "metric bogus_metric" in section(html, "timeline")  # each signal reference stands on its own
+
+
 def test_approving_from_the_page_sends_the_eviction_to_schedulers(ui, session) -> None:
     s = seed(session)
     back = f"/incidents/{s.incident.id}"

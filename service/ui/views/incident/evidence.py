@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
+from ml.findings import FailslowEvidence, PeerEvidence, failslow_evidence, peer_evidence
 from service.incidents.schemas import FindingOut
 from service.ui import plots
 
@@ -54,44 +55,50 @@ def numbers(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _gpu_subject(finding: FindingOut) -> str:
-    unit = finding.evidence.get("unit") or finding.subject
-    node, _, gpu = str(unit).rpartition("/")
-    return f"{node} GPU {gpu}" if node else str(unit)
+def _gpu_subject(finding: FindingOut, evidence: PeerEvidence) -> str:
+    unit = evidence.get("unit") or finding.subject
+    node, _, gpu = unit.rpartition("/")
+    return f"{node} GPU {gpu}" if node else unit
 
 
 def charts(finding: FindingOut) -> list[Chart]:
     """Plots for a finding with window series: peers (every metric), fail-slow rounds (step time, CPU)."""
-    ev = finding.evidence
-    out = []
     if finding.detector == "peers":
-        for m in ev.get("metrics") or []:
-            if not isinstance(m, Mapping):
-                continue
-            metric = str(m.get("metric", "?"))
-            plot = plots.window_plot(
-                plots.windows_from(m.get("windows") or []), title=metric, unit=plots.unit_of(metric)
-            )
-            if plot:
-                direction = m.get("direction")
-                out.append(Chart(finding, _gpu_subject(finding), metric, direction, plot, "peers' median"))
-    elif finding.detector == "failslow" and isinstance(ev.get("rounds"), list) and ev["rounds"]:
-        first = ev["rounds"][0] if isinstance(ev["rounds"][0], Mapping) else {}
-        who = finding.subject if finding.subject_kind == "rank" else "the job"
-        if "rank_ms" in first:
-            windows, metric, unit, ref = plots.windows_from(ev["rounds"], value="rank_ms"), "step time", "ms", "peers'"
-        elif "rank_cpu_pct" in first:
-            windows, metric, unit, ref = plots.windows_from(ev["rounds"], value="rank_cpu_pct"), "CPU", "%", "peers'"
-        elif "step_s" in first:
-            baseline = ev.get("baseline_step_s")
-            windows = plots.windows_from(
-                ev["rounds"], value="step_s", baseline=baseline if isinstance(baseline, int | float) else None
-            )
-            metric, unit, ref = "seconds per step", "s", "the job's usual pace"
-        else:
-            return []
-        plot = plots.window_plot(windows, title=metric, unit=unit)
+        peers = peer_evidence(finding.evidence)
+        return _peer_charts(finding, peers) if peers is not None else []
+    if finding.detector == "failslow":
+        slow = failslow_evidence(finding.evidence)
+        return _failslow_charts(finding, slow) if slow is not None else []
+    return []
+
+
+def _peer_charts(finding: FindingOut, ev: PeerEvidence) -> list[Chart]:
+    out = []
+    for m in ev.get("metrics", []):
+        metric = m.get("metric", "?")
+        plot = plots.window_plot(plots.windows_from(m.get("windows", [])), title=metric, unit=plots.unit_of(metric))
         if plot:
-            reference = f"{ref} median" if ref == "peers'" else ref
-            out.append(Chart(finding, who, metric, ev.get("direction"), plot, reference))
+            out.append(Chart(finding, _gpu_subject(finding, ev), metric, m.get("direction"), plot, "peers' median"))
     return out
+
+
+def _failslow_charts(finding: FindingOut, ev: FailslowEvidence) -> list[Chart]:
+    rounds = ev.get("rounds", [])
+    if not rounds:
+        return []
+    first = rounds[0]
+    who = finding.subject if finding.subject_kind == "rank" else "the job"
+    if "rank_ms" in first:
+        windows, metric, unit, ref = plots.windows_from(rounds, value="rank_ms"), "step time", "ms", "peers'"
+    elif "rank_cpu_pct" in first:
+        windows, metric, unit, ref = plots.windows_from(rounds, value="rank_cpu_pct"), "CPU", "%", "peers'"
+    elif "step_s" in first:
+        windows = plots.windows_from(rounds, value="step_s", baseline=ev.get("baseline_step_s"))
+        metric, unit, ref = "seconds per step", "s", "the job's usual pace"
+    else:
+        return []
+    plot = plots.window_plot(windows, title=metric, unit=unit)
+    if not plot:
+        return []
+    reference = f"{ref} median" if ref == "peers'" else ref
+    return [Chart(finding, who, metric, ev.get("direction"), plot, reference)]

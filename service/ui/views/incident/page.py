@@ -8,7 +8,7 @@ the job's nodes, and the silence that muted it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from ml.findings import evidence_of, signal_refs
 from service.decisions.schemas import DecisionOut
 from service.incidents import service as incidents
 from service.incidents.schemas import FindingOut, IncidentOut
@@ -105,7 +106,7 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
             for s in incident.suspects
         ],
         findings=[
-            FindingRow(finding=f, numbers=numbers(f.evidence), accuses=f.id in accused)
+            FindingRow(finding=f, numbers=numbers(evidence_of(f.detector, f.evidence) or {}), accuses=f.id in accused)
             for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence, f.observed_at))
         ],
         charts=[chart for f in findings for chart in charts(f)],
@@ -130,14 +131,10 @@ def _signals(findings: Iterable[FindingOut]) -> dict[str, dict[Any, list[int]]]:
     have no id, by their description), with the findings that cite each; causes first, so a cap keeps them."""
     out: dict[str, dict[Any, list[int]]] = {}
     for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence)):
-        for signal in f.evidence.get("signals") or []:
-            if not isinstance(signal, Mapping) or not isinstance(signal.get("type"), str):
-                continue
-            key = signal.get("id")
+        for signal in signal_refs(f.evidence):
+            key: int | str | None = signal.get("id")
             if key is None:
                 key = json.dumps(signal, sort_keys=True, default=str)
-            elif not isinstance(key, int) or isinstance(key, bool):
-                continue
             cited = out.setdefault(signal["type"], {}).setdefault(key, [])
             if f.id not in cited:
                 cited.append(f.id)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from ml.findings import StackGroupEvidence, StackTreeNode, stack_evidence, stack_tree_of
 from service.incidents.schemas import FindingOut
 
 TREE_DEPTH = 48  # deeper stack trees are cut (the detector keeps 40 frames)
@@ -53,15 +53,13 @@ class StackView:
     tree: TreeNode | None
 
 
-def _tree(raw: Any, depth: int = 0) -> TreeNode | None:
-    if not isinstance(raw, Mapping):
-        return None
-    children = raw.get("children") if isinstance(raw.get("children"), list) else []
-    node = TreeNode(name=str(raw.get("name", "?")), count=int(raw.get("count") or 0), children=[])
+def _tree(raw: StackTreeNode, depth: int = 0) -> TreeNode:
+    children = raw.get("children", [])
+    node = TreeNode(name=raw.get("name", "?"), count=raw.get("count") or 0, children=[])
     if depth >= TREE_DEPTH:
         node.cut = bool(children)
         return node
-    node.children = [c for c in (_tree(c, depth + 1) for c in children) if c is not None]
+    node.children = [_tree(c, depth + 1) for c in children]
     return node
 
 
@@ -72,7 +70,7 @@ def _paths(node: TreeNode, trail: list[TreeNode]) -> Iterable[list[TreeNode]]:
         yield from _paths(child, [*trail, child])
 
 
-def _matched(path: list[TreeNode], frames: list[str]) -> int:
+def _matched(path: list[TreeNode], frames: Sequence[str]) -> int:
     """How many of the culprit's frames (innermost first) this root-to-leaf path ends with; a '... N frames ...'
     gap the detector put in a deep stack counts as the rest matching."""
     n = 0
@@ -85,12 +83,15 @@ def _matched(path: list[TreeNode], frames: list[str]) -> int:
     return n
 
 
-def stack_tree(raw: Any, culprit_frames: Any) -> TreeNode | None:
+def stack_tree(raw: object, culprit_frames: Sequence[str]) -> TreeNode | None:
     """The merged stack tree, depth-limited, with the culprit's path marked and the busy branches open."""
-    root = _tree(raw)
-    if root is None:
-        return None
-    frames = [str(f) for f in culprit_frames] if isinstance(culprit_frames, list) else []
+    tree = stack_tree_of(raw)
+    return _marked_tree(tree, culprit_frames) if tree is not None else None
+
+
+def _marked_tree(tree: StackTreeNode, frames: Sequence[str]) -> TreeNode:
+    """`stack_tree` of a tree already read."""
+    root = _tree(tree)
     if frames:
         best, best_n = None, 0
         for path in _paths(root, []):
@@ -110,22 +111,20 @@ def _open(node: TreeNode, total: int) -> None:
         _open(child, total)
 
 
-def _groups(raw: Any, dominant: Any) -> list[StackGroupRow]:
+def _groups(groups: list[StackGroupEvidence], dominant: str | None) -> list[StackGroupRow]:
     rows = []
-    for g in raw if isinstance(raw, list) else []:
-        if not isinstance(g, Mapping):
-            continue
-        nodes = [str(n) for n in g.get("nodes") or []]
+    for g in groups:
+        nodes = g.get("nodes", [])
         rows.append(
             StackGroupRow(
-                signature=str(g.get("signature", "")),
-                state=str(g.get("state", "")),
-                op=str(g.get("op", "")),
-                ranks=str(g.get("ranks", "")),
-                count=int(g.get("count") or 0),
-                node_count=int(g.get("node_count") or len(nodes)),
+                signature=g.get("signature", ""),
+                state=g.get("state", ""),
+                op=g.get("op", ""),
+                ranks=g.get("ranks", ""),
+                count=g.get("count") or 0,
+                node_count=g.get("node_count") or len(nodes),
                 nodes=nodes,
-                frames=[str(f) for f in g.get("frames") or []],
+                frames=g.get("frames", []),
                 outlier=dominant is not None and g.get("signature") != dominant,
             )
         )
@@ -136,31 +135,30 @@ def stack_views(findings: Iterable[FindingOut]) -> list[StackView]:
     """The stack analyses behind the stacks detector's findings, each once (it names one finding per machine)."""
     views: dict[str, StackView] = {}
     for f in findings:
-        ev = f.evidence
-        if f.detector != "stacks" or not (ev.get("groups") or ev.get("tree")):
-            continue
-        key = str(ev.get("stack_request") or json.dumps(ev.get("groups"), sort_keys=True, default=str))
+        ev = stack_evidence(f.evidence) if f.detector == "stacks" else None
+        if ev is None or not (ev["groups"] or ev["tree"]):
+            continue  # not a hang analysis (fail-slow rounds, a request that found nothing), or unreadable
+        key = ev.get("stack_request") or json.dumps(ev["groups"], sort_keys=True, default=str)
         if key in views:
             views[key].findings.append(f)
             continue
         covering = ev.get("covering_group")
+        group = (
+            f"{covering.get('dim', '?')} group of ranks {covering.get('ranks', '?')}" if covering is not None else None
+        )
         views[key] = StackView(
             findings=[f],
-            method=str(ev.get("method") or ""),
-            why=str(ev.get("why") or ""),
+            method=ev.get("method") or "",
+            why=ev.get("why") or "",
             dominant=ev.get("dominant"),
             dominant_state=ev.get("dominant_state"),
-            culprit_ranks=str(ev.get("culprit_ranks") or ""),
+            culprit_ranks=ev.get("culprit_ranks") or "",
             culprit_state=ev.get("culprit_state"),
-            covering_group=(
-                f"{covering.get('dim', '?')} group of ranks {covering.get('ranks', '?')}"
-                if isinstance(covering, Mapping)
-                else None
-            ),
-            unreported=str(ev.get("unreported") or ""),
-            ranks_reporting=ev.get("ranks_reporting") if isinstance(ev.get("ranks_reporting"), int) else None,
-            signals_omitted=int(ev.get("signals_omitted") or 0),
-            groups=_groups(ev.get("groups"), ev.get("dominant")),
-            tree=stack_tree(ev.get("tree"), ev.get("culprit_frames")),
+            covering_group=group,
+            unreported=ev.get("unreported") or "",
+            ranks_reporting=ev.get("ranks_reporting"),
+            signals_omitted=ev.get("signals_omitted") or 0,
+            groups=_groups(ev["groups"], ev.get("dominant")),
+            tree=_marked_tree(ev["tree"], ev.get("culprit_frames", [])),
         )
     return list(views.values())

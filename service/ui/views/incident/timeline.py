@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from ml.findings import signal_refs
 from service.incidents.schemas import FindingOut, IncidentOut
 from service.ui import plots
 from service.ui.views.incident.logs import LogLine
@@ -58,8 +58,8 @@ def _signal_entries(
         out.append(Entry(at=ts, kind="signal", title=what, detail=error or "", nodes=[node] if node else []))
     seen: set[str] = set()
     for f in findings:
-        for s in f.evidence.get("signals") or []:
-            if not isinstance(s, Mapping) or s.get("type") not in ("metric", "process"):
+        for s in signal_refs(f.evidence):
+            if s["type"] not in ("metric", "process"):
                 continue
             key = json.dumps(s, sort_keys=True, default=str)
             at = plots.parse_time(s.get("ts")) or plots.parse_time(s.get("from"))
