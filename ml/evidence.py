@@ -55,7 +55,7 @@ class LogCitedEvidence(TypedDict, total=False):
 class SignatureEvidence(LogCitedEvidence, total=False):
     """signatures (ml/signatures): a rule's log records and the details the rule read from them."""
 
-    # The data-loader rule's own `signals` (signal names such as "SIGKILL") replace the record references.
+    # Data-loader findings stored before the rule named its signals `exit_signals` carry them here (strings).
     signals: list[SignalRef] | list[str]
     ranks: list[int]
     # Xid, read through ml/xid.py's catalog

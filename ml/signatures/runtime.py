@@ -192,7 +192,7 @@ def _dataloader_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                 blame="user_code",
                 action="none",
                 sig_text="dataloader died " + " ".join(signals),
-                signals=signals,
+                exit_signals=signals,
             )
         )
     return findings

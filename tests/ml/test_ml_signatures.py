@@ -626,3 +626,12 @@ def test_an_xid_event_without_parsed_fields_is_read_from_its_line() -> None:
     finding = only(signatures.detect(JobInfo(job_id="j"), [rec("xid", "node-a", line=line)]), category="gpu_hardware")
     assert (finding.node, finding.action) == ("node-a", "evict")
     assert signatures.detect(JobInfo(job_id="j"), [rec("xid", "node-a", line="no code in this line")]) == []
+
+
+def test_a_data_loader_death_cites_its_log_records_and_names_the_signals_apart():
+    # The rule's signal names once replaced the record references under "signals", so the page could not
+    # link the lines that showed the workers dying.
+    died = rec("dataloader_died", "node-000", 0, pids=[12], signal="SIGSEGV")
+    f = only(detect([died], job_of(2, 2)), key="dataloader:died")
+    assert f.evidence["signals"] == [{"type": "log", "id": died.id}]
+    assert f.evidence["exit_signals"] == ["SIGSEGV"]
