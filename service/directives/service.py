@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from service.directives.schemas import DirectiveOut, StackDumpOut, StackDumpsOut
@@ -92,3 +93,16 @@ def stack_dumps(session: Session, *, job_id: str, directive_id: uuid.UUID) -> St
     return StackDumpsOut(
         directive=to_out(directive, job_id=job_id), nodes_reporting=len({d.node for d in dumps}), dumps=dumps
     )
+
+
+def dumps_by_id(
+    session: Session, *, ids: Sequence[int]
+) -> Sequence[Row[int, datetime, str | None, int | None, str | None]]:
+    """When and where each of these stack dumps was taken (id, ts, node, rank, py-spy's error), not the stacks."""
+    if not ids:
+        return []
+    return session.execute(
+        select(StackDump.id, StackDump.ts, Node.name, StackDump.rank, StackDump.error)
+        .outerjoin(Node, Node.id == StackDump.node_id)
+        .where(StackDump.id.in_(ids))
+    ).all()

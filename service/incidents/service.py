@@ -15,6 +15,7 @@ from service.decisions import lifecycle as decision_lifecycle
 from service.decisions import service as decisions
 from service.errors import NotFound
 from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage
+from service.jobs import service as jobs
 from service.models import Decision, Finding, Incident, Job, Node
 from service.nodes import lifecycle as nodes
 from service.notify import service as notify
@@ -169,6 +170,22 @@ def get(session: Session, *, incident_id: int) -> IncidentOut:
             decisions=decisions.for_incident(session, incident_id=incident.id),
         )
     )
+
+
+def suspect_names(session: Session, *, incident_id: int) -> list[str]:
+    """The names of the machines the incident accuses, most suspect first; none for an unknown id."""
+    return [s["node"] for s in session.scalar(select(Incident.suspects).where(Incident.id == incident_id)) or []]
+
+
+def node_states(session: Session, *, incident_id: int, suspects: Sequence[str]) -> dict[str, str]:
+    """State of each node of the incident's job and of each named suspect, by name, in one query."""
+    # The job by a subquery: the caller needs only the incident's id, and it costs no query of its own.
+    job_id = select(Incident.job_id).where(Incident.id == incident_id).scalar_subquery()
+    condition = Node.id.in_(jobs.nodes_running(job_id))
+    if suspects:
+        # Suspects whether or not the job still lists them: the page shows each suspect's state.
+        condition = or_(condition, Node.name.in_(suspects))
+    return dict(session.execute(select(Node.name, Node.state).where(condition).order_by(Node.name)).all())  # type: ignore[arg-type]
 
 
 def list_incidents(

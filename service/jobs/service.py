@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import ColumnElement, CompoundSelect, Row, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -87,11 +87,17 @@ def describe(session: Session, *, job: Job) -> JobOut:
     )
 
 
+def nodes_running(job_id: int | ColumnElement[int]) -> CompoundSelect[int]:
+    """The ids of the nodes running a job (its ranks', and those whose agents say they run it), as a query to embed."""
+    # A query, not rows: a caller folds it into its own (incidents.node_states: one round trip, not two).
+    from_ranks = select(Rank.node_id).where(Rank.job_id == job_id)
+    current = select(Node.id).where(Node.current_job_id == job_id)
+    return from_ranks.union(current)
+
+
 def node_ids(session: Session, *, job: Job) -> list[int]:
     """Nodes running the job: from its ranks, and from nodes whose agents say they run it."""
-    from_ranks = select(Rank.node_id).where(Rank.job_id == job.id)
-    current = select(Node.id).where(Node.current_job_id == job.id)
-    return sorted(set(session.scalars(from_ranks.union(current))))
+    return sorted(set(session.scalars(nodes_running(job.id))))
 
 
 def list_with_counts(

@@ -156,6 +156,29 @@ def log_events(
     ).all()
 
 
+def log_events_by_id(
+    session: Session, *, ids: Sequence[int]
+) -> Sequence[Row[int, datetime, str | None, str, str, str | None, int | None, str]]:
+    """These log events, oldest first: id, ts, node name, source, kind, severity, rank and line."""
+    if not ids:
+        return []
+    return session.execute(
+        select(
+            LogEvent.id,
+            LogEvent.ts,
+            Node.name,
+            LogEvent.source,
+            LogEvent.kind,
+            LogEvent.severity,
+            LogEvent.rank,
+            LogEvent.line,
+        )
+        .outerjoin(Node, Node.id == LogEvent.node_id)
+        .where(LogEvent.id.in_(ids))
+        .order_by(LogEvent.ts, LogEvent.id)
+    ).all()
+
+
 def _node_decision(
     session: Session, *, node: Node, kind: str, reason: str, actor: str, now: datetime, ttl_s: float
 ) -> None:

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import LogEvent, Node
+from service.nodes import service as nodes
 
 
 @dataclass
@@ -44,26 +43,9 @@ class LogGroup:
 
 def cited_lines(session: Session, *, ids: list[int], refs: Mapping[Any, list[int]]) -> list[LogLine]:
     """The log lines with these ids, oldest first, each with the findings that cite it."""
-    if not ids:
-        return []
-    rows = session.execute(
-        select(
-            LogEvent.id,
-            LogEvent.ts,
-            Node.name,
-            LogEvent.source,
-            LogEvent.kind,
-            LogEvent.severity,
-            LogEvent.rank,
-            LogEvent.line,
-        )
-        .outerjoin(Node, Node.id == LogEvent.node_id)
-        .where(LogEvent.id.in_(ids))
-        .order_by(LogEvent.ts, LogEvent.id)
-    ).all()
     return [
         LogLine(id=i, ts=ts, node=n, source=src, kind=k, severity=sev, rank=r, line=line, finding_ids=refs.get(i, []))
-        for i, ts, n, src, k, sev, r, line in rows
+        for i, ts, n, src, k, sev, r, line in nodes.log_events_by_id(session, ids=ids)
     ]
 
 

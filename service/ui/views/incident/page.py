@@ -1,8 +1,9 @@
 """One incident as the on-call engineer reads it: what broke, on which machine, why we think so, what was done.
 
-A fixed number of queries whatever the incident holds: the incident with its findings and decisions
-(incidents.service.get), then one query each for the log lines and stack dumps its evidence points at,
-the job's nodes, and the silence that muted it.
+A fixed number of queries whatever the incident holds, all through the domains' service functions: the
+incident with its findings and decisions (incidents.get), then one query each for the log lines
+(nodes.log_events_by_id) and stack dumps (directives.dumps_by_id) its evidence points at, the job's nodes
+(incidents.node_states), and the silence that muted it (silences.get).
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from ml.findings import evidence_of, signal_refs
 from service.decisions.schemas import DecisionOut
+from service.directives import service as directives
+from service.errors import NotFound
 from service.incidents import service as incidents
 from service.incidents.schemas import FindingOut, IncidentOut
-from service.models import Incident, Node, Rank, StackDump
-from service.models.silences import Silence
+from service.silences import service as silences
 from service.ui.views.incident.evidence import Chart, charts, numbers
 from service.ui.views.incident.logs import LogGroup, cited_lines, log_groups
 from service.ui.views.incident.stacks import StackView, stack_views
@@ -86,9 +87,9 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
     log_ids = [i for i in signals.get("log", {}) if isinstance(i, int)]
     logs = cited_lines(session, ids=log_ids[:LOG_LIMIT], refs=signals.get("log", {}))
     stack_ids = [i for i in signals.get("stack", {}) if isinstance(i, int)][:STACK_LIMIT]
-    dumps = _stack_dumps(session, ids=stack_ids) if stack_ids else []
+    dumps: list[Dump] = [tuple(row) for row in directives.dumps_by_id(session, ids=stack_ids)]  # type: ignore[misc]
     suspect_names = [s.node for s in incident.suspects]
-    states = _job_nodes(session, incident_id=incident.id, suspects=suspect_names)
+    states = incidents.node_states(session, incident_id=incident.id, suspects=suspect_names)
     by_id = {f.id: f for f in findings}
     accused = {i for s in incident.suspects for i in s.finding_ids}
     timeline, omitted = capped(merged_timeline(incident, logs=logs, dumps=dumps, findings=findings), TIMELINE_LIMIT)
@@ -123,7 +124,7 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
     )
 
 
-# --- queries ---
+# --- what the evidence cites, the override list, the silence ---
 
 
 def _signals(findings: Iterable[FindingOut]) -> dict[str, dict[Any, list[int]]]:
@@ -141,31 +142,6 @@ def _signals(findings: Iterable[FindingOut]) -> dict[str, dict[Any, list[int]]]:
     return out
 
 
-def _stack_dumps(session: Session, *, ids: list[int]) -> list[Dump]:
-    """When and where each cited stack dump was taken (not the stacks: the finding already summarizes them)."""
-    return [
-        tuple(row)  # type: ignore[misc]
-        for row in session.execute(
-            select(StackDump.id, StackDump.ts, Node.name, StackDump.rank, StackDump.error)
-            .outerjoin(Node, Node.id == StackDump.node_id)
-            .where(StackDump.id.in_(ids))
-        ).all()
-    ]
-
-
-def _job_nodes(session: Session, *, incident_id: int, suspects: list[str]) -> dict[str, str]:
-    """State of each node of the incident's job and of its suspects, in one query (as jobs.service.node_ids
-    finds a job's nodes: its ranks, and nodes whose agents say they run it)."""
-    job_id = select(Incident.job_id).where(Incident.id == incident_id).scalar_subquery()
-    of_job = (
-        select(Rank.node_id).where(Rank.job_id == job_id).union(select(Node.id).where(Node.current_job_id == job_id))
-    )
-    condition = Node.id.in_(of_job)
-    if suspects:
-        condition = or_(condition, Node.name.in_(suspects))
-    return dict(session.execute(select(Node.name, Node.state).where(condition).order_by(Node.name)).all())  # type: ignore[arg-type]
-
-
 def _suspects_first(suspects: list[str], job_nodes: Iterable[str]) -> list[str]:
     """Nodes an operator may name instead: the incident's suspects first, then the job's other nodes."""
     return suspects + sorted(n for n in job_nodes if n not in suspects)
@@ -173,12 +149,14 @@ def _suspects_first(suspects: list[str], job_nodes: Iterable[str]) -> list[str]:
 
 def override_choices(session: Session, *, incident_id: int) -> list[str]:
     """The override list of an incident's decision card, read on its own (after an htmx action)."""
-    suspects = [s["node"] for s in session.scalar(select(Incident.suspects).where(Incident.id == incident_id)) or []]
-    return _suspects_first(suspects, _job_nodes(session, incident_id=incident_id, suspects=suspects))
+    suspects = incidents.suspect_names(session, incident_id=incident_id)
+    return _suspects_first(suspects, incidents.node_states(session, incident_id=incident_id, suspects=suspects))
 
 
 def _silence(session: Session, *, silence_id: int) -> SilenceView | None:
-    s = session.get(Silence, silence_id)
-    if s is None:
+    try:
+        s = silences.get(session, silence_id=silence_id)
+    except NotFound:
+        # Deleted since the incident was read (the key is SET NULL on delete): the page shows no silence.
         return None
     return SilenceView(s.id, s.node_pattern, s.job_pattern, s.expired_at or s.ends_at, s.author, s.comment)
