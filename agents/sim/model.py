@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from agents.sim import dcgm_fields as F
 from agents.sim import logformat as fmt
 from agents.sim.config import SimConfig
+from agents.sim.faults import FaultInjection, FaultRecord
 from agents.sim.gpu import (
     COMM,
     COMPUTE,
@@ -37,27 +37,12 @@ from agents.sim.gpu import (
     Gpu,
     GpuSample,
 )
-from agents.sim.scenarios import FAULT_KINDS, SCENARIOS, FaultSpec
+from agents.sim.modes import CULPRIT_DATA, CULPRIT_SYNC, DEAD, NORMAL, TERMINATED, VICTIM
+from agents.sim.scenarios import SCENARIOS, FaultSpec
 
-NVLINK_COMM_FACTOR = 1.8  # NVLink replays stretch the all-reduce
 COLLECTIVES_PER_STEP = 4  # NCCL SeqNum advances this much per step
-BUCKET_NUMEL = 126353408
 GLOBAL_BATCH = 1024
 TOTAL_ITERS = 500000
-IB_FLAP_STALL = 6.0  # seconds the first flap stalls the job
-IB_SECOND_FLAP = 40.0  # the link drops again this long after the first flap, for good
-
-# Rank modes (what the rank processes are told to do, and what the model assumes they do).
-NORMAL, VICTIM, CULPRIT_DATA, CULPRIT_SYNC, TERMINATED, ABORT = (
-    "normal",
-    "hang_victim",
-    "hang_culprit:data",
-    "hang_culprit:sync",
-    "terminated",
-    "abort",
-)
-CRASH_ECC, CRASH_USER, CRASH_NCCL = "crash:ecc", "crash:user_bug", "crash:nccl"
-DEAD = frozenset({TERMINATED, ABORT, CRASH_ECC, CRASH_USER, CRASH_NCCL})
 
 
 @dataclass(frozen=True)
@@ -65,33 +50,6 @@ class LogLine:
     node: str
     stream: str  # "kern" or "train"
     text: str  # may hold several lines (a multi-line kernel record, a traceback)
-
-
-@dataclass
-class FaultRecord:
-    kind: str
-    nodes: list[str]
-    gpus: dict[str, list[int]]
-    ranks: list[int]
-    injected_at: datetime
-    blame: str
-    expect_eviction: bool
-    t: float
-    repaired_at: datetime | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "kind": self.kind,
-            "nodes": self.nodes,
-            "gpus": self.gpus,
-            "ranks": self.ranks,
-            "injected_at": self.injected_at.isoformat(),
-            "blame": self.blame,
-            "expect_eviction": self.expect_eviction,
-        }
-        if self.repaired_at is not None:
-            out["repaired_at"] = self.repaired_at.isoformat()
-        return out
 
 
 @dataclass
@@ -111,7 +69,7 @@ class Job:
     loss_drift: float = 0.0
 
 
-class Cluster:
+class Cluster(FaultInjection):
     def __init__(self, config: SimConfig) -> None:
         config = config.resolved()
         if config.scenario not in SCENARIOS:
@@ -330,241 +288,6 @@ class Cluster:
         for n in range(self.config.nodes):
             if self.rng.random() < TICK / 300:
                 self._kern(n, self.rng.choice(_BENIGN_KERNEL)(self.rng))
-
-    # --- faults ---
-
-    def _inject(self, spec: FaultSpec) -> None:
-        kind = FAULT_KINDS[spec.kind]
-        nodes, gpus, ranks = [], {}, []
-        if spec.node is not None and spec.gpu is not None:
-            name = self.node_names[spec.node]
-            nodes, gpus, ranks = [name], {name: [spec.gpu]}, [self._rank(spec.node, spec.gpu)]
-        record = FaultRecord(
-            kind=spec.kind,
-            nodes=nodes,
-            gpus=gpus,
-            ranks=ranks,
-            injected_at=self._ts(),
-            blame=kind.blame,
-            expect_eviction=kind.expect_eviction,
-            t=self.t,
-        )
-        self.faults.append(record)
-        self.faults_version += 1
-        getattr(self, f"_inject_{spec.kind}")(spec)
-        if spec.repair_at is not None:
-            delay = spec.repair_at - self.t
-            self._schedule(delay, lambda: self._repair(record, spec))
-
-    def _hang_job(self, culprits: dict[int, str], watchdog: float) -> None:
-        """Ranks in `culprits` go their own way; every other live rank blocks in the next collective."""
-        for r in range(self.world):
-            if r in culprits:
-                self._set_mode(r, culprits[r])
-            elif self.modes[r] == NORMAL:
-                self._set_mode(r, VICTIM)
-        self.job.state = "hung"
-        self._schedule(watchdog, lambda: self._watchdog_fires(watchdog))
-
-    def _watchdog_fires(self, watchdog: float) -> None:
-        victims = [r for r in range(self.world) if self.modes[r] == VICTIM]
-        timeout_ms = int(watchdog * 1000)
-        for n in range(self.config.nodes):
-            lines: list[str] = []
-            for r in (r for r in victims if r // self.gpn == n):
-                ran_ms = timeout_ms + 20 + self.rng.randrange(60)
-                ts = self._ts(0.001 * r + self.rng.random() * 0.0009)
-                seq = self.job.seq + 1  # the collective that never completed
-                lines += fmt.watchdog_timeout(r, ts, self._pid(r) + 60, seq, BUCKET_NUMEL, timeout_ms, ran_ms)
-                self._set_mode(r, ABORT)
-            if lines:
-                self._train(n, lines)
-        self._schedule(1.0, self._teardown_all)
-
-    def _teardown_node(self, node: int) -> None:
-        """torchrun on `node` saw a worker fail: SIGTERM to the rest, then the ChildFailedError summary."""
-        if node in self._torn_down:
-            return
-        self._torn_down.add(node)
-        local = range(node * self.gpn, (node + 1) * self.gpn)
-        failed = [r for r in self._failed_order if r in local]
-        survivors = [r for r in local if self.modes[r] not in DEAD]
-        for r in survivors:
-            self._set_mode(r, TERMINATED)
-        if not failed:
-            return
-        failures = [(r, r % self.gpn, -6 if self.modes[r] == ABORT else 1, self._pid(r)) for r in failed]
-        self._train(
-            node,
-            fmt.torchrun_failure(
-                self._ts(), self._launcher_pid(node), self.node_names[node], failures, [self._pid(r) for r in survivors]
-            ),
-        )
-
-    def _teardown_all(self) -> None:
-        for n in range(self.config.nodes):
-            self._teardown_node(n)
-        self.job.state = "failed"
-
-    def _inject_gpu_lost(self, spec: FaultSpec) -> None:
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        # The link degrades first (AER corrected errors, PCIe replays), then the GPU drops off the bus.
-        g.pcie_flaky = True
-        self._kern(n, *fmt.aer_corrected(f"0000:{g.bus - 1:02x}:00.0"))
-
-        def falls_off() -> None:
-            g.lost, g.xid, g.pcie_flaky = True, 79, False
-            self._kern(n, f"NVRM: GPU at {fmt.xid_bus(g.bus)}: {g.uuid}")
-            self._kern(n, f"NVRM: GPU Board Serial Number: {g.serial}")
-            self._kern(n, fmt.xid(g.bus, 79, "GPU has fallen off the bus."))
-            self._kern(n, f"NVRM: GPU {fmt.pci_addr(g.bus)}: GPU has fallen off the bus.")
-            self._kern(n, *fmt.fallen_off_bus(g.bus, F.PCI_DEVICE_ID))
-            self._hang_job({self._rank(n, g.index): CULPRIT_SYNC}, self.config.watchdog_seconds)
-
-        self._schedule(2.0, falls_off)
-
-    def _inject_ecc_dbe(self, spec: FaultSpec) -> None:
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        rank = self._rank(n, g.index)
-        g.dbe_vol += 1
-        g.dbe_agg += 1
-        g.sbe_vol += self.rng.randrange(2, 9)
-        g.sbe_agg += g.sbe_vol
-        g.xid = 48
-        partition, sub = self.rng.randrange(8), self.rng.randrange(2)
-        self._kern(
-            n,
-            fmt.xid(
-                g.bus,
-                48,
-                "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
-                f"partition {partition}, subpartition {sub}.",
-            ),
-        )
-        self._train(n, fmt.traceback_ecc(rank))
-        self._set_mode(rank, CRASH_ECC)
-        self._hang_job({}, self.config.watchdog_seconds)
-
-        def remap() -> None:
-            g.xid = 63
-            g.unc_remap += 1
-            row = self.rng.getrandbits(28)
-            self._kern(
-                n,
-                fmt.xid(
-                    g.bus, 63, f"Row Remapper: New row (0x{row:016x}) marked for remapping, reset gpu to activate.",
-                    self._pid(rank), "pt_main_thread",
-                ),
-            )  # fmt: skip
-
-        self._schedule(0.6, remap)
-        self._schedule(1.0, lambda: self._teardown_node(n))
-
-    def _inject_nvlink(self, spec: FaultSpec) -> None:
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        g.nvlink_bad = True
-        g.xid = 74
-        self.job.comm_factor = NVLINK_COMM_FACTOR
-
-        def xid74(remaining: int) -> None:
-            link = self.rng.randrange(18)
-            text = f"NVLink: fatal error detected on link {link}(0x0, 0x0, 0x0, 0x10000, 0x0, 0x0, 0x0)"
-            self._kern(n, fmt.xid(g.bus, 74, text))
-            if remaining > 0:
-                self._schedule(15.0 + self.rng.random() * 15.0, lambda: xid74(remaining - 1))
-
-        xid74(3)
-
-    def _inject_ib_flap(self, spec: FaultSpec) -> None:
-        n, gpu = spec.node, spec.gpu
-        assert n is not None and gpu is not None
-        rank = self._rank(n, gpu)
-        nic = f"0000:{F.PCI_BUSES[gpu % 8] - 1:02x}:00.0"
-        port = f"ibp{F.PCI_BUSES[gpu % 8] - 1}s0"
-        peer = (n + 1) % self.config.nodes if self.config.nodes > 1 else n
-
-        def link(state: str) -> None:
-            self._kern(n, f"mlx5_core {nic} {port}: Link {state}")
-
-        def nccl_errors() -> None:
-            pid = self._pid(rank)
-            lines = fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Recv")
-            lines += fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Send")
-            self._train(n, lines)
-
-        # First flap: errors, the job stalls a few seconds, the link comes back.
-        link("down")
-        nccl_errors()
-        self.job.stall_until = self.t + IB_FLAP_STALL
-        self._schedule(IB_FLAP_STALL, lambda: link("up"))
-
-        def second_flap() -> None:
-            link("down")
-            nccl_errors()
-            self._train(n, fmt.traceback_nccl_remote(rank, self.node_names[peer]))
-            self._set_mode(rank, CRASH_NCCL)
-            self._hang_job({}, self.config.watchdog_seconds)
-            self._schedule(1.0, lambda: self._teardown_node(n))
-            self._schedule(8.0, lambda: link("up"))
-
-        self._schedule(IB_SECOND_FLAP, second_flap)
-
-    def _inject_straggler(self, spec: FaultSpec) -> None:
-        self.gpus[spec.node][spec.gpu].thermal = True  # type: ignore[index]
-        self._plan_step()  # the step in flight is already slower
-
-    def _inject_hang(self, spec: FaultSpec) -> None:
-        assert spec.node is not None and spec.gpu is not None
-        self._hang_job({self._rank(spec.node, spec.gpu): CULPRIT_DATA}, self.config.hang_watchdog_seconds)
-
-    def _inject_user_bug(self, spec: FaultSpec) -> None:
-        for n in range(self.config.nodes):
-            lines: list[str] = []
-            for r in range(n * self.gpn, (n + 1) * self.gpn):
-                lines += fmt.traceback_user_bug(r)
-                self._set_mode(r, CRASH_USER)
-            self._train(n, lines)
-        self.job.state = "failed"
-        self._schedule(1.0, self._teardown_all)
-
-    def _inject_nan_loss(self, spec: FaultSpec) -> None:
-        self.job.nan = True
-
-    def _repair(self, record: FaultRecord, spec: FaultSpec) -> None:
-        """The node is fixed (or swapped) and the job restarted from its last checkpoint."""
-        self._epoch += 1
-        if spec.node is not None:
-            for g in self.gpus[spec.node]:
-                g.reset()
-            self._kern(spec.node, fmt.DRIVER_BANNER)
-        job = self.job
-        job.comm_factor, job.stall_until, job.nan = 1.0, 0.0, False
-        job.state, job.phase, job.started_at = "running", 0.0, self.t
-        self.generation += 1
-        self.control_version += 1
-        for r in range(self.world):
-            self.modes[r] = NORMAL
-        self._failed_order.clear()
-        self._torn_down.clear()
-        for n in range(self.config.nodes):
-            self._train(
-                n,
-                [
-                    fmt.torchrun_restart(self._ts(), self._launcher_pid(n), self.generation, 100),
-                    f"{self._ts():%Y-%m-%d %H:%M:%S},000 INFO train.py:141 rank={n * self.gpn} "
-                    f"resuming from checkpoint at step={job.step}",
-                ],
-            )
-        self._plan_step()
-        record.repaired_at = self._ts()
-        self.faults_version += 1
-
-
-def _ip(node: int) -> str:
-    return f"10.10.{node // 200}.{node % 200 + 11}"
 
 
 _BENIGN_KERNEL: tuple[Callable[[random.Random], str], ...] = (

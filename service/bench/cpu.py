@@ -104,3 +104,14 @@ class CpuMeter:
             busy = (machine[0] - self._machine[0]) / (machine[1] - self._machine[1])
             cores["machine"] = round(busy * (os.cpu_count() or 1), 2)
         return cores
+
+
+def format_cores(cores: dict[str, float]) -> str:
+    """Cores per process tree, and what the rest of the machine used."""
+    named = {name: value for name, value in cores.items() if name != "machine"}
+    text = "  ".join(f"{name} {value:.2f}" for name, value in named.items())
+    if "machine" in cores:
+        # CPU used by processes outside the benchmark (or by ones it cannot see) skews every figure.
+        other = max(0.0, cores["machine"] - sum(named.values()))
+        text += f"  other {other:.2f}  (machine {cores['machine']:.2f} of {os.cpu_count()})"
+    return text

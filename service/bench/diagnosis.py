@@ -27,7 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ml.windows import floor_time
-from service.bench.ingest import say, start_backend
+from service.bench.backend import say, start_backend
 
 GPUS_PER_NODE = 8
 SHIP_S = 5  # agents ship every 5 s: each steady pass sees 5 more seconds of everything

@@ -23,26 +23,21 @@ import asyncio
 import itertools
 import json
 import math
-import re
 import signal
 import sys
 import time
 import uuid
-from array import array
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from agents.sim.gpu import COMPUTE_SHARE, THROTTLE_RATIO
-from service.synthetic import SyntheticNode, make_nodes, process_every, sample_times, step_log, xid_log
+from service.bench.loadgen_bodies import NodeBodies
+from service.bench.loadgen_protocol import LoadConfig, PhaseStats, percentiles
+from service.synthetic import make_nodes, step_log, xid_log
 
-# Bodies per node: a first one carrying the GPU inventory, as a starting agent sends, then a cycle that
-# rotates (process snapshots in as many of them as an agent sends them), so stored values vary.
-MIN_TEMPLATE_VARIANTS = 3
 # How long the paced phase keeps sending queued requests after the last one was due.
 PACED_GRACE_S = 10.0
 # A request unanswered this long means a hung server: the phase ends without it.
@@ -51,200 +46,6 @@ DISPATCH_TICK_S = 0.001
 # A throttled GPU computes at its reduced clock and every rank waits for it (agents/sim/model.py).
 STRAGGLER_SLOWDOWN = COMPUTE_SHARE / THROTTLE_RATIO + (1 - COMPUTE_SHARE)
 FAULTS = ("xid", "straggler")
-_LOGS_MARKER = "@@faultline-loadgen-logs@@"
-
-
-@dataclass(frozen=True)
-class LoadConfig:
-    host: str
-    port: int
-    token: str
-    nodes: int
-    gpus_per_node: int
-    ship_interval: float
-    sample_interval: float
-    duration: float
-    connections: int
-    capacity_seconds: float
-    job_id: str
-    node_prefix: str
-    # The first `step_log_nodes` nodes log a step line per training step of `step_s` seconds.
-    step_log_nodes: int = 1
-    step_s: float = 1.0
-    # One fault (FAULTS) on one node's GPU, `fault_after` seconds into the paced phase; None: healthy.
-    fault: str | None = None
-    fault_node: int = 0
-    fault_gpu: int = 0
-    fault_after: float = 0.0
-    progress_s: float = 5.0
-
-    @property
-    def samples_per_batch(self) -> int:
-        return samples_per_batch(self.ship_interval, self.sample_interval)
-
-
-def samples_per_batch(ship_interval: float, sample_interval: float) -> int:
-    """Samples per GPU in one batch; the ship interval must be a whole number of sample intervals."""
-    ratio = ship_interval / sample_interval
-    if ratio < 1 - 1e-6 or abs(ratio - round(ratio)) > 1e-6:
-        raise ValueError(
-            f"the ship interval ({ship_interval:g} s) must be a whole multiple of the sample interval "
-            f"({sample_interval:g} s)"
-        )
-    return round(ratio)
-
-
-@dataclass
-class PhaseStats:
-    """What one phase saw. Latency counts from the scheduled send time (queueing included); service
-    time from the moment the request was written."""
-
-    name: str
-    samples_per_request: int
-    scheduled: int = 0  # requests due in the phase (paced only)
-    sent: int = 0
-    ok: int = 0
-    errors: int = 0
-    unsent: int = 0
-    elapsed_s: float = 0.0
-    last_done: float = 0.0
-    statuses: Counter[int] = field(default_factory=Counter)
-    latency: array[float] = field(default_factory=lambda: array("d"))
-    service: array[float] = field(default_factory=lambda: array("d"))
-    problems: list[str] = field(default_factory=list)
-    # Answers asking the agent for stack dumps (the load generator does not dump stacks: it has no processes).
-    directives: int = 0
-    stopped_early: bool = False
-
-    def record(self, status: int, latency: float, service: float, body: bytes) -> None:
-        self.statuses[status] += 1
-        self.latency.append(latency)
-        self.service.append(service)
-        if 200 <= status < 300:
-            self.ok += 1
-            if b"dump_stacks" in body:
-                self.directives += 1
-        elif len(self.problems) < 5:
-            self.problems.append(f"HTTP {status}: {body[:300].decode(errors='replace')}")
-
-    def failed(self, exc: BaseException) -> None:
-        self.errors += 1
-        if len(self.problems) < 5:
-            self.problems.append(f"{type(exc).__name__}: {exc}")
-
-    def summary(self) -> dict[str, Any]:
-        elapsed = self.elapsed_s or float("nan")
-        return {
-            "requests_scheduled": self.scheduled,
-            "requests_sent": self.sent,
-            "requests_ok": self.ok,
-            "non_2xx": sum(n for status, n in self.statuses.items() if not 200 <= status < 300),
-            "errors": self.errors,
-            "unsent": self.unsent,
-            # cut off by the hung-server timeout: the server may or may not have stored them
-            "unanswered": self.sent - len(self.latency) - self.errors,
-            "statuses": {str(status): n for status, n in sorted(self.statuses.items())},
-            "ok_samples": self.ok * self.samples_per_request,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "requests_per_s": self.ok / elapsed,
-            "samples_per_s": self.ok * self.samples_per_request / elapsed,
-            "latency_ms": percentiles(self.latency),
-            "service_ms": percentiles(self.service),
-            "directives": self.directives,
-            "stopped_early": self.stopped_early,
-            "problems": self.problems,
-        }
-
-
-def percentiles(values: array[float] | list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p99": None, "max": None}
-    ordered = sorted(values)
-    last = len(ordered) - 1
-    return {
-        "p50": round(ordered[round(0.50 * last)] * 1000, 2),
-        "p99": round(ordered[round(0.99 * last)] * 1000, 2),
-        "max": round(ordered[-1] * 1000, 2),
-    }
-
-
-@dataclass(frozen=True)
-class _Template:
-    """A request body split at its variable parts: `slots[i]` is the value that goes after `segments[i]`."""
-
-    segments: list[bytes]
-    slots: list[int]
-
-    @classmethod
-    def of(cls, body: bytes, markers: dict[bytes, int]) -> _Template:
-        """Split `body` at every marker; slot 0 (the batch id) must appear exactly once."""
-        pattern = b"(" + b"|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True)) + b")"
-        parts = re.split(pattern, body)
-        slots = [markers[m] for m in parts[1::2]]
-        if slots.count(0) != 1:
-            raise ValueError("the batch id must appear exactly once in a batch")
-        return cls(parts[0::2], slots)
-
-    def render(self, values: Sequence[bytes]) -> bytes:
-        segments = self.segments
-        out = [segments[0]]
-        for i, slot in enumerate(self.slots, 1):
-            out.append(values[slot])
-            out.append(segments[i])
-        return b"".join(out)
-
-
-def _batch_ids() -> Iterator[bytes]:
-    """Unique UUIDs (version 4 layout): a random per-run prefix and a counter, cheaper than uuid4()."""
-    prefix = uuid.uuid4().hex[:20]
-    for n in itertools.count():
-        yield f"{prefix[:8]}-{prefix[8:12]}-4{prefix[13:16]}-a{prefix[17:20]}-{n:012x}".encode()
-
-
-_BATCH_IDS = _batch_ids()
-
-
-def _iso(epoch: float) -> bytes:
-    return datetime.fromtimestamp(epoch, UTC).isoformat().encode()
-
-
-class NodeBodies:
-    """One node's request bodies: agent-shaped; a fresh batch id, sample times and step lines for every send.
-
-    Slots: 0 the batch id, 1..n the times of the batch's n samples (oldest first; the last is the send
-    time, which also stamps the batch and its process snapshots), n+1 the step lines (a JSON array).
-    """
-
-    def __init__(self, node: SyntheticNode, config: LoadConfig, *, start: datetime) -> None:
-        self.samples = config.samples_per_batch
-        self.sample_interval = config.sample_interval
-        every = process_every(config.ship_interval)
-        variants = every * math.ceil(MIN_TEMPLATE_VARIANTS / every)
-        templates = [
-            self._template(node, start + timedelta(seconds=k * config.ship_interval)) for k in range(variants + 1)
-        ]
-        self.first, self.rotating = templates[0], templates[1:]
-        self.sends = 0
-
-    def _template(self, node: SyntheticNode, now: datetime) -> _Template:
-        batch = node.batch(now, interval=self.sample_interval, samples=self.samples, logs=_LOGS_MARKER)
-        markers = {batch["batch_id"].encode(): 0, orjson.dumps(_LOGS_MARKER): self.samples + 1}
-        for k, ts in enumerate(sample_times(now, interval=self.sample_interval, samples=self.samples)):
-            markers[ts.isoformat().encode()] = 1 + k
-        return _Template.of(orjson.dumps(batch), markers)
-
-    def next_body(self, now: float, logs: bytes = b"[]") -> bytes:
-        """The next body, its samples taken up to `now` (epoch seconds)."""
-        template = self.first if self.sends == 0 else self.rotating[(self.sends - 1) % len(self.rotating)]
-        self.sends += 1
-        n, step = self.samples, self.sample_interval
-        values = [next(_BATCH_IDS), *(_iso(now - (n - 1 - k) * step) for k in range(n)), logs]
-        return template.render(values)
-
-    def take_over(self, previous: NodeBodies) -> NodeBodies:
-        """Continue where `previous` left off (a fault switches a node's bodies mid-run)."""
-        self.sends = max(previous.sends, 1)
-        return self
 
 
 class StepClock:
@@ -598,10 +399,6 @@ def main() -> None:
         _emit({"result": runner(_run(config))})
     except KeyboardInterrupt:
         sys.exit(130)
-
-
-def config_json(config: LoadConfig) -> str:
-    return json.dumps(asdict(config))
 
 
 if __name__ == "__main__":

@@ -27,35 +27,23 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import queue
-import re
 import secrets
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from service.arguments import non_negative, positive, positive_int
-from service.bench.ingest import (
-    Service,
-    create_token,
-    follow_load,
-    format_cores,
-    start_backend,
-    start_load,
-    start_service,
-)
-from service.bench.loadgen import LoadConfig, samples_per_batch
+from service.bench.backend import create_token, start_backend, start_service
+from service.bench.loadgen_protocol import LoadConfig, samples_per_batch
+from service.bench.scale_eval_report import Outcome, _report, _verdict_line, format_table
+from service.bench.scale_eval_watch import Context, DecisionWatch, LoadRun, PassLog, register_job
 from service.evaluation.scoring import NOT_EVICTING_STATES, Decision, parse_decisions, parse_incidents, parse_time
 
 # Scenarios run in this order by default: the job of a finished scenario stays "active" (diagnosed by beat)
@@ -69,11 +57,6 @@ POLL_WAIT_S = 2.0  # one long poll; short, so that load generator events are han
 PROGRESS_S = 15.0
 # The load generator must not run out before the watch ends; the watch stops it.
 LOAD_MARGIN_S = 60.0
-
-# Full passes only: a periodic pass that skipped (another was running) did no work.
-_PASS_LINE = re.compile(
-    r"Task diagnosis\.diagnose_job\[[^\]]+\] succeeded in ([0-9.]+)s: \{'job_id': '([^']+)'(?![^}]*'skipped': True)"
-)
 
 
 @dataclass(frozen=True)
@@ -104,42 +87,6 @@ def _say(message: str) -> None:
 
 class SetupError(Exception):
     """The run cannot start (exit code 2); the message says why."""
-
-
-@dataclass
-class Outcome:
-    """One scenario's result, as the table and the JSON show it."""
-
-    scenario: str
-    description: str
-    job_id: str
-    nodes: int
-    node_injected: str
-    target_s: float
-    injected_at: str | None = None
-    # Seen by the scheduler's long poll, and as the database stamped it (the pass's transaction start).
-    time_to_decision_s: float | None = None
-    decision_stamped_after_s: float | None = None
-    answer: str | None = None  # the kind of the first right decision
-    decided: dict[str, list[str]] = field(default_factory=dict)  # node -> decision kinds
-    accused: list[str] = field(default_factory=list)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    incidents: list[dict[str, Any]] = field(default_factory=list)
-    passes: dict[str, Any] = field(default_factory=dict)
-    load: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        return (
-            self.error is None
-            and self.time_to_decision_s is not None
-            and self.time_to_decision_s <= self.target_s
-            and not self.accused
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"passed": self.passed}
 
 
 # --- the command line ---------------------------------------------------------------------------------------
@@ -254,17 +201,6 @@ def _clean(workdir: Path, *, keep_logs: bool) -> None:
 # --- the service --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Context:
-    """What every scenario runs against."""
-
-    args: argparse.Namespace
-    service: Service
-    agent_token: str
-    scheduler_token: str
-    run_id: str
-
-
 def _setup(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) -> Context:
     import psycopg
     from sqlalchemy.exc import SQLAlchemyError
@@ -292,119 +228,7 @@ def _setup(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack)
     return Context(args, service, agent, scheduler, secrets.token_hex(2))
 
 
-def register_job(url: str, token: str, *, job_id: str, nodes: int, gpus_per_node: int) -> None:
-    """Register the job as a scheduler does, before its agents report: one tensor-parallel group per node."""
-    body = {
-        "job_id": job_id,
-        "world_size": nodes * gpus_per_node,
-        "parallelism": {"tp": gpus_per_node, "pp": 1, "dp": nodes, "order": "tp-dp-pp"},
-    }
-    response = httpx.post(f"{url}/api/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    if response.status_code != 200:
-        raise RuntimeError(f"registering job {job_id} answered {response.status_code}: {response.text[:300]}")
-
-
-class DecisionWatch:
-    """A scheduler's long poll on one job's decisions: each decision with the moment it was first seen."""
-
-    def __init__(self, url: str, token: str, job_id: str) -> None:
-        self.url, self.token, self.job_id = url, token, job_id
-        self.seen: dict[int, tuple[float, dict[str, Any]]] = {}
-        self._client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-
-    def poll(self, wait: float) -> list[dict[str, Any]]:
-        """New decisions, waiting up to `wait` seconds for one."""
-        params: dict[str, Any] = {"job": self.job_id, "wait": wait, "limit": 500}
-        if self.seen:
-            params["after"] = max(self.seen)
-        try:
-            response = self._client.get("/api/v1/decisions", params=params)
-        except httpx.HTTPError as exc:
-            raise RuntimeError(f"the decisions API did not answer: {exc}") from None
-        if response.status_code != 200:
-            raise RuntimeError(f"the decisions API answered {response.status_code}: {response.text[:300]}")
-        now = time.time()
-        new = [item for item in response.json()["items"] if item["id"] not in self.seen]
-        for item in new:
-            self.seen[item["id"]] = (now, item)
-        return new
-
-    def incidents(self) -> list[dict[str, Any]]:
-        """The job's incidents with their suspects."""
-        from service.evaluation.api import Api
-
-        api = Api(self.url, self.token)
-        try:
-            return api.incidents(self.job_id)
-        finally:
-            api.close()
-
-    def close(self) -> None:
-        self._client.close()
-
-
-class PassLog:
-    """Diagnosis passes as the worker logs them (Celery's "succeeded in" line), read as the log grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-        self.passes: list[tuple[str, float]] = []  # (job, seconds)
-
-    def read(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            chunk = handle.read()
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next read
-        self.offset += end
-        for match in _PASS_LINE.finditer(chunk[:end].decode(errors="replace")):
-            self.passes.append((match.group(2), float(match.group(1))))
-
-    def summary(self, job_id: str) -> dict[str, Any]:
-        mine = [s for job, s in self.passes if job == job_id]
-        others = [s for job, s in self.passes if job != job_id]
-        return {
-            "count": len(mine),
-            "p50_s": round(statistics.median(mine), 2) if mine else None,
-            "max_s": round(max(mine), 2) if mine else None,
-            "busy_s": round(sum(mine), 1),
-            "other_jobs_count": len(others),
-            "other_jobs_busy_s": round(sum(others), 1),
-        }
-
-
 # --- one scenario -------------------------------------------------------------------------------------------
-
-
-class LoadRun:
-    """The load generator of one scenario, followed on a thread: its events on a queue, its result at the end."""
-
-    def __init__(self, config: LoadConfig, context: Context, stack: contextlib.ExitStack) -> None:
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.result: dict[str, Any] | None = None
-        self.error: str | None = None
-        self.process = start_load(config, stack)
-        roots = context.service.cpu_roots
-        self._thread = threading.Thread(target=self._follow, args=(roots,), daemon=True)
-        self._thread.start()
-
-    def _follow(self, roots: dict[str, int]) -> None:
-        try:
-            self.result = follow_load(self.process, roots, self.events.put)
-        except (RuntimeError, ValueError) as exc:
-            self.error = str(exc)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def stop(self) -> None:
-        """End the paced phase (the load generator still reports), and wait for its result."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        self._thread.join(timeout=120)
 
 
 def _fault_node(args: argparse.Namespace) -> int:
@@ -594,96 +418,4 @@ def _load_figures(result: dict[str, Any] | None, args: argparse.Namespace) -> di
         "directives": paced.get("directives"),
         "critical_request": (result.get("injection") or {}).get("request"),
         "cpu_cores": result.get("cpu_cores", {}).get("paced", {}),
-    }
-
-
-# --- the report ---------------------------------------------------------------------------------------------
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f} s"
-
-
-def _decided(outcome: Outcome) -> str:
-    if not outcome.decided:
-        return "none"
-    return "; ".join(f"{node} {', '.join(kinds)}" for node, kinds in outcome.decided.items())
-
-
-def _verdict_line(outcome: Outcome) -> str:
-    verdict = "PASS" if outcome.passed else "FAIL"
-    detail = f"error: {outcome.error}" if outcome.error else f"decided {_decided(outcome)}"
-    return (
-        f"{outcome.scenario}: {verdict}, time to decision {_seconds(outcome.time_to_decision_s)} "
-        f"(target {outcome.target_s:g} s), healthy nodes accused {len(outcome.accused)}; {detail}"
-    )
-
-
-def format_table(outcomes: list[Outcome], args: argparse.Namespace) -> str:
-    gpus = args.nodes * args.gpus_per_node
-    header = ("scenario", "node injected", "node(s) decided", "time to decision", "healthy accused", "target", "result")
-    rows = [
-        (
-            o.scenario,
-            o.node_injected,
-            _decided(o) if not o.error else f"error: {o.error}",
-            _seconds(o.time_to_decision_s) + (f" ({o.answer})" if o.answer else ""),
-            str(len(o.accused)),
-            f"<= {o.target_s:g} s",
-            "PASS" if o.passed else "FAIL",
-        )
-        for o in outcomes
-    ]
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
-    lines = [
-        "",
-        f"faultline bench scale-eval: {args.nodes:,} nodes x {args.gpus_per_node} GPUs = {gpus:,} GPUs sampled every "
-        f"{args.sample_interval:g} s, shipped every {args.ship_interval:g} s; {os.cpu_count()} CPUs",
-        "",
-        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
-    ]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    lines.append("")
-    lines += [line for o in outcomes for line in _details(o)]
-    return "\n".join(lines)
-
-
-def _details(o: Outcome) -> list[str]:
-    lines = [f"{o.scenario}: {o.description}, job {o.job_id}"]
-    if o.accused:
-        lines.append(f"  healthy nodes accused: {', '.join(o.accused[:10])}" + (" ..." if len(o.accused) > 10 else ""))
-    if o.decision_stamped_after_s is not None:
-        lines.append(f"  decision stamped {o.decision_stamped_after_s:.1f} s after the injection (its pass's start)")
-    load = o.load
-    if load:
-        latency = load.get("latency_ms") or {}
-        lines.append(
-            f"  ingest: {load['sustained_ratio']:.3f} of offered samples stored in time, latency p50 "
-            f"{latency.get('p50')} ms p99 {latency.get('p99')} ms, non-2xx {load.get('non_2xx')}, errors "
-            f"{load.get('errors')}"
-        )
-        cores = load.get("cpu_cores") or {}
-        if cores:
-            lines.append(f"  CPU cores: {format_cores(cores)}")
-    p = o.passes
-    if p:
-        lines.append(
-            f"  diagnosis passes of this job: {p['count']}, p50 {_seconds(p['p50_s'])}, max {_seconds(p['max_s'])}, "
-            f"{p['busy_s']:.0f} s in all; of other jobs: {p['other_jobs_count']} ({p['other_jobs_busy_s']:.0f} s)"
-        )
-    return lines
-
-
-def _report(outcomes: list[Outcome], args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "at": datetime.now().astimezone().isoformat(),
-        "config": {
-            key: (str(value) if isinstance(value, Path) else value)
-            for key, value in vars(args).items()
-            if not callable(value)
-        },
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "scenarios": [o.to_json() for o in outcomes],
-        "passed": bool(outcomes) and all(o.passed for o in outcomes),
     }

@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from service import embedded, migrate, processes
 from service.bench import uidata
-from service.bench.ingest import say, spawn, start_backend
+from service.bench.backend import say, spawn, start_backend
 
 PREFIX = "bench"
 # A page an on-call engineer opens at 3 a.m. should answer well within this.

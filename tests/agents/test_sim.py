@@ -30,7 +30,8 @@ from agents.sim.config import SimConfig
 from agents.sim.dcgm_fields import FIELDS, INT64_NOT_SUPPORTED
 from agents.sim.exporter import MetricsServer, render
 from agents.sim.gpu import GpuSample
-from agents.sim.model import CRASH_USER, CULPRIT_DATA, VICTIM, Cluster
+from agents.sim.model import Cluster
+from agents.sim.modes import CRASH_USER, CULPRIT_DATA, VICTIM
 from agents.sim.scenarios import HARDWARE_FAULTS, SCENARIOS
 from tests import paths
 

@@ -1,0 +1,353 @@
+"""Peer comparison's sub-window summaries (ml/peers.py reads them): per metric, every GPU's robust distance
+from its peers over one span, and the outliers standing apart with a clear gap."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ml import parallel
+from ml.findings import JobInfo
+from ml.metrics import (
+    DRAM_ACTIVE,
+    GPU_TEMP,
+    GPU_UTIL,
+    GR_ENGINE_ACTIVE,
+    MEM_COPY_UTIL,
+    MEMORY_TEMP,
+    NVLINK_BANDWIDTH_TOTAL,
+    NVLINK_RX_BYTES,
+    NVLINK_TX_BYTES,
+    PCIE_RX_BYTES,
+    PCIE_TX_BYTES,
+    POWER_LIMIT,
+    POWER_USAGE,
+    SM_ACTIVE,
+    SM_CLOCK,
+    SM_OCCUPANCY,
+    TENSOR_ACTIVE,
+    WINDOW_S,
+)
+
+# Minder found network, CPU, GPU power, duty cycle, tensor activity and NVLink bandwidth the most telling;
+# DCGM has no network or CPU counters, so GPU power leads. Earlier metrics lead a finding's evidence.
+DEFAULT_PRIORITY: tuple[str, ...] = (
+    POWER_USAGE,
+    GPU_UTIL,
+    TENSOR_ACTIVE,
+    NVLINK_TX_BYTES,
+    NVLINK_RX_BYTES,
+    NVLINK_BANDWIDTH_TOTAL,
+    SM_ACTIVE,
+    SM_CLOCK,
+    DRAM_ACTIVE,
+    GPU_TEMP,
+    PCIE_TX_BYTES,
+    PCIE_RX_BYTES,
+)
+
+Z_MIN = 4.0  # distance from the centre, in robust scale units, to be an outlier
+GAP_MIN = 2.0  # an outlier must stand this far from the nearest inlier (a clear gap)
+MAX_OUTLIER_FRACTION = 0.25  # more outliers than this is a split job, not a bad machine
+MIN_UNITS = 3
+MIN_SAMPLE_FRACTION = 0.3  # of the window's typical sample count a unit needs to be summarized
+SUPPORT_Z = 2.0  # a supporting metric stays at least this far out in every window (ml/peers.py)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """How to read one metric: what an outlier on it means and how little a difference counts."""
+
+    category: str
+    rel_floor: float  # scale never below this fraction of the centre
+    abs_floor: float  # ... nor below this many units of the metric
+    weight: float  # how much a suspect on this metric alone is worth (0..1)
+    counter: bool = False  # may arrive cumulative: differenced when it only ever grows
+
+
+SPECS: dict[str, MetricSpec] = {
+    POWER_USAGE: MetricSpec("straggler", 0.05, 10.0, 0.6),
+    GPU_UTIL: MetricSpec("straggler", 0.05, 5.0, 0.45),
+    TENSOR_ACTIVE: MetricSpec("straggler", 0.05, 0.02, 0.55),
+    SM_ACTIVE: MetricSpec("straggler", 0.05, 0.02, 0.5),
+    GR_ENGINE_ACTIVE: MetricSpec("straggler", 0.05, 0.02, 0.45),
+    SM_OCCUPANCY: MetricSpec("straggler", 0.05, 0.02, 0.35),
+    DRAM_ACTIVE: MetricSpec("straggler", 0.05, 0.02, 0.4),
+    SM_CLOCK: MetricSpec("straggler", 0.05, 30.0, 0.55),
+    MEM_COPY_UTIL: MetricSpec("straggler", 0.05, 5.0, 0.35),
+    # Slot position and airflow make temperatures differ more than anything else: a wider floor.
+    GPU_TEMP: MetricSpec("straggler", 0.08, 3.0, 0.3),
+    MEMORY_TEMP: MetricSpec("straggler", 0.08, 3.0, 0.25),
+    NVLINK_TX_BYTES: MetricSpec("nvlink", 0.05, 1e6, 0.5, counter=True),
+    NVLINK_RX_BYTES: MetricSpec("nvlink", 0.05, 1e6, 0.5, counter=True),
+    NVLINK_BANDWIDTH_TOTAL: MetricSpec("nvlink", 0.05, 1e3, 0.45, counter=True),
+    PCIE_TX_BYTES: MetricSpec("pcie", 0.05, 1e6, 0.35, counter=True),
+    PCIE_RX_BYTES: MetricSpec("pcie", 0.05, 1e6, 0.35, counter=True),
+}
+
+# Power over its limit: derived per window row, not a stored column.
+_POWER_RATIO = "power_ratio"
+# Whether the job is working in a window: the first of these with data, and the job-wide median it needs.
+# Utilization comes last: a rank spinning in a hung NCCL collective reads 100%.
+_ACTIVITY = ((SM_ACTIVE, 0.1), (TENSOR_ACTIVE, 0.02), (_POWER_RATIO, 0.25), (GPU_UTIL, 10.0))
+
+
+SPAN_S = 30.0  # one sub-window of the comparison: three 10 s windows
+
+
+def summarize_span(
+    job: JobInfo,
+    rolled: pd.DataFrame,
+    *,
+    end: datetime,
+    span_s: float = SPAN_S,
+    metrics_priority: Sequence[str] = DEFAULT_PRIORITY,
+) -> dict[str, Any]:
+    """One sub-window ending at `end`, from window rows (ml/windows.py): whether the job was working, and per
+    metric every GPU's distance from its peers (only the large ones, |z| >= SUPPORT_Z) and the outliers.
+    Plain JSON, so a service can keep it between passes."""
+    result: dict[str, Any] = {"active": False, "metrics": {}}
+    frame = _span_frame(job, rolled, _utc(end), span_s)
+    if frame is None:
+        return result
+    in_span = frame[~frame["previous"]]
+    active = _span_active(in_span)
+    result["active"] = active
+    if not active:
+        return result
+    frame = frame[frame["unit"].isin(_busy_units(in_span))]
+    # Unit codes once for every metric (factorizing 65,000 strings per metric costs more than the metric).
+    units, uid = np.unique(frame["unit"].to_numpy(), return_inverse=True)
+    stages = _pipeline_stages(job, units)
+    for metric in dict.fromkeys(metrics_priority):
+        if metric not in frame.columns:
+            continue
+        spec = _spec(metric)
+        summaries = _span_summaries(frame, units, uid, metric, spec)
+        if summaries is None:
+            continue
+        groups = np.array([stages.get(u, -1) for u in summaries.units])
+        zs, out = _grouped_outliers(summaries, 0, spec, groups)
+        result["metrics"][metric] = {
+            "z": {u: round(z, 3) for u, z in zs.items() if abs(z) >= SUPPORT_Z},
+            "out": out,
+        }
+    return result
+
+
+# --- input ---
+
+
+def _numeric(values: pd.Series) -> pd.Series:
+    """Floats from whatever the column holds (strings, booleans, None): unreadable values become NaN."""
+    return pd.to_numeric(values, errors="coerce").astype("float64")
+
+
+def _utc(ts: datetime) -> datetime:
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _span_frame(job: JobInfo, rolled: pd.DataFrame, end: datetime, span_s: float) -> pd.DataFrame | None:
+    """The span's window rows (and, flagged `previous`, the window before it, which a counter's first
+    difference needs) of the job's GPUs, with a unit ("node/gpu")."""
+    if not isinstance(rolled, pd.DataFrame) or rolled.empty:
+        return None
+    starts = pd.to_datetime(rolled["window_start"], utc=True)
+    begin = pd.Timestamp(end) - pd.Timedelta(seconds=span_s)
+    frame = rolled[(starts >= begin - pd.Timedelta(seconds=WINDOW_S)) & (starts < pd.Timestamp(end))].copy()
+    nodes = set(job.nodes)
+    if nodes and frame["node"].isin(nodes).any():
+        frame = frame[frame["node"].isin(nodes)]  # GPUs of other jobs are no peers
+    if frame.empty:
+        return None
+    frame["previous"] = pd.to_datetime(frame["window_start"], utc=True) < begin
+    frame["unit"] = frame["node"].astype(str) + "/" + frame["gpu"].astype(int).astype(str)
+    if POWER_USAGE in frame.columns and POWER_LIMIT in frame.columns:
+        limit = _numeric(frame[POWER_LIMIT])
+        frame[_POWER_RATIO] = _numeric(frame[POWER_USAGE]) / limit.where(limit > 0)
+    return frame.sort_values(["unit", "window_start"])
+
+
+def _pipeline_stages(job: JobInfo, units: Any) -> dict[str, int]:
+    """Each GPU's pipeline stage, when the job has several: stages run different layers (the first embeds,
+    the last computes the loss) and are only peers among themselves. A node's GPU i runs its i-th rank
+    (torchrun's local rank); GPUs that cannot be placed share stage -1."""
+    if max(1, int(job.pp or 1)) <= 1 or not job.rank_nodes:
+        return {}
+    by_node: dict[str, list[int]] = {}
+    for rank, node in job.rank_nodes.items():
+        by_node.setdefault(str(node), []).append(int(rank))
+    placed: dict[str, int] = {}
+    for unit in units:
+        node, _, gpu = str(unit).rpartition("/")
+        ranks = sorted(by_node.get(node, []))
+        if gpu.isdigit() and int(gpu) < len(ranks):
+            placed[str(unit)] = ranks[int(gpu)]
+    if not placed:
+        return {}
+    stage = parallel.coordinates_array(job, np.array(list(placed.values())))["pp"]
+    return {u: int(s) for u, s in zip(placed, stage, strict=True)}
+
+
+def _spec(metric: str) -> MetricSpec:
+    """The spec of a known metric; a guess from the name for one the service added later."""
+    if metric in SPECS:
+        return SPECS[metric]
+    low = metric.lower()
+    category = "network" if low.startswith(("ib_", "net", "rdma", "pfc", "roce")) else "straggler"
+    return MetricSpec(category, 0.05, 0.0, 0.4, counter=low.endswith(("_bytes", "_packets", "_total")))
+
+
+def _activity(frame: pd.DataFrame) -> tuple[pd.Series, float] | None:
+    """The activity gauge to judge idleness by (the first of _ACTIVITY with data) and its threshold."""
+    for column, threshold in _ACTIVITY:
+        if column in frame.columns:
+            values = _numeric(frame[column])
+            if values.notna().mean() >= 0.5:
+                return values, threshold
+    return None
+
+
+def _span_active(frame: pd.DataFrame) -> bool:
+    """Whether the job (its median GPU) is working in the span; it is, when nothing tells."""
+    if frame.empty:
+        return False
+    gauge = _activity(frame)
+    if gauge is None:
+        return True
+    values, threshold = gauge
+    return bool(values.groupby(frame["unit"]).median().median() >= threshold)
+
+
+def _busy_units(frame: pd.DataFrame) -> list[str]:
+    """GPUs idle through the span while the job works are not in this job (a half-used node)."""
+    gauge = _activity(frame)
+    if gauge is None:
+        return list(frame["unit"].unique())
+    values, threshold = gauge
+    busy = values.groupby(frame["unit"]).max() >= threshold
+    return list(busy[busy].index)
+
+
+# --- per metric ---
+
+
+@dataclass(frozen=True, slots=True)
+class Summaries:
+    """Per unit (rows) and window (columns): a metric's trimmed mean and how many samples made it."""
+
+    units: list[str]
+    values: np.ndarray
+    counts: np.ndarray
+
+
+def _span_summaries(
+    frame: pd.DataFrame, units: np.ndarray, uid: np.ndarray, metric: str, spec: MetricSpec
+) -> Summaries | None:
+    """Per GPU over the span: the metric's mean (windows weighted by their samples), or for a cumulative
+    counter its per-second increase from the window before the span to the span's last window. `uid` codes
+    each row's unit as an index into `units`."""
+    counts = np.bincount(
+        uid, weights=np.where(frame["previous"], 0, frame["n"].to_numpy(dtype=float)), minlength=len(units)
+    )
+    peak = f"{metric}_max"
+    if spec.counter and peak in frame.columns:
+        top = _numeric(frame[peak]).to_numpy(dtype=float)
+        if _is_cumulative(uid, top):
+            ts = (pd.to_datetime(frame["last_ts"], utc=True) - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+            ok = np.isfinite(top)  # rows are sorted by unit and time
+            u, v, t = uid[ok], top[ok], ts[ok]
+            present, head = np.unique(u, return_index=True)
+            tail = len(u) - 1 - np.unique(u[::-1], return_index=True)[1]
+            first, last, t0, t1 = (np.full(len(units), np.nan) for _ in range(4))
+            first[present], t0[present] = v[head], t[head]
+            last[present], t1[present] = v[tail], t[tail]
+            dt = t1 - t0
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rate = np.where((dt > 0) & (last >= first), (last - first) / dt, np.nan)
+            return _summaries(units, rate, counts)
+    v = _numeric(frame[metric]).to_numpy(dtype=float)
+    weight = np.where(frame["previous"] | ~np.isfinite(v), 0.0, frame["n"].to_numpy(dtype=float))
+    total = np.bincount(uid, weights=weight, minlength=len(units))
+    sums = np.bincount(uid, weights=np.where(weight > 0, v, 0.0) * weight, minlength=len(units))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(total > 0, sums / total, np.nan)
+    return _summaries(units, means, np.where(total > 0, counts, 0))
+
+
+def _summaries(units: np.ndarray, values: np.ndarray, counts: np.ndarray) -> Summaries | None:
+    if not np.isfinite(values).any():
+        return None
+    return Summaries([str(u) for u in units], values.reshape(-1, 1), counts.astype(float).reshape(-1, 1))
+
+
+def _same_unit_diff(uid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Consecutive differences of x (rows sorted by unit and time), and where both rows are one unit's."""
+    return np.diff(x), uid[1:] == uid[:-1]
+
+
+def _is_cumulative(uid: np.ndarray, v: np.ndarray) -> bool:
+    """A counter only grows (resets aside); a rate (dcgm-exporter's PROF_*_BYTES) goes up and down."""
+    dv, same = _same_unit_diff(uid, v)
+    dv = dv[same & np.isfinite(dv)]
+    if dv.size < 3:
+        return False
+    return bool(np.mean(dv >= 0) >= 0.95 and np.mean(dv > 0) >= 0.5)
+
+
+def _grouped_outliers(
+    s: Summaries, w: int, spec: MetricSpec, groups: np.ndarray
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """`_outliers` within each peer group (pipeline stage), merged."""
+    zs: dict[str, float] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for g in np.unique(groups):
+        z, o = _outliers(s, w, spec, groups == g)
+        zs.update(z)
+        out.update(o)
+    return zs, out
+
+
+def _outliers(
+    s: Summaries, w: int, spec: MetricSpec, members: np.ndarray
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """Every member's normalized distance in window `w`, and the members far from the rest of their peers
+    (with their distance and the peers' band)."""
+    x, count = s.values[:, w], np.where(members, s.counts[:, w], 0)
+    present = count[count > 0]
+    if present.size < MIN_UNITS:
+        return {}, {}
+    idx = np.flatnonzero((count >= max(2.0, MIN_SAMPLE_FRACTION * float(np.median(present)))) & np.isfinite(x))
+    if idx.size < MIN_UNITS:
+        return {}, {}
+    x = x[idx]
+    center = float(np.median(x))
+    mad = float(np.median(np.abs(x - center))) * 1.4826
+    scale = max(mad, spec.rel_floor * abs(center), spec.abs_floor, 1e-12)
+    z = (x - center) / scale
+    zs = {s.units[j]: float(zj) for j, zj in zip(idx, z, strict=True)}
+    flagged = np.flatnonzero(np.abs(z) >= Z_MIN)
+    if flagged.size == 0 or flagged.size > max(1, math.floor(MAX_OUTLIER_FRACTION * x.size)):
+        return zs, {}
+    inliers = np.delete(z, flagged)
+    out: dict[str, dict[str, Any]] = {}
+    for i in flagged:
+        if np.min(np.abs(inliers - z[i])) < GAP_MIN:
+            continue  # no clear gap: the tail of the noise
+        peers, peer_z = np.delete(x, i), np.delete(z, i)
+        out[s.units[idx[i]]] = {
+            "value": float(x[i]),
+            "z": float(z[i]),
+            "score": float(np.median(np.abs(peer_z - z[i]))),
+            "peer_median": float(np.median(peers)),
+            "peer_p10": float(np.quantile(peers, 0.1)),
+            "peer_p90": float(np.quantile(peers, 0.9)),
+            "n_units": int(x.size),
+        }
+    return zs, out
