@@ -165,7 +165,7 @@ _NO_ACTION_SEVERITY: dict[int, str] = {
 
 # The service evicts on these (ml/xid.py's overrides) where the catalog says IGNORE or RESTART_APP: 63 records a
 # row remap after an uncorrectable error, which takes a GPU reset; 94 is a contained uncorrectable ECC error.
-# tests/test_xid_parity.py keeps this set and ml/xid.py in step (the agent cannot import ml/).
+# tests/agents/test_xid_parity.py keeps this set and ml/xid.py in step (the agent cannot import ml/).
 _RAISED_TO_CRITICAL = frozenset({63, 94})
 
 CRITICAL_XIDS: frozenset[int] = frozenset(
