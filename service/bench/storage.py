@@ -35,12 +35,12 @@ from service.bench.storage_measurements import (
     PROBE_EVERY_S,
     SMALL_DAY,
     _bench_partitions,
-    _checkpoint,
     _cleanup,
     _drop_partitions,
     _generate,
     _make_partitions,
     _old_retention,
+    _settle,
     _sizes,
     _wal_lsn,
     _wal_since,
@@ -116,7 +116,7 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
                 {"a": BIG_DAY, "b": BIG_DAY + timedelta(seconds=seconds)},
             ).scalar()
             sizes = _sizes(conn, names)
-        checkpoint_s = _checkpoint(engine)
+        checkpoint_s = _settle(engine, names)
         say(f"dropping the {len(names)} partitions (retention) ...")
         lsn = _wal_lsn(engine)
         drop_each = _drop_partitions(engine, names)
@@ -132,7 +132,7 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
         )
         with engine.begin() as conn:
             small_sizes = _sizes(conn, small_names)
-        _checkpoint(engine)
+        _settle(engine, small_names)
         small_each = _drop_partitions(engine, small_names)
 
         say(f"old retention on {args.delete_minutes} min of {args.gpus:,} GPUs in an unpartitioned copy ...")
@@ -240,9 +240,9 @@ def format_report(f: dict[str, Any]) -> str:
         f"an hourly partition {_mib(p['bytes_per_hourly_partition'])}; 72 h of retention "
         f"{_mib(p['bytes_per_day'] * 3)}",
         "",
-        "retention by partition drop (DETACH, DROP, commit, one partition a transaction; after a CHECKPOINT, as a "
-        "partition past retention is long written out; an insert through metric_samples every "
-        f"{PROBE_EVERY_S * 1000:g} ms meanwhile, as ingest writes)",
+        "retention by partition drop (DETACH, DROP, commit, one partition a transaction; after VACUUM and "
+        "CHECKPOINT, as a partition past retention is long vacuumed and written out; an insert through "
+        f"metric_samples every {PROBE_EVERY_S * 1000:g} ms meanwhile, as ingest writes)",
         _drop_line(f"  {f['gpus']:,} GPUs x {f['hours']} h", drop),
         _drop_line(f"  {small['gpus']} GPUs x 24 h", small),
         f"  parent locked    median {_median_ms(drop['statements_ms']):,.1f} ms a partition ({f['gpus']:,} GPUs) vs "

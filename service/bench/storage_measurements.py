@@ -110,6 +110,17 @@ def _checkpoint(engine: Engine) -> float:
     return time.perf_counter() - began
 
 
+def _settle(engine: Engine, names: list[str]) -> float:
+    """As a partition past retention is: vacuumed (no autovacuum worker holds it any more, which retention's
+    lock would wait for) and written out; seconds it took."""
+    began = time.perf_counter()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for name in names:
+            conn.execute(text(f"VACUUM {name}"))
+    _checkpoint(engine)
+    return time.perf_counter() - began
+
+
 def _wal_lsn(engine: Engine) -> str:
     with engine.connect() as conn:
         return conn.execute(text("SELECT pg_current_wal_lsn()::text")).scalar()

@@ -13,7 +13,8 @@ Locks. A partition is made with CREATE TABLE (LIKE parent) and ATTACH PARTITION,
 SHARE UPDATE EXCLUSIVE on the parent (ingest keeps writing) and ACCESS EXCLUSIVE on the default partition,
 which the attach scans to prove it holds no row of the new range; keep the default partition small.
 Dropping a partition (DETACH) needs ACCESS EXCLUSIVE on the parent: it waits for in-flight statements, so
-the service functions bound the wait with `lock_timeout` and the next beat run retries. Every change to a
+the service functions bound the wait with `lock_timeout` and the next beat run retries; the partition itself
+is locked without waiting (see drop_partition), so the parent is held only for the catalog change. Every change to a
 table's partitions runs under a transaction-level advisory lock, so concurrent callers (two beats, beat
 and a migration) take turns and the second finds the work done.
 """
@@ -299,7 +300,15 @@ def ensure_table_partitions(conn: Connection, spec: PartitionedTable, *, start: 
 
 
 def drop_partition(conn: Connection, spec: PartitionedTable, name: str) -> None:
+    """DETACH and DROP one partition; its files are freed at commit, after PostgreSQL releases the locks.
+
+    The parent's lock comes first (as DETACH takes it: taking the partition's first could deadlock with a
+    query that reads across partitions), then the partition's without waiting: a partition still in use
+    (autovacuum, a long query) fails the attempt at once, for the next beat run to retry, instead of keeping
+    the parent, which ingest writes through, locked while it waits."""
     _lock(conn, spec)
+    conn.execute(text(f"LOCK TABLE ONLY {spec.name} IN ACCESS EXCLUSIVE MODE"))  # not its partitions
+    conn.execute(text(f"LOCK TABLE ONLY {name} IN ACCESS EXCLUSIVE MODE NOWAIT"))
     conn.execute(text(f"ALTER TABLE {spec.name} DETACH PARTITION {name}"))
     conn.execute(text(f"DROP TABLE {name}"))
 
@@ -318,7 +327,9 @@ def _with_lock_timeout(session: Session, what: str, action: Callable[[Connection
     except OperationalError as exc:
         if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
             raise
-        log.warning("%s: a table lock was not granted within %s; the next run retries", what, LOCK_TIMEOUT)
+        log.warning(
+            "%s: a table lock was not granted (in use, or not within %s); the next run retries", what, LOCK_TIMEOUT
+        )
         return None
     finally:
         conn.execute(text("SELECT set_config('lock_timeout', :v, true)"), {"v": previous})
@@ -383,13 +394,14 @@ def drop_expired_partitions(
             )
         expired = [p.name for p in known_partitions(conn, spec) if p.upper <= cutoff]
 
-        def drop(c: Connection, spec: PartitionedTable = spec, expired: list[str] = expired) -> list[str]:
-            for name in expired:
+        for name in expired:
+            # One savepoint each: a partition still in use waits for the next run without holding back the rest.
+            def drop(c: Connection, spec: PartitionedTable = spec, name: str = name) -> str:
                 drop_partition(c, spec, name)
-            return expired
+                return name
 
-        if expired:
-            dropped.partitions = _with_lock_timeout(session, f"expired partitions of {spec.name}", drop) or []
+            if _with_lock_timeout(session, f"expired partition {name}", drop):
+                dropped.partitions.append(name)
         out[spec.name] = dropped
     session.flush()
     return out

@@ -229,3 +229,35 @@ def test_prune_task_drops_old_signals_and_expired_ui_sessions(committed, old_row
 def test_ensure_task_is_a_no_op_once_partitions_exist(committed) -> None:
     tasks.ensure_partitions()
     assert tasks.ensure_partitions() == {}
+
+
+def test_retention_skips_a_partition_in_use_without_holding_the_parent_and_drops_it_next_run(committed) -> None:
+    # An expired hour that a long transaction is still reading (as autovacuum or a slow query may).
+    at = PAST - timedelta(days=30)  # older than every other partition: nothing else expires with it
+    busy = METRICS.partition_name(at)
+    factory = sessionmaker(bind=committed)
+    with factory.begin() as session:
+        partitions.ensure_partitions(session, now=at, ahead=timedelta(0), tables=[METRICS])
+    retention = {"metric_samples": timedelta(hours=1)}
+    later = at + timedelta(hours=3)
+    try:
+        with committed.connect() as reader:
+            reader.execute(text(f"SELECT count(*) FROM {busy}"))  # holds its lock until the transaction ends
+            with factory.begin() as session:
+                first = partitions.drop_expired_partitions(session, now=later, retention=retention, tables=[METRICS])
+                # Still inside the retention's transaction: the attempt let go of the parent, so a writer
+                # through it is not blocked.
+                with committed.connect() as writer:
+                    writer.execute(text("SET lock_timeout = '1s'"))
+                    _insert_sample(writer, datetime.now(UTC))
+                    writer.rollback()
+            reader.rollback()
+        assert first["metric_samples"].partitions == []
+        with committed.connect() as conn:
+            assert busy in _partitions(conn, "metric_samples")
+        with factory.begin() as session:
+            second = partitions.drop_expired_partitions(session, now=later, retention=retention, tables=[METRICS])
+        assert second["metric_samples"].partitions == [busy]
+    finally:
+        with committed.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {busy}"))
