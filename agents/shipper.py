@@ -17,13 +17,12 @@ import httpx
 import orjson
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_random_exponential
 
-from agents.http_errors import error_message, retry_after
+from agents.http_errors import error_message, retry_after, retryable
 from agents.spool import Entry, Spool
 
 log = logging.getLogger(__name__)
 
 REFUSED_ATTEMPTS = 3  # tries for a batch answered with a non-retryable 4xx
-_RETRYABLE_STATUS = {408, 429}
 
 
 class Retryable(Exception):
@@ -153,7 +152,7 @@ class Shipper:
                 f"the service refused this agent's token ({status}: {error_message(response)}); "
                 "check --token (an agent-scope token, bound to this node name if bound at all); stopping"
             )
-        if status >= 500 or status in _RETRYABLE_STATUS:
+        if retryable(status):
             raise Retryable(f"HTTP {status}: {error_message(response)}", retry_after(response))
         if status >= 400:
             raise Refused(f"HTTP {status}: {error_message(response)}")

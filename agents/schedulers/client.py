@@ -20,13 +20,12 @@ import httpx
 import orjson
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_random_exponential
 
-from agents.http_errors import error_message, retry_after
+from agents.http_errors import error_message, retry_after, retryable
 
 log = logging.getLogger(__name__)
 
 # The node-level kinds a scheduler acts on; restart/rollback/diagnose are for the job's owner or a person.
 NODE_KINDS = ("evict", "cordon", "return")
-_RETRYABLE_STATUS = {408, 429}
 MAX_MESSAGE = 1000  # an ack message is a summary (stderr can be long)
 
 
@@ -137,7 +136,7 @@ class FaultlineClient:
                 f"the service refused the adapter's token ({status}: {error_message(response)}); it needs a token "
                 "with scope scheduler (faultline token create --scope scheduler)"
             )
-        if status >= 500 or status in _RETRYABLE_STATUS:
+        if retryable(status):
             raise _Unavailable(f"HTTP {status}: {error_message(response)}", retry_after(response))
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
