@@ -3,6 +3,10 @@
 Every Out schema reads its fields from the row's attributes (`from_attributes=True`). What the row itself
 lacks (a job's external id or a node's name that the query joined, a state derived from the clock) travels
 beside it in `Joined`, so no schema is filled field by field by hand.
+
+The ORM models have no relationships, so reading attributes never loads rows behind a query's back. An Out
+field with a default that no column or given value supplies (IncidentOut's `findings` and `decisions` in
+lists) takes its default; a relationship of that name added later would be loaded row by row instead.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -49,3 +52,22 @@ def test_task_runs_after_commit_and_never_after_rollback(committed, redis_url, t
         time.sleep(2)  # the worker is up and idle: a task sent by mistake would run now
         assert broker.llen("maintenance") == 0
         assert _old_samples(committed) == 1, "a task enqueued in a rolled-back transaction ran"
+
+
+def test_a_worker_and_the_api_each_load_the_hooks_their_domains_register(database_url, redis_url):
+    # A closed decision resolves its incident, and maintenance prunes the UI's sessions, through hooks the
+    # upper domains register when imported: the processes that run them must import those domains. Fresh
+    # interpreters, as a worker or an API process starts.
+    decided = (
+        "from service.decisions import lifecycle; "
+        "assert [h.__name__ for h in lifecycle._after_finish] == ['_resolve_after_decision'], lifecycle._after_finish"
+    )
+    pruned = "from service.maintenance import service as m; assert 'ui_sessions' in m._pruners, m._pruners"
+    env = {**os.environ, "FAULTLINE_DATABASE_URL": database_url, "FAULTLINE_REDIS_URL": redis_url}
+    for code in (
+        f"from service.worker import celery_app; celery_app.loader.import_default_modules(); {decided}; {pruned}",
+        f"from service.app import create_app; from service.config import get_settings; create_app(get_settings()); "
+        f"{decided}",
+    ):
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr[-2000:]
