@@ -185,13 +185,9 @@ def processes_frame(session: Session, *, job: Job, now: datetime) -> pd.DataFram
     return frame.drop(columns=["bucket"], errors="ignore").sort_values("ts", kind="stable").reset_index(drop=True)
 
 
-def stack_samples(session: Session, *, directive_id: uuid.UUID) -> list[StackSample]:
-    """One sample per rank for a stack-dump request (a rank's newest dump if it sent several)."""
-    return stack_samples_for(session, directive_ids=[directive_id])[directive_id]
-
-
 def stack_samples_for(session: Session, *, directive_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[StackSample]]:
-    """`stack_samples` of several requests in one query: every id given maps to its samples ([] if none came)."""
+    """One sample per rank (its newest dump if it sent several) for each stack-dump request, in one query: every
+    id given maps to its samples ([] if none came)."""
     wanted = {str(d): d for d in directive_ids}  # dumps hold their request's id as text
     if not wanted:
         return {}

@@ -14,9 +14,9 @@ SHARE UPDATE EXCLUSIVE on the parent (ingest keeps writing) and ACCESS EXCLUSIVE
 which the attach scans to prove it holds no row of the new range; keep the default partition small.
 Dropping a partition (DETACH) needs ACCESS EXCLUSIVE on the parent: it waits for in-flight statements, so
 the service functions bound the wait with `lock_timeout` and the next beat run retries; the partition itself
-is locked without waiting (see drop_partition), so the parent is held only for the catalog change. Every change to a
-table's partitions runs under a transaction-level advisory lock, so concurrent callers (two beats, beat
-and a migration) take turns and the second finds the work done.
+is locked without waiting (see drop_partition), so the parent is held only for the catalog change. Every
+change to a table's partitions runs under a transaction-level advisory lock, so concurrent callers (two
+beats, beat and a migration) take turns and the second finds the work done.
 """
 
 from __future__ import annotations

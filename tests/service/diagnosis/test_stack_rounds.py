@@ -147,6 +147,6 @@ def test_stack_samples_of_several_requests_are_read_at_once(session: Session) ->
     ids = [d.id for d in rounds]
     batched = signals.stack_samples_for(session, directive_ids=ids)
     assert list(batched) == ids and batched[ids[2]] == []
-    assert all(batched[i] == signals.stack_samples(session, directive_id=i) for i in ids)
+    assert all(batched[i] == signals.stack_samples_for(session, directive_ids=[i])[i] for i in ids)
     assert [s.rank for s in batched[ids[0]]] == list(range(8)) and batched[ids[0]][5].id == again.id
     assert signals.stack_samples_for(session, directive_ids=[]) == {}
