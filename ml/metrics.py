@@ -45,6 +45,17 @@ PCIE_TX_BYTES: Final = "pcie_tx_bytes"
 PCIE_RX_BYTES: Final = "pcie_rx_bytes"
 NVLINK_TX_BYTES: Final = "nvlink_tx_bytes"
 NVLINK_RX_BYTES: Final = "nvlink_rx_bytes"
+ROW_REMAP_PENDING: Final = "row_remap_pending"
+RETIRED_PAGES_SBE: Final = "retired_pages_sbe"
+RETIRED_PAGES_DBE: Final = "retired_pages_dbe"
+RETIRED_PAGES_PENDING: Final = "retired_pages_pending"
+ECC_SBE_AGGREGATE: Final = "ecc_sbe_aggregate"
+ECC_DBE_AGGREGATE: Final = "ecc_dbe_aggregate"
+PCIE_LINK_GEN: Final = "pcie_link_gen"
+PCIE_LINK_WIDTH: Final = "pcie_link_width"
+PCIE_MAX_LINK_GEN: Final = "pcie_max_link_gen"
+PCIE_MAX_LINK_WIDTH: Final = "pcie_max_link_width"
+NVLINK_LINKS_DOWN: Final = "nvlink_links_down"
 
 # column name -> (DCGM field names that feed it, is a cumulative counter needing float8)
 # dcgm-exporter renamed CLOCK_THROTTLE_REASONS to CLOCKS_EVENT_REASONS; both land in one column.
@@ -86,6 +97,18 @@ METRIC_COLUMNS: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     PCIE_RX_BYTES: (("DCGM_FI_PROF_PCIE_RX_BYTES",), True),
     NVLINK_TX_BYTES: (("DCGM_FI_PROF_NVLINK_TX_BYTES",), True),
     NVLINK_RX_BYTES: (("DCGM_FI_PROF_NVLINK_RX_BYTES",), True),
+    ROW_REMAP_PENDING: (("DCGM_FI_DEV_ROW_REMAP_PENDING",), False),
+    RETIRED_PAGES_SBE: (("DCGM_FI_DEV_RETIRED_SBE",), True),
+    RETIRED_PAGES_DBE: (("DCGM_FI_DEV_RETIRED_DBE",), True),
+    RETIRED_PAGES_PENDING: (("DCGM_FI_DEV_RETIRED_PENDING",), False),
+    ECC_SBE_AGGREGATE: (("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",), True),
+    ECC_DBE_AGGREGATE: (("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",), True),
+    PCIE_LINK_GEN: (("DCGM_FI_DEV_PCIE_LINK_GEN",), False),
+    PCIE_LINK_WIDTH: (("DCGM_FI_DEV_PCIE_LINK_WIDTH",), False),
+    PCIE_MAX_LINK_GEN: (("DCGM_FI_DEV_PCIE_MAX_LINK_GEN",), False),
+    PCIE_MAX_LINK_WIDTH: (("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",), False),
+    # Not a DCGM field: the agent's NVML fallback counts the NVLinks that answer inactive.
+    NVLINK_LINKS_DOWN: (("FAULTLINE_NVLINK_LINKS_DOWN",), False),
 }
 
 FIELD_TO_COLUMN: Final[dict[str, str]] = {
@@ -101,4 +124,28 @@ WINDOW_MAX_COLUMNS: Final[tuple[str, ...]] = (
     *(column for column, (_, counter) in METRIC_COLUMNS.items() if counter),
     XID_LAST,
     ROW_REMAP_FAILURE,
+    ROW_REMAP_PENDING,
+    RETIRED_PAGES_PENDING,
+    NVLINK_LINKS_DOWN,
 )
+
+# nvmlClocksEventReason* bits (DCGM_FI_DEV_CLOCKS_EVENT_REASONS), by name.
+CLOCK_EVENT_BITS: Final[dict[str, int]] = {
+    "gpu_idle": 0x1,
+    "applications_clocks": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clocks": 0x100,
+}
+
+
+def clock_event_flags(mask: float | int | None) -> list[str]:
+    """The named reasons set in a clock-events bitmask (empty for none or an unreadable value)."""
+    if mask is None or mask != mask or mask < 0:
+        return []
+    bits = int(mask)
+    return [name for name, bit in CLOCK_EVENT_BITS.items() if bits & bit]

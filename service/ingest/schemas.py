@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ml.node_metrics import SUBJECT_PATTERN
 from service.types import INT32_MAX, JobId, NodeName, PlausibleTime
 
 Severity = Literal["debug", "info", "warning", "error", "critical"]
@@ -27,6 +28,15 @@ class GpuInfo(_In):
     model: str | None = None
 
 
+class HostFacts(_In):
+    """Text facts about the machine, sent with the GPU inventory."""
+
+    driver_version: str | None = Field(default=None, max_length=100)
+    kernel: str | None = Field(default=None, max_length=200)
+    rdma: bool | None = Field(default=None, description="Whether the node has any RDMA (InfiniBand/RoCE) device.")
+    ports: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=256)] = Field(default_factory=list)
+
+
 class Heartbeat(_In):
     agent_version: str | None = Field(default=None, max_length=100)
     uptime_s: float | None = None
@@ -38,6 +48,7 @@ class Heartbeat(_In):
     jobs: Annotated[list[JobId], Field(max_length=64)] = Field(
         default_factory=list, description="Jobs with training processes on the node now: directives follow them."
     )
+    host: HostFacts | None = None
 
 
 class MetricSample(_In):
@@ -47,6 +58,17 @@ class MetricSample(_In):
     gpu: Annotated[int, Field(ge=0, le=1023)]
     job_id: JobId | None = None
     fields: Annotated[dict[str, float | None], Field(max_length=512)]
+
+
+class NodeMetricSample(_In):
+    """One machine-level subject at one instant: a network port, the host or a volume (ml/node_metrics.py)."""
+
+    ts: PlausibleTime
+    subject: Annotated[
+        str, Field(max_length=128, pattern=SUBJECT_PATTERN, examples=["host", "ib:mlx5_0/1", "eth:eth0", "vol:/ckpt"])
+    ]
+    job_id: JobId | None = None
+    fields: Annotated[dict[str, float | None], Field(max_length=128)]
 
 
 class LogEventIn(_In):
@@ -103,6 +125,9 @@ class IngestBatch(_In):
     job_id: JobId | None = Field(default=None, description="Default job for items that do not name one.")
     heartbeat: Heartbeat | None = None
     metrics: Annotated[list[MetricSample], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
+    node_metrics: Annotated[list[NodeMetricSample], Field(max_length=MAX_ITEMS)] = Field(
+        default_factory=list, description="Network ports, host and volumes, every node interval (5 s by default)."
+    )
     logs: Annotated[list[LogEventIn], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     stacks: Annotated[list[StackDumpIn], Field(max_length=10_000)] = Field(default_factory=list)
     processes: Annotated[list[ProcessSnapshotIn], Field(max_length=10_000)] = Field(

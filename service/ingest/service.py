@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ml.metrics import FIELD_TO_COLUMN
 from service.ingest.schemas import IngestBatch
-from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS
+from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS, NODE_COPY_TYPES, NODE_SAMPLE_COLUMNS
 
 # dcgm-exporter reports unsupported fields as values near INT64_MAX; they mean "no value".
 DCGM_BLANK_THRESHOLD = 9.0e18
@@ -25,6 +25,8 @@ _METRIC_INDEX = {name: i for i, name in enumerate(METRIC_SAMPLE_COLUMNS)}
 _EXTRA_INDEX = _METRIC_INDEX["extra"]
 # DCGM field name -> position in a metric_samples row: one lookup per value on the hottest loop.
 _FIELD_INDEX = {field: _METRIC_INDEX[column] for field, column in FIELD_TO_COLUMN.items()}
+# node_metrics field name -> position in a node_samples row (names the service does not know are dropped).
+_NODE_INDEX = {name: i for i, name in enumerate(NODE_SAMPLE_COLUMNS) if i >= 4}
 
 
 @dataclass
@@ -109,6 +111,7 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
             outcomes.append(BatchOutcome(key, True, {}))
     if fresh:
         _copy_metrics(conn, fresh, keys)
+        _copy_node_metrics(conn, fresh, keys)
         _copy_logs(conn, fresh, keys)
         _copy_stacks(conn, fresh, keys)
         _copy_processes(conn, fresh, keys)
@@ -120,6 +123,7 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
 def _counts(batch: IngestBatch) -> dict[str, int]:
     return {
         "metrics": len(batch.metrics),
+        "node_metrics": len(batch.node_metrics),
         "logs": len(batch.logs),
         "stacks": len(batch.stacks),
         "processes": len(batch.processes),
@@ -138,7 +142,7 @@ def _ensure_jobs(conn: psycopg.Connection[Any], batches: list[IngestBatch]) -> d
     """Create jobs agents report that nobody registered; return external id -> id."""
     world_sizes: dict[str, int | None] = {}
     for batch in batches:
-        for name in (batch.job_id, *(i.job_id for i in (*batch.metrics, *batch.logs, *batch.stacks))):
+        for name in (batch.job_id, *(i.job_id for i in (*batch.metrics, *batch.node_metrics, *batch.logs, *batch.stacks))):
             if name:
                 world_sizes.setdefault(name, None)
         for proc in batch.processes:
@@ -280,6 +284,36 @@ def _copy_metrics(conn: psycopg.Connection[Any], batches: list[IngestBatch], key
         for row in metric_rows(batch, node_id=keys.nodes[batch.node], job_id=keys.job_of(batch, None), jobs=keys.jobs)
     )
     copy_rows(conn, "metric_samples", METRIC_SAMPLE_COLUMNS, METRIC_COPY_TYPES, rows)
+
+
+def node_metric_rows(
+    batch: IngestBatch, *, node_id: int, job_id: int | None, jobs: dict[str, int]
+) -> Iterator[list[Any]]:
+    """node_samples rows of one batch: known fields into their columns."""
+    width = len(NODE_SAMPLE_COLUMNS)
+    for sample in batch.node_metrics:
+        row: list[Any] = [None] * width
+        row[0] = sample.ts
+        row[1] = node_id
+        row[2] = jobs.get(sample.job_id) if sample.job_id else job_id
+        row[3] = sample.subject
+        for name, value in sample.fields.items():
+            index = _NODE_INDEX.get(name)
+            if index is not None and value is not None and -DCGM_BLANK_THRESHOLD < value < DCGM_BLANK_THRESHOLD:
+                row[index] = value
+        yield row
+
+
+def _copy_node_metrics(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    rows = [
+        row
+        for batch in batches
+        for row in node_metric_rows(
+            batch, node_id=keys.nodes[batch.node], job_id=keys.job_of(batch, None), jobs=keys.jobs
+        )
+    ]
+    if rows:
+        copy_rows(conn, "node_samples", NODE_SAMPLE_COLUMNS, NODE_COPY_TYPES, rows)
 
 
 def _json(value: Any) -> Jsonb | None:

@@ -10,18 +10,23 @@ from service.models.notify import NotificationChannel, NotificationDelivery
 from service.models.signals import (
     METRIC_COPY_TYPES,
     METRIC_SAMPLE_COLUMNS,
+    NODE_COPY_TYPES,
+    NODE_SAMPLE_COLUMNS,
     AgentBatch,
     LogEvent,
     ProcessSnapshot,
     StackDump,
     metric_samples,
+    node_samples,
 )
 from service.models.silences import Silence
-from service.models.windows import DetectorState, metric_windows
+from service.models.windows import DetectorState, metric_windows, node_windows
 
 __all__ = [
     "METRIC_COPY_TYPES",
     "METRIC_SAMPLE_COLUMNS",
+    "NODE_COPY_TYPES",
+    "NODE_SAMPLE_COLUMNS",
     "AgentBatch",
     "ApiToken",
     "Base",
@@ -44,4 +49,6 @@ __all__ = [
     "UiSession",
     "metric_samples",
     "metric_windows",
+    "node_samples",
+    "node_windows",
 ]

@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ml.metrics import METRIC_COLUMNS
+from ml.node_metrics import NODE_COLUMNS
 from service.models.base import Base, created_at_column
 
 
@@ -74,6 +75,30 @@ METRIC_COPY_TYPES: tuple[str, ...] = (
     "int8",
     *("float8" if counter else "float4" for _, counter in METRIC_COLUMNS.values()),
     "jsonb",
+)
+
+
+# One row per node, subject (a port, the host, a volume) and timestamp; written by COPY like metric_samples.
+node_samples = Table(
+    "node_samples",
+    Base.metadata,
+    Column("ts", DateTime(timezone=True), nullable=False),
+    Column("node_id", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=True),
+    Column("subject", Text, nullable=False),
+    *(Column(name, Double if counter else REAL) for name, counter in NODE_COLUMNS.items()),
+    Index("ix_node_samples_job_id_ts", "job_id", "ts"),
+    Index("ix_node_samples_node_id_ts", "node_id", "ts"),
+    postgresql_partition_by="RANGE (ts)",
+)
+
+NODE_SAMPLE_COLUMNS: tuple[str, ...] = tuple(c.name for c in node_samples.columns)
+NODE_COPY_TYPES: tuple[str, ...] = (
+    "timestamptz",
+    "int8",
+    "int8",
+    "text",
+    *("float8" if counter else "float4" for counter in NODE_COLUMNS.values()),
 )
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS
+from ml.node_metrics import NODE_COLUMNS, NODE_COUNTERS
 from service.models.base import Base
 
 # One row per job, GPU and closed window (WINDOW_S): gauges as their mean, cumulative counters also as their
@@ -38,6 +39,22 @@ metric_windows = Table(
     *(Column(name, Double if counter else REAL) for name, (_, counter) in METRIC_COLUMNS.items()),
     *(Column(f"{name}_max", Double) for name in WINDOW_MAX_COLUMNS),
     PrimaryKeyConstraint("job_id", "window_start", "node_id", "gpu", name="pk_metric_windows"),
+    postgresql_partition_by="RANGE (window_start)",
+)
+
+# The same for node_samples: one row per job, node, subject and closed window.
+node_windows = Table(
+    "node_windows",
+    Base.metadata,
+    Column("job_id", BigInteger, nullable=False),
+    Column("window_start", DateTime(timezone=True), nullable=False),
+    Column("node_id", BigInteger, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("n", SmallInteger, nullable=False),
+    Column("last_ts", DateTime(timezone=True), nullable=False),
+    *(Column(name, Double if counter else REAL) for name, counter in NODE_COLUMNS.items()),
+    *(Column(f"{name}_max", Double) for name in NODE_COUNTERS),
+    PrimaryKeyConstraint("job_id", "window_start", "node_id", "subject", name="pk_node_windows"),
     postgresql_partition_by="RANGE (window_start)",
 )
 
