@@ -21,13 +21,20 @@ import pandas as pd
 from ml.findings import CounterEvidence, Finding, JobInfo, SignalRef
 from ml.metrics import (
     ECC_DBE_VOLATILE,
+    GPU_UTIL,
     NVLINK_CRC_DATA_ERRORS,
     NVLINK_CRC_FLIT_ERRORS,
     NVLINK_RECOVERY_ERRORS,
     NVLINK_REPLAY_ERRORS,
+    PCIE_LINK_GEN,
+    PCIE_LINK_WIDTH,
+    PCIE_MAX_LINK_GEN,
+    PCIE_MAX_LINK_WIDTH,
     PCIE_REPLAY,
     REMAPPED_ROWS_UNCORRECTABLE,
+    RETIRED_PAGES_PENDING,
     ROW_REMAP_FAILURE,
+    ROW_REMAP_PENDING,
     XID_LAST,
 )
 from ml.xid import lookup
@@ -47,6 +54,11 @@ PCIE_MIN_REPLAYS = 10.0
 PEER_FACTOR = 10.0
 NVLINK_EVICT_PER_MIN = 100.0  # a link this bad is replaying constantly: the job crawls
 PCIE_HIGH_PER_MIN = 100.0
+
+# A PCIe link below its maximum must be seen this many samples in a row; a lower generation counts only while
+# the GPU is busy, since an idle GPU lowers its link speed to save power (width does not change that way).
+PCIE_LINK_SAMPLES = 3
+PCIE_BUSY_UTIL = 50.0
 
 # A lost GPU: silent for this many of its node's sampling intervals (and this long), while the node reports.
 LOST_INTERVALS = 3
@@ -468,7 +480,95 @@ def _lost_gpus(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[s
     return findings
 
 
-_RULES = (_uncorrectable, _row_remap_failure, _xid_counter, _nvlink, _pcie, _lost_gpus)
+# Pending repairs (a state): the driver has marked memory rows or pages to retire at the next GPU reset.
+PENDING: dict[str, str] = {
+    ROW_REMAP_PENDING: "memory rows marked for remapping",
+    RETIRED_PAGES_PENDING: "memory pages marked for retirement",
+}
+
+
+def _pending_repairs(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+    """Rows or pages waiting for a GPU reset: the memory had errors, and the repair is not active until then."""
+    findings = []
+    for column, words in PENDING.items():
+        values = _numeric(df, column)
+        if values is None:
+            continue
+        for (node, gpu), rows in df[values > 0].groupby(_KEYS, sort=True):
+            first = rows["ts"].min()
+            findings.append(
+                _gpu_finding(
+                    node,
+                    [int(gpu)],
+                    key=f"{column}:{node}/{gpu}:{_stamp(first)}",
+                    category="gpu_hardware",
+                    confidence=0.85,
+                    summary=f"{words} on {node} GPU {gpu}: the GPU needs a reset to activate the repair",
+                    observed_at=_dt(first),
+                    action="evict",
+                    signals=[_signal(node, int(gpu), column, first, after=1)],
+                )
+            )
+    return findings
+
+
+def _at(df: pd.DataFrame, index: Any, column: str) -> float | None:
+    return _num(df.at[index, column]) if column in df.columns else None
+
+
+def _pcie_link(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+    """A GPU whose PCIe link trained narrower or slower than it can, sample after sample: a silent slowdown."""
+    width, max_width = _numeric(df, PCIE_LINK_WIDTH), _numeric(df, PCIE_MAX_LINK_WIDTH)
+    gen, max_gen = _numeric(df, PCIE_LINK_GEN), _numeric(df, PCIE_MAX_LINK_GEN)
+    if width is None and gen is None:
+        return []
+    narrow = (width < max_width) if width is not None and max_width is not None else pd.Series(False, index=df.index)
+    slow = pd.Series(False, index=df.index)
+    if gen is not None and max_gen is not None:
+        util = _numeric(df, GPU_UTIL)
+        busy = util >= PCIE_BUSY_UTIL if util is not None else pd.Series(False, index=df.index)
+        slow = (gen < max_gen) & busy
+    frame = pd.DataFrame({"node": df["node"], "gpu": df["gpu"], "ts": df["ts"], "down": narrow | slow})
+    findings = []
+    for (node, gpu), rows in frame.groupby(_KEYS, sort=True):
+        recent = rows.tail(PCIE_LINK_SAMPLES)
+        if len(recent) < PCIE_LINK_SAMPLES or not recent["down"].all():
+            continue
+        index = recent.index[-1]
+        now_w, top_w = _at(df, index, PCIE_LINK_WIDTH), _at(df, index, PCIE_MAX_LINK_WIDTH)
+        now_g, top_g = _at(df, index, PCIE_LINK_GEN), _at(df, index, PCIE_MAX_LINK_GEN)
+        link = f"gen {now_g:g} x{now_w:g}" if now_g is not None and now_w is not None else "a lower speed"
+        best = f"gen {top_g:g} x{top_w:g}" if top_g is not None and top_w is not None else "its maximum"
+        first = recent["ts"].iloc[0]
+        findings.append(
+            _gpu_finding(
+                node,
+                [int(gpu)],
+                key=f"pcie_link:{node}/{gpu}:{_stamp(first)}",
+                category="pcie",
+                confidence=0.85,
+                summary=f"GPU {gpu} on {node}: PCIe link at {link}, below {best}",
+                observed_at=_dt(first),
+                action="evict",
+                signals=[
+                    _signal(node, int(gpu), PCIE_LINK_WIDTH, recent["ts"].iloc[-1], top_w, now_w),
+                    _signal(node, int(gpu), PCIE_LINK_GEN, recent["ts"].iloc[-1], top_g, now_g),
+                ],
+            )
+        )
+    return findings
+
+
+_RULES = (
+    _uncorrectable,
+    _row_remap_failure,
+    _pending_repairs,
+    _xid_counter,
+    _nvlink,
+    _pcie,
+    _pcie_link,
+    _lost_gpus,
+)
 
 
 def detect(

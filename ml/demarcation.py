@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from ml.findings import CATEGORIES, Finding
 
 # Categories a job-level stall can be the consequence of: these absorb hang/straggler/job_failure findings.
-_EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network"})
+_EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network", "host"})
 _STALLS = frozenset({"hang", "straggler", "job_failure"})
 # Job-level findings that a localizer (stacks, peers) turns into a machine.
 _LOCALIZED = frozenset({"hang", "straggler"})
@@ -23,6 +23,7 @@ _SEVERITY = {
     "nvlink": "major",
     "pcie": "minor",
     "network": "major",
+    "host": "major",
     "hang": "critical",
     "straggler": "major",
     "oom": "major",

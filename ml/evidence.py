@@ -23,7 +23,7 @@ from typing import Any, Required, TypedDict, Union, cast, get_args, get_origin, 
 SignalRef = TypedDict(
     "SignalRef",
     {
-        "type": Required[str],  # log, stack, metric or process
+        "type": Required[str],  # log, stack, metric, node_metric or process
         "id": int,  # the log event's or stack dump's row id
         "node": str | None,
         "gpu": int | str,  # the GPU's index (its PCI address where the index is unknown)
@@ -32,6 +32,8 @@ SignalRef = TypedDict(
         "from": str | float,  # ISO start of a span; for counters, the value before the move
         "to": str | float,  # ISO end of a span; for counters, the value after the move
         "rank": int,
+        "subject": str,  # a node_metric's subject (ml/node_metrics.py): host, ib:mlx5_0/1, eth:eth0, vol:/data
+        "value": float,  # a node_metric's value at `ts`
     },
     total=False,
 )
@@ -341,7 +343,28 @@ Evidence = (
     | FindingEvidence
 )
 
+
 # Detector name -> its evidence; "stacks" has three shapes (see _stacks_shape).
+class NodeSignalEvidence(TypedDict, total=False):
+    """node_signals (ml/node_signals.py): a port or host that stood apart from the job's other machines."""
+
+    signals: list[SignalRef]
+    rule: str  # flap, down, slow_link, errors, congestion, memory_pressure
+    subject: str
+    times: list[str]  # ISO times the fault was seen (the policy's flap tolerance counts them)
+    flaps: int
+    link_errors: int
+    counters: dict[str, int]
+    per_minute: float
+    value: float
+    peer_median: float
+    peer_share: float
+    unit: str
+    rates: dict[str, float]  # counter -> increase per second on this machine
+    peer_rates: dict[str, float]  # counter -> the peers' median increase per second
+    continuity_s: float
+
+
 _SHAPES: dict[str, Any] = {
     "signatures": SignatureEvidence,
     "alerts": AlertEvidence,
@@ -350,6 +373,7 @@ _SHAPES: dict[str, Any] = {
     "progress": ProgressEvidence,
     "failslow": FailslowEvidence,
     "training_metrics": TrainingMetricsEvidence,
+    "node_signals": NodeSignalEvidence,
 }
 
 

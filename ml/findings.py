@@ -22,6 +22,7 @@ from ml.evidence import (
     FailslowRound,
     FindingEvidence,
     LogCitedEvidence,
+    NodeSignalEvidence,
     PeerEvidence,
     PeerMetric,
     PeerSupport,
@@ -60,6 +61,7 @@ __all__ = [
     "JobInfo",
     "LogCitedEvidence",
     "LogRecord",
+    "NodeSignalEvidence",
     "PeerEvidence",
     "PeerMetric",
     "PeerSupport",
@@ -87,7 +89,8 @@ CATEGORIES = (
     "gpu_hardware",  # fatal Xid, GPU fallen off the bus, uncorrectable ECC, row-remap failure
     "nvlink",  # NVLink errors (Xid 74, CRC/replay counters)
     "pcie",  # PCIe AER, replay counters
-    "network",  # IB completion errors, NCCL network failures, link flaps
+    "network",  # IB completion errors, NCCL network failures, link flaps, congested or degraded ports
+    "host",  # the machine itself under pressure (memory, CPU, I/O) without a hardware error
     "hang",  # no progress while processes live; localized by stack aggregation
     "straggler",  # fail-slow: one machine slower than its peers
     "oom",  # out of memory (GPU or host)

@@ -17,11 +17,15 @@ import pandas as pd
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ml import counters, peers, progress
+from ml import counters, node_metrics, node_signals, peers, progress
 from ml.findings import Finding, JobInfo
 from ml.metrics import (
     GPU_UTIL,
     METRIC_COLUMNS,
+    PCIE_LINK_GEN,
+    PCIE_LINK_WIDTH,
+    PCIE_MAX_LINK_GEN,
+    PCIE_MAX_LINK_WIDTH,
     POWER_LIMIT,
     ROW_REMAP_FAILURE,
     SM_ACTIVE,
@@ -134,6 +138,10 @@ _UNCORRECTABLE = tuple(counters.UNCORRECTABLE)
 _PEER_COUNTED = tuple(dict.fromkeys(c for cols in counters.PEER_MEDIANS.values() for c in cols))
 
 
+_PENDING = tuple(counters.PENDING)
+_PCIE_LINK = (PCIE_LINK_WIDTH, PCIE_MAX_LINK_WIDTH, PCIE_LINK_GEN, PCIE_MAX_LINK_GEN, GPU_UTIL)
+
+
 def _delta(columns: tuple[str, ...]) -> str:
     return " + ".join(f"(l.{c}_max - f.{c}_max)" for c in columns)
 
@@ -148,7 +156,9 @@ _COUNTER_SQL = text(
     "    WHERE job_id = :job AND window_start >= :lo AND window_start < :hi)"
     "), last AS ("
     "  SELECT DISTINCT ON (node_id, gpu) node_id, gpu, last_ts, "
-    + ", ".join(f"{c}_max" for c in (*_UNCORRECTABLE, *_PEER_COUNTED, XID_LAST, ROW_REMAP_FAILURE))
+    + ", ".join(f"{c}_max" for c in (*_UNCORRECTABLE, *_PEER_COUNTED, XID_LAST, ROW_REMAP_FAILURE, *_PENDING))
+    + ", "
+    + ", ".join(_PCIE_LINK)
     + "  FROM metric_windows WHERE job_id = :job AND window_start >= :recent AND window_start < :hi "
     "  ORDER BY node_id, gpu, window_start DESC"
     "), g AS ("
@@ -156,6 +166,10 @@ _COUNTER_SQL = text(
     f"   {_delta(_UNCORRECTABLE)} AS uncorrectable, "
     + ", ".join(f"{_delta(cols)} AS {name}" for name, cols in counters.PEER_MEDIANS.items())
     + f",   coalesce(l.{ROW_REMAP_FAILURE}_max, 0) > 0 AS remap_failure, "
+    + " OR ".join(f"coalesce(l.{c}_max, 0) > 0" for c in _PENDING)
+    + " AS pending, "
+    f"   l.{PCIE_LINK_WIDTH} < l.{PCIE_MAX_LINK_WIDTH} "
+    f"     OR (l.{PCIE_LINK_GEN} < l.{PCIE_MAX_LINK_GEN} AND l.{GPU_UTIL} >= :busy) AS link_down, "
     f"   l.{XID_LAST}_max IS DISTINCT FROM f.{XID_LAST}_max AND f.node_id IS NOT NULL AS xid_changed "
     "  FROM first f FULL JOIN last l ON l.node_id = f.node_id AND l.gpu = f.gpu"
     "), judged AS ("
@@ -166,7 +180,7 @@ _COUNTER_SQL = text(
         f"percentile_cont(0.5) WITHIN GROUP (ORDER BY greatest(coalesce({name}, 0), 0)) AS {name}"
         for name in counters.PEER_MEDIANS
     )
-    + ", array_agg(DISTINCT node_id) FILTER (WHERE quiet OR remap_failure OR xid_changed "
+    + ", array_agg(DISTINCT node_id) FILTER (WHERE quiet OR remap_failure OR xid_changed OR pending OR link_down "
     "  OR coalesce(uncorrectable, 0) <> 0 OR nvlink >= :nvlink OR nvlink_recovery <> 0 OR pcie >= :pcie "
     "  OR nvlink < 0 OR pcie < 0) AS worth "
     "FROM judged"
@@ -193,6 +207,7 @@ def counter_findings(
         "quiet": counters.LOST_MIN_S,
         "nvlink": counters.NVLINK_MIN_ERRORS,
         "pcie": counters.PCIE_MIN_REPLAYS,
+        "busy": counters.PCIE_BUSY_UTIL,
     }
     summary = session.execute(_COUNTER_SQL, params).mappings().one()
     nodes = sorted(summary["worth"] or [])
@@ -210,3 +225,95 @@ def counter_findings(
     )
     samples = to_samples(rolled.sort_values(["node", "gpu", "window_start"]))
     return counters.detect(info, samples, now=now, peer_medians=medians)
+
+
+def _rise(column: str, where: str = "TRUE") -> str:
+    """A cumulative counter's rise over the rows that match `where`: the sum of its window-to-window increases."""
+    return f"coalesce(sum(greatest(d_{column}, 0)) FILTER (WHERE {where}), 0) AS rise_{column}"
+
+
+def _latest(column: str) -> str:
+    return f"(array_agg({column} ORDER BY window_start DESC))[1] AS {column}"
+
+
+_NODE_RISES = (node_metrics.LINK_DOWNED, *node_signals.PORT_ERRORS, *node_signals.CONGESTION)
+# Per machine and subject over the lookback: what ml.node_signals.aggregate computes from windows, in one scan.
+_NODE_SQL = text(
+    "WITH w AS ("
+    "  SELECT node_id, subject, window_start, last_ts, port_state, port_rate_gbps, psi_mem_some_avg10, "
+    "    psi_mem_full_avg10, mem_available_mib / nullif(mem_total_mib, 0) AS available_share, "
+    + ", ".join(
+        f"{c}_max - lag({c}_max) OVER (PARTITION BY node_id, subject ORDER BY window_start) AS d_{c}"
+        for c in _NODE_RISES
+    )
+    + "  FROM node_windows WHERE job_id = :job AND window_start >= :lo AND window_start < :hi"
+    ") SELECT node_id, subject, "
+    "  greatest(extract(epoch FROM max(last_ts) - min(last_ts)), :window) AS span_s, "
+    "  greatest(extract(epoch FROM max(last_ts) FILTER (WHERE window_start > :recent) "
+    "    - min(last_ts) FILTER (WHERE window_start > :recent)), :window) AS continuity_span_s, "
+    + ", ".join(_rise(c) for c in (node_metrics.LINK_DOWNED, *node_signals.PORT_ERRORS))
+    + ", "
+    # The continuity period's rises: the first window of the period has no increase of its own within it.
+    + ", ".join(_rise(c, "window_start > :recent + make_interval(secs => :window)") for c in node_signals.CONGESTION)
+    + ", coalesce(bool_or(port_state < :active), false) AS ever_down, "
+    + ", ".join(
+        _latest(c)
+        for c in (
+            node_metrics.PORT_STATE,
+            node_metrics.PORT_RATE_GBPS,
+            node_metrics.PSI_MEM_SOME,
+            node_metrics.PSI_MEM_FULL,
+        )
+    )
+    + ", (array_agg(available_share ORDER BY window_start DESC))[1] AS available_share "
+    "FROM w GROUP BY node_id, subject"
+)
+
+
+def node_findings(
+    session: Session,
+    *,
+    job: Job,
+    info: JobInfo,
+    closed: datetime,
+    lookback_s: float,
+    names: dict[int, str],
+    now: datetime,
+) -> list[Finding]:
+    """ml.node_signals on the machines whose ports or host stood out in the job's summary of the lookback."""
+    lo = closed - timedelta(seconds=lookback_s)
+    params = {
+        "job": job.id,
+        "lo": lo,
+        "hi": closed,
+        "recent": closed - timedelta(seconds=node_signals.CONTINUITY_S + WINDOW_S),
+        "window": float(WINDOW_S),
+        "active": node_metrics.PORT_ACTIVE,
+    }
+    rows = session.execute(_NODE_SQL, params).mappings().all()
+    if not rows:
+        return []
+    aggregates = pd.DataFrame([dict(r) for r in rows])
+    missing = {int(i) for i in aggregates["node_id"].unique()} - names.keys()
+    if missing:
+        names.update(windows.node_names(session, node_ids=sorted(missing)))
+    aggregates["node"] = aggregates["node_id"].map(names)
+    aggregates = aggregates.dropna(subset=["node"])
+    for column in node_signals.AGGREGATE_COLUMNS:
+        if column not in ("node", "subject", "ever_down"):
+            aggregates[column] = pd.to_numeric(aggregates[column], errors="coerce").astype("float64")
+    summary = node_signals.peer_summary(aggregates)
+    worth = set(node_signals.worth_a_look(aggregates, summary))
+    if not worth:
+        return []
+    node_ids = sorted({int(i) for i, n in zip(aggregates["node_id"], aggregates["node"], strict=True) if n in worth})
+    rolled = windows.read_nodes(
+        session,
+        job=job,
+        start=lo,
+        end=closed,
+        columns=sorted(windows.NODE_STORED),
+        names=names,
+        node_ids=node_ids,
+    )
+    return node_signals.detect(info, rolled, now=now, peers=summary)

@@ -134,6 +134,12 @@ def diagnose_job(
                 "peers",
                 lambda: metric_passes.peer_findings(session, job=job, info=info, closed=closed, names=names, now=now),
             ),
+            (
+                "node_signals",
+                lambda: metric_passes.node_findings(
+                    session, job=job, info=info, closed=closed, lookback_s=lookback, names=names, now=now
+                ),
+            ),
         ],
     )
     with _timed(timings, "stacks"):

@@ -17,6 +17,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS, WINDOW_S
+from ml.node_metrics import NODE_COLUMNS, NODE_COUNTERS
 from ml.windows import floor_time
 from service.diagnosis import frames, state
 from service.models import Job, Node
@@ -40,19 +41,36 @@ def _rollup_sql() -> str:
     )
 
 
+def _node_rollup_sql() -> str:
+    means = [f"avg({c})" for c in NODE_COLUMNS]
+    peaks = [f"max({c})" for c in NODE_COUNTERS]
+    columns = ", ".join([*NODE_COLUMNS, *(f"{c}_max" for c in NODE_COUNTERS)])
+    return (
+        f"INSERT INTO node_windows (job_id, window_start, node_id, subject, n, last_ts, {columns}) "
+        f"SELECT job_id, date_bin(make_interval(secs => {WINDOW_S}), ts, :origin) AS window_start, node_id, subject, "
+        f"count(*), max(ts), {', '.join(means + peaks)} "
+        "FROM node_samples WHERE job_id = :job AND ts >= :lo AND ts < :hi "
+        "GROUP BY job_id, window_start, node_id, subject "
+        "ON CONFLICT DO NOTHING"
+    )
+
+
 _ROLLUP = text(_rollup_sql())
+_NODE_ROLLUP = text(_node_rollup_sql())
 
 
 def rollup(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
-    """Build the job's windows that closed since its cursor (at most `lookback_s` back); returns the end of
-    the closed windows, up to which detectors may read."""
+    """Build the job's GPU and node windows that closed since its cursor (at most `lookback_s` back); returns
+    the end of the closed windows, up to which detectors may read."""
     closed = floor_time(now - timedelta(seconds=grace_s))
     cursor, _ = state.load(session, job_id=job.id, detector=DETECTOR, version=VERSION)
     start = closed - timedelta(seconds=lookback_s)
     if cursor is not None and cursor > start:
         start = cursor
     if start < closed:
-        session.execute(_ROLLUP, {"job": job.id, "lo": start, "hi": closed, "origin": _ORIGIN})
+        params = {"job": job.id, "lo": start, "hi": closed, "origin": _ORIGIN}
+        session.execute(_ROLLUP, params)
+        session.execute(_NODE_ROLLUP, params)
         state.save(session, job_id=job.id, detector=DETECTOR, version=VERSION, cursor=closed, state={}, now=now)
     return closed
 
@@ -71,20 +89,54 @@ def read(
     names: dict[int, str],
     node_ids: list[int] | None = None,
 ) -> pd.DataFrame:
-    """The job's window rows with window_start in [start, end) as ml/windows.py frames them, with node names
+    """The job's GPU window rows with window_start in [start, end) as ml/windows.py frames them, with node names
     (from `names`, which learns the ones it lacked)."""
     wanted = [c for c in dict.fromkeys(columns) if c in _STORED]
+    return _read(
+        "metric_windows", "gpu", wanted, session, job=job, start=start, end=end, names=names, node_ids=node_ids
+    )
+
+
+def read_nodes(
+    session: Session,
+    *,
+    job: Job,
+    start: datetime,
+    end: datetime,
+    columns: list[str],
+    names: dict[int, str],
+    node_ids: list[int] | None = None,
+) -> pd.DataFrame:
+    """The job's node window rows (ports, host, volumes: one per subject) with window_start in [start, end)."""
+    wanted = [c for c in dict.fromkeys(columns) if c in NODE_STORED]
+    return _read(
+        "node_windows", "subject", wanted, session, job=job, start=start, end=end, names=names, node_ids=node_ids
+    )
+
+
+def _read(
+    table: str,
+    unit: str,
+    wanted: list[str],
+    session: Session,
+    *,
+    job: Job,
+    start: datetime,
+    end: datetime,
+    names: dict[int, str],
+    node_ids: list[int] | None,
+) -> pd.DataFrame:
     where = "job_id = %(job)s AND window_start >= %(start)s AND window_start < %(end)s"
     params: dict[str, Any] = {"job": job.id, "start": start, "end": end}
     if node_ids is not None:
         where += " AND node_id = ANY(%(nodes)s)"
         params["nodes"] = node_ids
-    columns = ["window_start", "node_id", "gpu", "n", "last_ts", *wanted]
+    selected = ["window_start", "node_id", unit, "n", "last_ts", *wanted]
     frame = frames.copy_frame(
         session,
-        f"SELECT {', '.join(columns)} FROM metric_windows WHERE {where}",
+        f"SELECT {', '.join(selected)} FROM {table} WHERE {where}",
         params,
-        columns=columns,
+        columns=selected,
         floats=wanted,
         times=("window_start", "last_ts"),
     )
@@ -97,3 +149,4 @@ def read(
 
 
 _STORED = frozenset([*METRIC_COLUMNS, *(f"{c}_max" for c in WINDOW_MAX_COLUMNS)])
+NODE_STORED = frozenset([*NODE_COLUMNS, *(f"{c}_max" for c in NODE_COUNTERS)])

@@ -142,7 +142,10 @@ def _ensure_jobs(conn: psycopg.Connection[Any], batches: list[IngestBatch]) -> d
     """Create jobs agents report that nobody registered; return external id -> id."""
     world_sizes: dict[str, int | None] = {}
     for batch in batches:
-        for name in (batch.job_id, *(i.job_id for i in (*batch.metrics, *batch.node_metrics, *batch.logs, *batch.stacks))):
+        for name in (
+            batch.job_id,
+            *(i.job_id for i in (*batch.metrics, *batch.node_metrics, *batch.logs, *batch.stacks)),
+        ):
             if name:
                 world_sizes.setdefault(name, None)
         for proc in batch.processes:

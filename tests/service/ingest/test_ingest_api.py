@@ -34,7 +34,7 @@ def test_batch_is_stored_with_node_gpus_job_and_ranks(client, session, agent):
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["status"] == "accepted"
-    assert body["stored"] == {"metrics": 4, "logs": 1, "stacks": 1, "processes": 4}
+    assert body["stored"] == {"metrics": 4, "node_metrics": 0, "logs": 1, "stacks": 1, "processes": 4}
     assert body["directives"] == []
     assert count(session, "metric_samples") == 4
     assert count(session, "log_events") == 1

@@ -78,7 +78,9 @@ def test_ensure_partitions_is_idempotent(session: Session) -> None:
         "metric_samples_p2031030412",
     ]
     assert created["log_events"] == ["log_events_p20310304"]
-    assert set(created) == {"metric_samples", "metric_windows", "log_events", "process_snapshots", "stack_dumps"}
+    assert set(created) == {
+        "metric_samples", "metric_windows", "node_samples", "node_windows", "log_events", "process_snapshots", "stack_dumps"
+    }  # fmt: skip
     assert partitions.ensure_partitions(session, now=FUTURE, ahead=timedelta(hours=2)) == {}
     # A partition covers exactly its period.
     _insert_sample(session, FUTURE.replace(minute=0, second=0))
@@ -104,6 +106,8 @@ def test_a_row_without_partition_lands_in_default_and_moves_when_its_partition_i
         "process_snapshots": [REGISTRY["process_snapshots"].partition_name(at)],
         "stack_dumps": [REGISTRY["stack_dumps"].partition_name(at)],
         "metric_windows": [REGISTRY["metric_windows"].partition_name(at)],
+        "node_samples": [REGISTRY["node_samples"].partition_name(at)],
+        "node_windows": [REGISTRY["node_windows"].partition_name(at)],
     }
     assert _where(session, "metric_samples", at) == [METRICS.partition_name(at)]
     assert _where(session, "metric_samples", at + timedelta(hours=1)) == ["metric_samples_default"]

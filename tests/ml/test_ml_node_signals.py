@@ -1,0 +1,190 @@
+"""ml/node_signals.py on plain window frames: each fault names its machine, healthy jobs name none."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from ml import node_signals
+from ml.evidence import evidence_of
+from ml.findings import JobInfo
+from ml.node_metrics import NODE_COLUMNS, NODE_COUNTERS
+
+START = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+NODES = [f"node-{i:03d}" for i in range(6)]
+PORTS = ["ib:mlx5_0/1", "ib:mlx5_1/1"]
+WINDOWS = 30
+JOB = JobInfo("job-1", world_size=48, rank_nodes={r: NODES[r // 8] for r in range(48)})
+NOW = START + timedelta(seconds=10 * WINDOWS + 10)
+
+
+def _frame(change: Any = None, seed: int = 1) -> pd.DataFrame:
+    """Healthy windows of every node's ports and host; `change(node, subject, i, row)` edits a row in place."""
+    rng = random.Random(seed)
+    rows = []
+    totals: dict[tuple[str, str], dict[str, float]] = {}
+    for i in range(WINDOWS):
+        start = START + timedelta(seconds=10 * i)
+        for node in NODES:
+            for subject in [*PORTS, "host"]:
+                row: dict[str, Any] = {"window_start": start, "last_ts": start + timedelta(seconds=9), "node": node}
+                row["subject"] = subject
+                acc = totals.setdefault((node, subject), {})
+                if subject != "host":
+                    row.update(port_state=4.0, port_phys_state=5.0, port_rate_gbps=400.0)
+                    for counter, per_s in (
+                        ("port_xmit_wait", 2000.0),
+                        ("port_xmit_bytes", 4e10),
+                        ("symbol_error", 0.0),
+                    ):
+                        acc[counter] = acc.get(counter, 0.0) + per_s * 10 * rng.uniform(0.8, 1.2)
+                    for counter in ("link_downed", "pause_tx_frames", "pause_rx_frames"):
+                        acc.setdefault(counter, 0.0)
+                else:
+                    row.update(
+                        mem_total_mib=2_000_000.0,
+                        mem_available_mib=1_500_000.0 * rng.uniform(0.95, 1.05),
+                        psi_mem_some_avg10=rng.uniform(0, 0.5),
+                        psi_mem_full_avg10=0.0,
+                        swap_used_mib=0.0,
+                    )
+                if change is not None:
+                    change(node, subject, i, row, acc)
+                for counter, value in acc.items():
+                    row[counter] = value
+                    row[f"{counter}_max"] = value
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _detect(frame: pd.DataFrame) -> list[Any]:
+    return node_signals.detect(JOB, frame, now=NOW)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_healthy_job_names_nobody(seed: int) -> None:
+    assert _detect(_frame(seed=seed)) == []
+
+
+def test_each_flap_is_a_finding_with_every_flap_time() -> None:
+    def flap(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-002" and subject == "ib:mlx5_1/1" and i in (12, 22):
+            row["port_state"] = 2.5  # down for part of the window, back by its end
+            acc["link_downed"] += 1
+            acc["symbol_error"] += 40
+
+    found = _detect(_frame(flap))
+    assert {f.node for f in found} == {"node-002"}
+    flaps = [f for f in found if f.evidence["rule"] == "flap"]
+    assert len(flaps) == 2 and len({f.key for f in flaps}) == 2
+    assert all(f.category == "network" and f.action == "evict" for f in flaps)
+    assert len(flaps[0].evidence["times"]) == 2
+    assert evidence_of("node_signals", json.loads(json.dumps(flaps[0].evidence))) is not None
+
+
+def test_a_state_drop_without_the_counter_is_a_flap_too() -> None:
+    def drop(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-001" and subject == "ib:mlx5_0/1" and i in (15, 16):
+            row["port_state"] = 1.0
+
+    found = _detect(_frame(drop))
+    assert [f.evidence["rule"] for f in found] == ["flap"]
+    assert found[0].node == "node-001"
+
+
+def test_a_port_down_while_its_peers_are_up() -> None:
+    def dead(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-004" and subject == "ib:mlx5_0/1":
+            row["port_state"], row["port_phys_state"] = 1.0, 3.0
+
+    found = _detect(_frame(dead))
+    assert [(f.node, f.evidence["rule"]) for f in found] == [("node-004", "down")]
+    assert len(found[0].evidence["times"]) >= 2  # the policy's flap tolerance counts them
+
+
+def test_a_port_trained_at_a_lower_rate() -> None:
+    def slow(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-003" and subject == "ib:mlx5_1/1":
+            row["port_rate_gbps"] = 200.0
+
+    found = _detect(_frame(slow))
+    assert [(f.node, f.evidence["rule"]) for f in found] == [("node-003", "slow_link")]
+    assert "200 Gb/s" in found[0].summary
+
+
+def test_link_errors_far_above_the_peers() -> None:
+    def errors(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-005" and subject == "ib:mlx5_0/1":
+            acc["symbol_error"] += 30
+
+    found = _detect(_frame(errors))
+    assert [(f.node, f.evidence["rule"]) for f in found] == [("node-005", "errors")]
+    assert found[0].action == "diagnose"
+
+
+def test_congestion_with_pause_frames_names_the_node() -> None:
+    def congested(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-001" and subject != "host" and i >= 10:
+            acc["port_xmit_wait"] += 2000.0 * 10 * 100
+            acc["pause_tx_frames"] += 5000.0 * 10
+
+    found = _detect(_frame(congested))
+    assert {(f.node, f.evidence["rule"]) for f in found} == {("node-001", "congestion")}
+    assert found[0].action == "evict" and "pause_tx_frames" in found[0].evidence["rates"]
+
+
+def test_waiting_alone_is_only_diagnosed() -> None:
+    def waiting(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-001" and subject == "ib:mlx5_0/1" and i >= 10:
+            acc["port_xmit_wait"] += 2000.0 * 10 * 50
+
+    found = _detect(_frame(waiting))
+    assert [(f.node, f.action) for f in found] == [("node-001", "diagnose")]
+
+
+def test_host_memory_pressure_on_one_node() -> None:
+    def pressed(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-002" and subject == "host" and i >= 20:
+            row.update(mem_available_mib=30_000.0, psi_mem_some_avg10=45.0, psi_mem_full_avg10=20.0)
+
+    found = _detect(_frame(pressed))
+    assert [(f.node, f.category, f.action, f.blame) for f in found] == [("node-002", "host", "diagnose", "unknown")]
+
+
+def test_pressure_on_every_node_is_the_workloads() -> None:
+    def everyone(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if subject == "host":
+            row.update(psi_mem_some_avg10=30.0)
+
+    assert _detect(_frame(everyone)) == []
+
+
+def test_candidates_and_summary_stand_in_for_the_whole_job() -> None:
+    """The service reads only the machines worth a look, with the job's summary: the same findings."""
+
+    def flap(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-002" and subject == "ib:mlx5_1/1" and i in (12, 22):
+            acc["link_downed"] += 1
+        if node == "node-004" and subject == "host" and i >= 20:
+            row.update(psi_mem_some_avg10=45.0, psi_mem_full_avg10=20.0)
+
+    frame = _frame(flap)
+    whole = _detect(frame)
+    aggregates = node_signals.aggregate(node_signals._prepare(frame))
+    summary = node_signals.peer_summary(aggregates)
+    nodes = node_signals.worth_a_look(aggregates, summary)
+    assert nodes == ["node-002", "node-004"]
+    part = node_signals.detect(JOB, frame[frame["node"].isin(nodes)], now=NOW, peers=summary)
+    assert sorted(f.key for f in part) == sorted(f.key for f in whole)
+
+
+def test_odd_input_is_skipped() -> None:
+    assert node_signals.detect(JOB, None, now=NOW) == []
+    assert node_signals.detect(JOB, pd.DataFrame({"x": [1]}), now=NOW) == []
+    assert set(node_signals.AGGREGATE_COLUMNS) >= {f"rise_{c}" for c in node_signals.PORT_ERRORS}
+    assert set(NODE_COUNTERS) <= set(NODE_COLUMNS)

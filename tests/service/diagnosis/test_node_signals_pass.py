@@ -1,0 +1,119 @@
+"""Machine-level signals in diagnosis: node samples rolled up into node windows, the SQL summary picks the
+machines worth a look, ml.node_signals judges them, and the policy turns two flaps into one eviction."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from ml import node_signals
+from ml.windows import floor_time
+from service.config import get_settings
+from service.diagnosis import metric_passes, service, signals, windows
+from service.models import Decision, Finding, Job, Node, Rank, node_samples, node_windows
+
+PORTS = ["ib:mlx5_0/1", "ib:mlx5_1/1"]
+
+
+def _job(session: Session, nodes: int = 5) -> tuple[Job, dict[str, int]]:
+    job = Job(external_id=f"net-{uuid.uuid4().hex[:8]}", source="registered", world_size=nodes * 8)
+    job.hang_timeout_s = 600
+    session.add(job)
+    session.flush()
+    ids = {}
+    for n in range(nodes):
+        node = Node(name=f"net-{job.id}-{n:03d}")
+        session.add(node)
+        session.flush()
+        ids[node.name] = node.id
+    session.add_all(Rank(job_id=job.id, rank=r, node_id=ids[name], local_rank=r % 8) for r, name in
+                    enumerate(n for n in ids for _ in range(8)))  # fmt: skip
+    session.flush()
+    return job, ids
+
+
+def _samples(job: Job, ids: dict[str, int], start: datetime, seconds: int, fault: Any) -> list[dict[str, Any]]:
+    rng = random.Random(4)
+    rows = []
+    totals: dict[tuple[str, str], dict[str, float]] = {}
+    for t in range(0, seconds, 5):
+        ts = start + timedelta(seconds=t)
+        for name, node_id in ids.items():
+            for subject in [*PORTS, "host"]:
+                row: dict[str, Any] = {"ts": ts, "node_id": node_id, "job_id": job.id, "subject": subject}
+                acc = totals.setdefault((name, subject), {})
+                if subject == "host":
+                    row.update(mem_total_mib=2e6, mem_available_mib=1.5e6, psi_mem_some_avg10=rng.uniform(0, 0.4))
+                else:
+                    row.update(port_state=4.0, port_rate_gbps=400.0)
+                    acc["port_xmit_wait"] = acc.get("port_xmit_wait", 0.0) + 5 * 2000 * rng.uniform(0.8, 1.2)
+                    acc.setdefault("link_downed", 3.0)
+                fault(name, subject, t, row, acc)
+                row.update(acc)
+                rows.append(row)
+    columns = {c for row in rows for c in row}
+    return [dict.fromkeys(columns) | row for row in rows]  # an executemany needs every row to name every column
+
+
+def test_two_flaps_in_counters_become_one_eviction(session: Session) -> None:
+    job, ids = _job(session)
+    bad = sorted(ids)[2]
+    now = floor_time(datetime.now(UTC))
+    start = now - timedelta(seconds=240)
+
+    def flap(name: str, subject: str, t: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if name == bad and subject == PORTS[1] and t in (60, 150):
+            row["port_state"] = 1.0
+            acc["link_downed"] += 1
+
+    session.execute(insert(node_samples), _samples(job, ids, start, 240, flap))
+    session.flush()
+    settings = get_settings()
+    service.diagnose_job(session, job_id=job.external_id, settings=settings, now=now)
+    assert session.scalar(select(func.count()).select_from(node_windows).where(node_windows.c.job_id == job.id)) > 0
+    found = session.scalars(select(Finding).where(Finding.job_id == job.id, Finding.detector == "node_signals")).all()
+    assert len(found) == 2 and {f.node_id for f in found} == {ids[bad]}
+    assert all(f.category == "network" for f in found)
+    evictions = session.scalars(select(Decision).where(Decision.kind == "evict", Decision.node_id == ids[bad])).all()
+    assert len(evictions) == 1
+    # Nobody else is accused.
+    assert session.scalar(select(func.count()).select_from(Decision).where(Decision.node_id != ids[bad],
+                          Decision.node_id.in_(ids.values()))) == 0  # fmt: skip
+
+
+def test_the_sql_summary_matches_the_detectors_own(session: Session) -> None:
+    """The pass's SQL aggregate reads the same machines and finds the same findings as ml on the whole frame."""
+    job, ids = _job(session)
+    names = sorted(ids)
+    now = floor_time(datetime.now(UTC))
+    start = now - timedelta(seconds=300)
+
+    def faults(name: str, subject: str, t: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if name == names[1] and subject == PORTS[0] and t >= 100:
+            acc["port_xmit_wait"] += 5 * 2000 * 100
+            acc["pause_tx_frames"] = acc.get("pause_tx_frames", 0.0) + 5 * 800
+        if name == names[3] and subject == "host" and t >= 200:
+            row.update(psi_mem_some_avg10=40.0, psi_mem_full_avg10=12.0, mem_available_mib=4e4)
+
+    session.execute(insert(node_samples), _samples(job, ids, start, 300, faults))
+    session.flush()
+    closed = windows.rollup(session, job=job, now=now, grace_s=6, lookback_s=300)
+    info = signals.job_info(session, job=job)
+    by_id = windows.node_names(session, node_ids=list(ids.values()))
+    passed = metric_passes.node_findings(
+        session, job=job, info=info, closed=closed, lookback_s=300, names=dict(by_id), now=now
+    )
+    whole = windows.read_nodes(
+        session, job=job, start=closed - timedelta(seconds=300), end=closed, columns=sorted(windows.NODE_STORED),
+        names=dict(by_id),
+    )  # fmt: skip
+    expected = node_signals.detect(info, whole, now=now)
+    assert sorted((f.key, f.action) for f in passed) == sorted((f.key, f.action) for f in expected)
+    assert {(f.node, f.evidence["rule"]) for f in passed} == {(names[1], "congestion"), (names[3], "memory_pressure")}
+    assert isinstance(whole, pd.DataFrame)
