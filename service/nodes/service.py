@@ -6,10 +6,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, func, select, update
+from sqlalchemy import Row, func, select, text, update
 from sqlalchemy.dialects.postgresql import distinct_on, insert
 from sqlalchemy.orm import Session
 
+from ml.metrics import WINDOW_S
+from ml.node_metrics import NODE_COLUMNS
 from service.config import Settings
 from service.errors import NotFound
 from service.models import Decision, Gpu, Incident, Job, LogEvent, Node, NodeEvent, Rank
@@ -254,3 +256,50 @@ def return_to_service(
         )
     session.flush()
     return describe(session, name=name)
+
+
+WINDOW = timedelta(seconds=WINDOW_S)
+
+# Per window of one subject (a port, the host) in a job: the node's value against the other machines' median and
+# p10-p90 band. Cumulative counters are drawn as increases per second between consecutive windows.
+_AGAINST_PEERS = """
+WITH w AS (
+  SELECT node_id, window_start, {value} AS v
+  FROM node_windows WHERE job_id = :job AND subject = :subject AND window_start >= :lo AND window_start < :hi
+)
+SELECT window_start,
+  max(v) FILTER (WHERE node_id = :node) AS value,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY v) FILTER (WHERE node_id <> :node) AS peer_median,
+  percentile_cont(0.1) WITHIN GROUP (ORDER BY v) FILTER (WHERE node_id <> :node) AS peer_p10,
+  percentile_cont(0.9) WITHIN GROUP (ORDER BY v) FILTER (WHERE node_id <> :node) AS peer_p90
+FROM w WHERE v IS NOT NULL GROUP BY window_start ORDER BY window_start
+"""
+
+
+def subject_against_peers(
+    session: Session, *, job_id: str, node: str, subject: str, column: str, start: datetime, end: datetime
+) -> list[dict[str, Any]]:
+    """Windows of one node's subject and metric next to the job's other machines' (empty for an unknown metric)."""
+    if column not in NODE_COLUMNS:
+        return []
+    job = session.scalar(select(Job.id).where(Job.external_id == job_id))
+    node_id = session.scalar(select(Node.id).where(Node.name == node))
+    if job is None or node_id is None:
+        return []
+    if NODE_COLUMNS[column]:
+        step = "OVER (PARTITION BY node_id ORDER BY window_start)"
+        value = (
+            f"greatest({column}_max - lag({column}_max) {step}, 0) "
+            f"/ nullif(extract(epoch FROM last_ts - lag(last_ts) {step}), 0)"
+        )
+    else:
+        value = column
+    rows = session.execute(
+        text(_AGAINST_PEERS.format(value=value)),
+        {"job": job, "node": node_id, "subject": subject, "lo": start, "hi": end},
+    ).mappings()
+    return [
+        {**row, "start": row["window_start"].isoformat(), "end": (row["window_start"] + WINDOW).isoformat()}
+        for row in rows
+        if row["value"] is not None
+    ]

@@ -35,6 +35,17 @@ UNITS: dict[str, str] = {
     "step_time": "ms",
     "step_s": "s",
     "cpu": "%",
+    # Machine-level metrics (ml/node_metrics.py); counters are drawn as increases per second.
+    "port_state": "state",
+    "port_rate_gbps": "Gb/s",
+    "port_xmit_wait": "ticks/s",
+    "pause_tx_frames": "frames/s",
+    "pause_rx_frames": "frames/s",
+    "link_downed": "per s",
+    "symbol_error": "per s",
+    "psi_mem_some_avg10": "%",
+    "psi_mem_full_avg10": "%",
+    "mem_available_mib": "MiB",
 }
 
 _SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))

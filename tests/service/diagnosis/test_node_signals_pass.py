@@ -17,6 +17,7 @@ from ml.windows import floor_time
 from service.config import get_settings
 from service.diagnosis import metric_passes, service, signals, windows
 from service.models import Decision, Finding, Job, Node, Rank, node_samples, node_windows
+from service.ui.views.incident.page import incident_page
 
 PORTS = ["ib:mlx5_0/1", "ib:mlx5_1/1"]
 
@@ -117,3 +118,29 @@ def test_the_sql_summary_matches_the_detectors_own(session: Session) -> None:
     assert sorted((f.key, f.action) for f in passed) == sorted((f.key, f.action) for f in expected)
     assert {(f.node, f.evidence["rule"]) for f in passed} == {(names[1], "congestion"), (names[3], "memory_pressure")}
     assert isinstance(whole, pd.DataFrame)
+
+
+def test_the_incident_page_plots_the_port_against_its_peers(session: Session) -> None:
+    job, ids = _job(session)
+    bad = sorted(ids)[1]
+    now = floor_time(datetime.now(UTC))
+
+    def congested(name: str, subject: str, t: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if name == bad and subject == PORTS[0] and t >= 60:
+            acc["port_xmit_wait"] += 5 * 2000 * 100
+            acc["pause_tx_frames"] = acc.get("pause_tx_frames", 0.0) + 5 * 800
+
+    session.execute(insert(node_samples), _samples(job, ids, now - timedelta(seconds=300), 300, congested))
+    session.flush()
+    service.diagnose_job(session, job_id=job.external_id, settings=get_settings(), now=now)
+    incident_id = session.scalar(
+        select(Finding.incident_id).where(Finding.job_id == job.id, Finding.node_id == ids[bad])
+    )
+    assert incident_id is not None
+    page = incident_page(session, incident_id=incident_id)
+    plotted = {(c.subject, c.metric) for c in page.charts}
+    assert (f"{bad} {PORTS[0]}", "port_xmit_wait") in plotted
+    chart = next(c for c in page.charts if c.metric == "port_xmit_wait")
+    last = chart.plot.windows[-1]
+    assert last.median is not None and last.value > 50 * last.median  # the suspect's rate against its peers'
+    assert page.incident.root_cause == "network"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
-from ml.findings import FailslowEvidence, PeerEvidence, failslow_evidence, peer_evidence
+from ml.findings import FailslowEvidence, PeerEvidence, failslow_evidence, peer_evidence, signal_refs
 from service.incidents.schemas import FindingOut
 from service.ui import plots
 
@@ -102,3 +102,26 @@ def _failslow_charts(finding: FindingOut, ev: FailslowEvidence) -> list[Chart]:
         return []
     reference = f"{ref} median" if ref == "peers'" else ref
     return [Chart(finding, who, metric, ev.get("direction"), plot, reference)]
+
+
+# (node, subject, metric) -> windows of that node's subject against its peers' (service.nodes.subject_against_peers)
+NodeWindows = Callable[[str, str, str], list[dict[str, Any]]]
+
+
+def node_charts(finding: FindingOut, windows: NodeWindows) -> list[Chart]:
+    """Plots for a machine-level finding: each port or host metric it cites, the machine against its peers."""
+    if finding.detector != "node_signals":
+        return []
+    out = []
+    seen = set()
+    for ref in signal_refs(finding.evidence):
+        node, subject, metric = ref.get("node"), ref.get("subject"), ref.get("metric")
+        if ref["type"] != "node_metric" or not (node and subject and metric) or (subject, metric) in seen:
+            continue
+        seen.add((subject, metric))
+        plot = plots.window_plot(
+            plots.windows_from(windows(node, subject, metric)), title=metric, unit=plots.unit_of(metric)
+        )
+        if plot:
+            out.append(Chart(finding, f"{node} {subject}", metric, None, plot, "peers' median"))
+    return out

@@ -3,7 +3,8 @@
 A fixed number of queries whatever the incident holds, all through the domains' service functions: the
 incident with its findings and decisions (incidents.get), then one query each for the log lines
 (nodes.log_events_by_id) and stack dumps (directives.dumps_by_id) its evidence points at, the job's nodes
-(incidents.node_states), and the silence that muted it (silences.get).
+(incidents.node_states), and the silence that muted it (silences.get); plus one per port or host metric a
+machine-level finding cites (nodes.subject_against_peers: the machine against its peers).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -22,8 +23,9 @@ from service.directives import service as directives
 from service.errors import NotFound
 from service.incidents import service as incidents
 from service.incidents.schemas import FindingOut, IncidentOut
+from service.nodes import service as nodes
 from service.silences import service as silences
-from service.ui.views.incident.evidence import Chart, charts, numbers
+from service.ui.views.incident.evidence import Chart, NodeWindows, charts, node_charts, numbers
 from service.ui.views.incident.logs import LogGroup, cited_lines, log_groups
 from service.ui.views.incident.stacks import StackView, stack_views
 from service.ui.views.incident.timeline import Dump, Entry, capped, merged_timeline
@@ -110,7 +112,9 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
             FindingRow(finding=f, numbers=numbers(evidence_of(f.detector, f.evidence) or {}), accuses=f.id in accused)
             for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence, f.observed_at))
         ],
-        charts=[chart for f in findings for chart in charts(f)],
+        charts=[
+            chart for f in findings for chart in (*charts(f), *node_charts(f, _node_windows(session, incident, f)))
+        ],
         stacks=stack_views(findings),
         timeline=timeline,
         timeline_omitted=omitted,
@@ -140,6 +144,26 @@ def _signals(findings: Iterable[FindingOut]) -> dict[str, dict[Any, list[int]]]:
             if f.id not in cited:
                 cited.append(f.id)
     return out
+
+
+# How much of a machine-level metric's history the incident page plots around the finding.
+NODE_PLOT_BEFORE = timedelta(minutes=5)
+NODE_PLOT_AFTER = timedelta(minutes=1)
+
+
+def _node_windows(session: Session, incident: IncidentOut, finding: FindingOut) -> NodeWindows:
+    def read(node: str, subject: str, metric: str) -> list[dict[str, Any]]:
+        return nodes.subject_against_peers(
+            session,
+            job_id=incident.job_id,
+            node=node,
+            subject=subject,
+            column=metric,
+            start=finding.observed_at - NODE_PLOT_BEFORE,
+            end=finding.observed_at + NODE_PLOT_AFTER,
+        )
+
+    return read
 
 
 def _suspects_first(suspects: list[str], job_nodes: Iterable[str]) -> list[str]:

@@ -59,7 +59,7 @@ def _signal_entries(
     seen: set[str] = set()
     for f in findings:
         for s in signal_refs(f.evidence):
-            if s["type"] not in ("metric", "process"):
+            if s["type"] not in ("metric", "node_metric", "process"):
                 continue
             key = json.dumps(s, sort_keys=True, default=str)
             at = plots.parse_time(s.get("ts")) or plots.parse_time(s.get("from"))
@@ -72,6 +72,8 @@ def _signal_entries(
             if s["type"] == "metric":
                 gpu = f" GPU {s['gpu']}" if s.get("gpu") is not None else ""
                 title, detail = f"metric {s.get('metric', '?')}", f"{node or ''}{gpu}{span}".strip()
+            elif s["type"] == "node_metric":
+                title, detail = f"metric {s.get('metric', '?')}", f"{node or ''} {s.get('subject', '')}{span}".strip()
             else:
                 title, detail = f"process of rank {s.get('rank', '?')}", f"{node or ''}{span}".strip()
             out.append(Entry(at=at, kind="signal", title=title, detail=detail, nodes=[node] if node else []))
