@@ -36,7 +36,10 @@ def sim_frame(
         for node, samples in cluster.snapshot().items():
             for sample in samples:
                 row: dict[str, Any] = {"ts": ts, "node": node, "gpu": sample.index}
-                row.update({FIELD_TO_COLUMN[f]: v for f, v in sample.values.items() if f in FIELD_TO_COLUMN})
+                # Blanks (DCGM's "not supported" values) are dropped as the agent and the ingest drop them.
+                row.update(
+                    {FIELD_TO_COLUMN[f]: v for f, v in sample.values.items() if f in FIELD_TO_COLUMN and abs(v) < 9e18}
+                )
                 rows.append(row)
     return cluster, pd.DataFrame(rows)
 
@@ -216,3 +219,34 @@ def test_other_jobs_nodes_are_ignored_and_odd_input_is_skipped():
     # Naive times are UTC; samples from the future (clock skew) are ignored.
     future = series("ecc_dbe_volatile", [0, 1], every=3600.0)
     assert counters.detect(job(), future, now=START) == []
+
+
+def test_pending_row_remaps_and_page_retirements_ask_for_a_reset():
+    [f] = detect(series("row_remap_pending", [0, 0, 1, 1]))
+    assert (f.category, f.action, f.subject) == ("gpu_hardware", "evict", "node-000/0")
+    assert "reset" in f.summary
+    [f] = detect(series("retired_pages_pending", [0, 1, 1]))
+    assert f.evidence["signals"][0]["metric"] == "retired_pages_pending"
+    assert detect(series("row_remap_pending", [0, 0, 0])) == []
+
+
+def _links(width: list[float], gen: list[float], util: float = 90.0) -> pd.DataFrame:
+    df = series("pcie_link_width", width)
+    df.loc[df["gpu"] != 0, "pcie_link_width"] = 16.0
+    df["pcie_max_link_width"] = 16.0
+    df["pcie_link_gen"] = 5.0
+    df.loc[df["gpu"] == 0, "pcie_link_gen"] = (gen * 4)[: len(df[df["gpu"] == 0])]
+    df["pcie_max_link_gen"] = 5.0
+    df["gpu_util"] = util
+    return df
+
+
+def test_a_pcie_link_below_its_maximum_is_a_finding():
+    [f] = detect(_links([16, 8, 8, 8], [5, 5, 5, 5]))
+    assert (f.category, f.action, f.subject) == ("pcie", "evict", "node-000/0")
+    assert "x8" in f.summary and "x16" in f.summary
+    [f] = detect(_links([16, 16, 16, 16], [5, 3, 3, 3]))
+    assert "gen 3" in f.summary
+    # An idle GPU lowers its link generation to save power; a brief dip is not a link that trained low.
+    assert detect(_links([16, 16, 16, 16], [5, 3, 3, 3], util=0.0)) == []
+    assert detect(_links([16, 16, 8, 16], [5, 5, 5, 5])) == []
