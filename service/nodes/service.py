@@ -15,7 +15,7 @@ from ml.node_metrics import NODE_COLUMNS
 from service.config import Settings
 from service.errors import NotFound
 from service.models import Decision, Gpu, Incident, Job, LogEvent, Node, NodeEvent, Rank
-from service.models.signals import metric_samples
+from service.models.signals import metric_samples, node_samples
 from service.nodes import lifecycle
 from service.nodes.schemas import NodeDetail, NodeEventOut, NodeIncidentOut, NodeOut, NodePage
 from service.pagination import decode_cursor, encode_cursor
@@ -303,3 +303,15 @@ def subject_against_peers(
         for row in rows
         if row["value"] is not None
     ]
+
+
+def latest_node_samples(session: Session, *, name: str, since: datetime, columns: Sequence[str]) -> Sequence[Row[Any]]:
+    """The node's latest machine-level reading of each subject since `since` (subject, ts and `columns`)."""
+    ns = node_samples.c
+    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
+    return session.execute(
+        select(ns.subject, ns.ts, *(ns[c] for c in columns))
+        .ext(distinct_on(ns.subject))
+        .where(ns.node_id == node_id, ns.ts >= since)
+        .order_by(ns.subject, ns.ts.desc())
+    ).all()

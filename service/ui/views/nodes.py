@@ -50,6 +50,11 @@ _COUNTER_COLUMNS = (
     "nvlink_replay_errors",
     "nvlink_recovery_errors",
     "pcie_replay",
+    "pcie_link_gen",
+    "pcie_link_width",
+    "pcie_max_link_gen",
+    "pcie_max_link_width",
+    "row_remap_pending",
 )
 _NVLINK_ERRORS = ("nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors")
 _XID_KINDS = ("xid", "sxid")
@@ -178,6 +183,17 @@ def _nvlink(v: dict[str, float | None]) -> Cell:
     return Cell(_num(total), "bad" if total > 0 else None, title)
 
 
+def _pcie_link(v: dict[str, float | None]) -> Cell:
+    gen, width = v["pcie_link_gen"], v["pcie_link_width"]
+    if gen is None and width is None:
+        return Cell("")
+    top_gen, top_width = v["pcie_max_link_gen"], v["pcie_max_link_width"]
+    narrow = width is not None and top_width is not None and width < top_width
+    slower = gen is not None and top_gen is not None and gen < top_gen
+    title = f"max gen {_num(top_gen) or '?'} x{_num(top_width) or '?'} (an idle GPU may lower its generation)"
+    return Cell(f"gen {_num(gen) or '?'} x{_num(width) or '?'}", "bad" if narrow else "warn" if slower else None, title)
+
+
 # (header, formatter): the GPU table's counter columns, in order.
 COUNTER_CELLS: tuple[tuple[str, Callable[[dict[str, float | None]], Cell]], ...] = (
     ("util", lambda v: _pct(v["gpu_util"], ratio=False)),
@@ -202,6 +218,8 @@ COUNTER_CELLS: tuple[tuple[str, Callable[[dict[str, float | None]], Cell]], ...]
     ("last Xid", lambda v: _errors(v["xid_last"], title="DCGM_FI_DEV_XID_ERRORS: the last Xid seen")),
     ("NVLink errors", _nvlink),
     ("PCIe replays", lambda v: _errors(v["pcie_replay"], level="warn", title="cumulative PCIe replay counter")),
+    ("PCIe link", _pcie_link),
+    ("remap pending", lambda v: _errors(v["row_remap_pending"], level="warn", title="rows waiting for a GPU reset")),
 )
 
 

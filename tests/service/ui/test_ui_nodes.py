@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select, text
 
 from service.models import Decision, Finding, Gpu, LogEvent, Node, NodeEvent, Rank
-from service.models.signals import metric_samples
+from service.models.signals import metric_samples, node_samples
 from tests import rows
 
 
@@ -386,3 +386,32 @@ def test_a_log_row_from_the_year_10000_does_not_break_the_node_page(ui, session)
     )
     page = ui.client.get("/nodes/gpu-node-099")
     assert page.status_code == 200 and "NVRM: Xid 79" in page.text and "far future" not in page.text
+
+
+def test_the_node_page_shows_its_ports_host_and_volumes(ui, session) -> None:  # type: ignore[no-untyped-def]
+    node = Node(name=f"net-node-{uuid.uuid4().hex[:6]}")
+    session.add(node)
+    session.flush()
+    now = datetime.now(UTC)
+    _gpus(session, node, 1)
+    _samples(session, node, gpus=1, at=now, pcie_link_gen=5.0, pcie_link_width=8.0, pcie_max_link_gen=5.0,
+             pcie_max_link_width=16.0, row_remap_pending=1.0)  # fmt: skip
+    ports = [
+        {"subject": "ib:mlx5_0/1", "port_state": 4.0, "port_rate_gbps": 400.0, "link_downed": 0.0, "symbol_error": 0.0},
+        {"subject": "ib:mlx5_1/1", "port_state": 1.0, "port_rate_gbps": 400.0, "link_downed": 3.0, "symbol_error": 17.0},
+        {"subject": "host", "mem_total_mib": 2_000_000.0, "mem_available_mib": 40_000.0, "psi_mem_some_avg10": 35.0,
+         "psi_mem_full_avg10": 9.0, "cpu_util_pct": 41.0},
+        {"subject": "vol:/checkpoints", "disk_free_bytes": 2.0 * 2**40, "disk_free_pct": 40.0},
+    ]  # fmt: skip
+    columns = {c for p in ports for c in p}
+    session.execute(
+        node_samples.insert(), [dict.fromkeys(columns) | {"ts": now, "node_id": node.id} | p for p in ports]
+    )
+    session.flush()
+    html = ui.client.get(f"/nodes/{node.name}").text
+    machine = html[html.index('id="node-machine"') :]
+    assert machine.index("host") < machine.index("ib:mlx5_0/1") < machine.index("vol:/checkpoints")
+    assert re.search(r'class="c-bad"[^>]*>DOWN<', machine)  # the dead port stands out
+    assert "39.1 GiB of 1,953 GiB" in machine and "35.0% / 9.0%" in machine and "2,048.0 GiB (40%)" in machine
+    gpus = html[html.index('id="node-gpus"') : html.index('id="node-machine"')]
+    assert re.search(r'c-bad"[^>]*>gen 5 x8<', gpus)  # a link narrower than it can be
