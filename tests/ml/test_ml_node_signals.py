@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 
 from ml import node_signals
+from ml.demarcation import demarcate
 from ml.evidence import evidence_of
-from ml.findings import JobInfo
+from ml.findings import Finding, JobInfo
 from ml.node_metrics import NODE_COLUMNS, NODE_COUNTERS
 
 START = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -188,3 +189,31 @@ def test_odd_input_is_skipped() -> None:
     assert node_signals.detect(JOB, pd.DataFrame({"x": [1]}), now=NOW) == []
     assert set(node_signals.AGGREGATE_COLUMNS) >= {f"rise_{c}" for c in node_signals.PORT_ERRORS}
     assert set(NODE_COUNTERS) <= set(NODE_COLUMNS)
+
+
+def test_a_flap_in_counters_and_in_nccl_lines_is_one_incident() -> None:
+    """Demarcation: the port's flaps and the NCCL lines about the same node are one network incident, and the
+    job's stall folds into it."""
+    def flap(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-002" and subject == "ib:mlx5_1/1" and i in (12, 22):
+            acc["link_downed"] += 1
+
+    flaps = _detect(_frame(flap))
+    nccl = Finding(
+        detector="signatures",
+        category="network",
+        subject_kind="node",
+        subject="node-002",
+        confidence=0.9,
+        summary="NCCL WARN NET/IB : Got completion with error 12 on node-002",
+        observed_at=NOW,
+        node="node-002",
+        blame="infrastructure",
+        action="evict",
+    )
+    stall = Finding("progress", "straggler", "job", "job-1", 0.6, "the job slowed", NOW, action="diagnose")
+    proposals = demarcate([(i, f) for i, f in enumerate([*flaps, nccl, stall])])
+    assert len(proposals) == 1
+    (incident,) = proposals
+    assert incident.root_cause == "network" and [s.node for s in incident.suspects] == ["node-002"]
+    assert len(incident.finding_ids) == len(flaps) + 2
