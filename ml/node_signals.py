@@ -19,9 +19,10 @@ one machine shows alone is that machine's fault.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
@@ -75,6 +76,7 @@ CONGESTION_FACTOR = 5.0  # a machine waiting or pausing this many times its peer
 CONGESTION_FLOOR_PER_S = {PORT_XMIT_WAIT: 1000.0, PAUSE_TX_FRAMES: 50.0, PAUSE_RX_FRAMES: 50.0}
 CONGESTION_SHARE = 0.8  # of the continuity period's windows, and the latest one
 CONTINUITY_S = 120.0
+LOOKBACK_S = 300.0  # the diagnosis pass's lookback (the service's diagnosis_window_s default)
 MIN_PEERS = 2  # peer comparisons need this many other machines
 PSI_FULL_HIGH = 5.0  # % of the last 10 s all non-idle tasks stalled on memory
 PSI_SOME_HIGH = 20.0
@@ -136,51 +138,112 @@ def _span_s(rows: pd.DataFrame) -> float:
 
 # --- one row per machine and subject: what the service computes in SQL over a job's windows --------------------
 
-AGGREGATE_COLUMNS = (
+# The windows a summary reads (window starts): the lookback's first, the continuity period's first, the last two.
+# Four windows however long the lookback, so the job-wide summary costs the same every pass; a flap or a drop
+# is seen while it is among the last two windows, and its machine's windows are then read whole.
+LOOKBACK_RISES = (LINK_DOWNED, *PORT_ERRORS)
+ENDS_COLUMNS = (
     "node",
     "subject",
-    "span_s",  # seconds between the first and the last window's last sample
-    "continuity_span_s",  # the same over the continuity period
-    *(f"rise_{c}" for c in (LINK_DOWNED, *PORT_ERRORS)),  # over the whole frame
-    *(f"rise_{c}" for c in CONGESTION),  # over the continuity period
-    "ever_down",  # a port whose state left ACTIVE in some window
-    PORT_STATE,  # the latest window's
+    "first_ts",
+    "continuity_ts",
+    "last_ts",
+    *(f"{end}_{c}" for c in LOOKBACK_RISES for end in ("first", "last")),
+    *(f"{end}_{c}" for c in CONGESTION for end in ("continuity", "last")),
+    "down_lately",  # the port's state below ACTIVE in one of the last two windows
+    PORT_STATE,  # the last window's
     PORT_RATE_GBPS,
     PSI_MEM_SOME,
     PSI_MEM_FULL,
-    "available_share",  # MemAvailable / MemTotal, latest
+    "available_share",  # MemAvailable / MemTotal
+)
+AGGREGATE_COLUMNS = (
+    "node",
+    "subject",
+    "span_s",
+    "continuity_span_s",
+    *(f"rise_{c}" for c in (*LOOKBACK_RISES, *CONGESTION)),
+    "down_lately",
+    PORT_STATE,
+    PORT_RATE_GBPS,
+    PSI_MEM_SOME,
+    PSI_MEM_FULL,
+    "available_share",
 )
 
 
+def summary_windows(last: datetime, lookback_s: float = LOOKBACK_S) -> dict[str, datetime]:
+    """The window starts a summary reads, for the newest closed window starting at `last`."""
+    return {
+        "first": last - timedelta(seconds=lookback_s - WINDOW_S),
+        "continuity": last - timedelta(seconds=CONTINUITY_S - WINDOW_S),
+        "previous": last - timedelta(seconds=WINDOW_S),
+        "last": last,
+    }
+
+
+def ends(frame: pd.DataFrame) -> pd.DataFrame:
+    """ENDS_COLUMNS from windows (the service reads the same from SQL): each machine's values at the summary's
+    windows."""
+    at = summary_windows(frame["window_start"].max().to_pydatetime())
+    rows = []
+    for (node, subject), g in frame.groupby(["node", "subject"]):
+        by_start = g.set_index("window_start")
+        value = functools.partial(_value_at, by_start, at)
+        out: dict[str, Any] = {"node": node, "subject": subject}
+        for when in ("first", "continuity", "last"):
+            stamp = pd.Timestamp(at[when])
+            out[f"{when}_ts"] = by_start.at[stamp, "last_ts"] if stamp in by_start.index else pd.NaT
+        for c in LOOKBACK_RISES:
+            out[f"first_{c}"], out[f"last_{c}"] = value("first", f"{c}_max"), value("last", f"{c}_max")
+        for c in CONGESTION:
+            out[f"continuity_{c}"], out[f"last_{c}"] = value("continuity", f"{c}_max"), value("last", f"{c}_max")
+        out["down_lately"] = bool(min(value("previous", PORT_STATE), value("last", PORT_STATE)) < PORT_ACTIVE)
+        for c in (PORT_STATE, PORT_RATE_GBPS, PSI_MEM_SOME, PSI_MEM_FULL):
+            out[c] = value("last", c)
+        out["available_share"] = value("last", MEM_AVAILABLE_MIB) / value("last", MEM_TOTAL_MIB)
+        rows.append(out)
+    return pd.DataFrame(rows, columns=list(ENDS_COLUMNS))
+
+
+def _value_at(by_start: pd.DataFrame, at: Mapping[str, datetime], when: str, column: str) -> float:
+    stamp = pd.Timestamp(at[when])
+    if stamp not in by_start.index or column not in by_start.columns:
+        return math.nan
+    return float(by_start.at[stamp, column])
+
+
+def _rise(first: pd.Series, last: pd.Series) -> pd.Series:
+    """last - first; a counter that went down was reset, and what it holds now is its rise since."""
+    first, last = pd.to_numeric(first, errors="coerce"), pd.to_numeric(last, errors="coerce")
+    return (last - first).where(last >= first, last).fillna(0.0)
+
+
+def _seconds(first: pd.Series, last: pd.Series) -> pd.Series:
+    first, last = pd.to_datetime(first, utc=True, errors="coerce"), pd.to_datetime(last, utc=True, errors="coerce")
+    return (last - first).dt.total_seconds().fillna(WINDOW_S).clip(lower=WINDOW_S)
+
+
+def aggregate_ends(table: pd.DataFrame) -> pd.DataFrame:
+    """Per machine and subject: counter rises and spans (AGGREGATE_COLUMNS) from its ends."""
+    if table is None or table.empty:
+        return pd.DataFrame(columns=list(AGGREGATE_COLUMNS))
+    out = table[["node", "subject"]].copy()
+    out["span_s"] = _seconds(table["first_ts"], table["last_ts"])
+    out["continuity_span_s"] = _seconds(table["continuity_ts"], table["last_ts"])
+    for c in LOOKBACK_RISES:
+        out[f"rise_{c}"] = _rise(table[f"first_{c}"], table[f"last_{c}"])
+    for c in CONGESTION:
+        out[f"rise_{c}"] = _rise(table[f"continuity_{c}"], table[f"last_{c}"])
+    out["down_lately"] = table["down_lately"].fillna(False).astype(bool)
+    for c in (PORT_STATE, PORT_RATE_GBPS, PSI_MEM_SOME, PSI_MEM_FULL, "available_share"):
+        out[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
+    return out[list(AGGREGATE_COLUMNS)]
+
+
 def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per machine and subject: counter rises, the latest gauges (the service's SQL computes the same)."""
-    end = frame["window_start"].max()
-    recent_start = end - pd.Timedelta(seconds=CONTINUITY_S)
-    rows_out = []
-    for (node, subject), rows in frame.groupby(["node", "subject"]):
-        recent = rows[rows["window_start"] > recent_start]
-        last = rows.iloc[-1]
-        state = _col(rows, PORT_STATE)
-        out: dict[str, Any] = {
-            "node": node,
-            "subject": subject,
-            "span_s": _span_s(rows),
-            "continuity_span_s": _span_s(recent) if not recent.empty else WINDOW_S,
-            "ever_down": bool((state < PORT_ACTIVE).any()),
-            PORT_STATE: float(state.iloc[-1]),
-            PORT_RATE_GBPS: float(_col(rows, PORT_RATE_GBPS).iloc[-1]),
-            PSI_MEM_SOME: float(_col(rows, PSI_MEM_SOME).iloc[-1]),
-            PSI_MEM_FULL: float(_col(rows, PSI_MEM_FULL).iloc[-1]),
-            "available_share": float(
-                _col(rows, MEM_AVAILABLE_MIB).iloc[-1] / _col(rows, MEM_TOTAL_MIB).iloc[-1]
-                if last.get(MEM_TOTAL_MIB)
-                else math.nan
-            ),
-        }
-        out.update({f"rise_{c}": _increase(rows, c) for c in (LINK_DOWNED, *PORT_ERRORS)})
-        out.update({f"rise_{c}": _increase(recent, c) for c in CONGESTION})
-        rows_out.append(out)
-    return pd.DataFrame(rows_out, columns=list(AGGREGATE_COLUMNS))
+    """AGGREGATE_COLUMNS from a whole job's windows."""
+    return aggregate_ends(ends(frame))
 
 
 def peer_summary(aggregates: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -211,37 +274,43 @@ def _median(values: pd.Series) -> float:
 
 
 def worth_a_look(aggregates: pd.DataFrame, peers: Mapping[str, Mapping[str, float]]) -> list[str]:
-    """The machines a rule could fire on (a superset): the service reads only their windows."""
+    """The machines a rule could fire on (a superset): the service reads only their windows. Vectorized: at
+    16,384 GPUs this judges about 18,000 rows every pass."""
     if aggregates is None or aggregates.empty:
         return []
-    nodes: set[str] = set()
-    for _, row in aggregates.iterrows():
-        subject, peer = str(row["subject"]), peers.get(str(row["subject"]), {})
-        span = max(float(row["span_s"] or WINDOW_S), WINDOW_S)
-        recent_span = max(float(row["continuity_span_s"] or WINDOW_S), WINDOW_S)
-        errors = sum(float(row[f"rise_{c}"] or 0.0) for c in PORT_ERRORS)
-        peer_errors = sum(peer.get(c, 0.0) or 0.0 for c in PORT_ERRORS) * span
-        rate, peer_rate = float(row[PORT_RATE_GBPS]), peer.get(PORT_RATE_GBPS, math.nan)
-        congested = any(
-            float(row[f"rise_{c}"] or 0.0) / recent_span
-            >= max(CONGESTION_FACTOR * (peer.get(c, 0.0) or 0.0), CONGESTION_FLOOR_PER_S[c])
-            for c in CONGESTION
-        )
-        pressed = subject == HOST and (
-            float(row[PSI_MEM_SOME]) >= PSI_SOME_HIGH
-            or float(row[PSI_MEM_FULL]) >= PSI_FULL_HIGH
-            or float(row["available_share"]) <= AVAILABLE_LOW
-        )
-        if (
-            float(row[f"rise_{LINK_DOWNED}"] or 0.0) > 0
-            or bool(row["ever_down"])
-            or (rate < RATE_DROP * peer_rate)
-            or (errors >= ERRORS_MIN and errors >= ERRORS_FACTOR * max(peer_errors, 1.0))
-            or congested
-            or pressed
-        ):
-            nodes.add(str(row["node"]))
-    return sorted(nodes)
+    a = aggregates.reset_index(drop=True)
+    peer = pd.DataFrame.from_dict({k: dict(v) for k, v in peers.items()}, orient="index")
+    peer = peer.reindex(a["subject"].astype(str).to_numpy()).reset_index(drop=True)
+
+    def own(column: str) -> pd.Series:
+        return pd.to_numeric(a[column], errors="coerce").astype("float64")
+
+    def theirs(column: str) -> pd.Series:
+        values = peer[column] if column in peer.columns else pd.Series(math.nan, index=a.index)
+        return pd.to_numeric(values, errors="coerce").astype("float64")
+
+    span = own("span_s").fillna(WINDOW_S).clip(lower=WINDOW_S)
+    recent_span = own("continuity_span_s").fillna(WINDOW_S).clip(lower=WINDOW_S)
+    errors = sum((own(f"rise_{c}").fillna(0.0) for c in PORT_ERRORS), pd.Series(0.0, index=a.index))
+    peer_errors = sum((theirs(c).fillna(0.0) for c in PORT_ERRORS), pd.Series(0.0, index=a.index)) * span
+    congested = pd.Series(False, index=a.index)
+    for c in CONGESTION:
+        bar = (CONGESTION_FACTOR * theirs(c).fillna(0.0)).clip(lower=CONGESTION_FLOOR_PER_S[c])
+        congested |= own(f"rise_{c}").fillna(0.0) / recent_span >= bar
+    pressed = (a["subject"] == HOST) & (
+        (own(PSI_MEM_SOME) >= PSI_SOME_HIGH)
+        | (own(PSI_MEM_FULL) >= PSI_FULL_HIGH)
+        | (own("available_share") <= AVAILABLE_LOW)
+    )
+    worth = (
+        (own(f"rise_{LINK_DOWNED}").fillna(0.0) > 0)
+        | a["down_lately"].fillna(False).astype(bool)
+        | (own(PORT_RATE_GBPS) < RATE_DROP * theirs(PORT_RATE_GBPS))
+        | ((errors >= ERRORS_MIN) & (errors >= ERRORS_FACTOR * peer_errors.clip(lower=1.0)))
+        | congested
+        | pressed
+    )
+    return sorted({str(n) for n in a.loc[worth, "node"]})
 
 
 def _port_name(subject: str) -> str:

@@ -2,7 +2,8 @@
 
 For each size, a job of `--gpus` GPUs (8 per node, one rank per GPU) gets `--history` seconds of healthy
 signals generated inside PostgreSQL (one metric sample per GPU per second with ~20 DCGM fields and one slow
-GPU, a step line per node per second, a process snapshot per rank every 5 s). Then a cold pass (no detector
+GPU, a step line per node per second, a process snapshot per rank every 5 s, and every 5 s each node's 8 IB
+ports and its host, one port congested). Then a cold pass (no detector
 state: it builds the lookback's windows) and `--passes` steady passes, each after 5 more seconds of signals,
 as the beat's 5 s cadence sees them. Prints per-pass time (p50, p95, max), seconds per stage and the peak
 RSS of the process that ran the passes (the worker's role), size by size so the growth is visible.
@@ -208,6 +209,25 @@ CROSS JOIN LATERAL (SELECT extract(epoch FROM t.ts)::bigint AS s) st
 CROSS JOIN unnest(CAST(:nodes AS bigint[])) WITH ORDINALITY n(node_id, i)
 WHERE (n.i - 1) % :stride = 0
 """
+# Machine-level readings every 5 s: each node's 8 InfiniBand ports and its host; the first node's mlx5_5 port
+# waits to send at 100x its peers' rate (congestion), so the node-signal pass has a machine to read in full.
+_NODE_SIGNALS = """
+INSERT INTO node_samples (ts, node_id, job_id, subject, port_state, port_phys_state, port_rate_gbps, link_downed,
+    symbol_error, port_rcv_errors, port_xmit_discards, port_xmit_wait, port_rcv_bytes, port_xmit_bytes,
+    cpu_util_pct, load1, mem_total_mib, mem_available_mib, psi_mem_some_avg10, psi_mem_full_avg10)
+SELECT t.ts, n.node_id, :job, 'ib:mlx5_' || p || '/1', 4, 5, 400, 0, 0, 0, 0,
+    (epoch * 2000 + 2000 * random()) * CASE WHEN n.node_id = :slow_node AND p = 5 THEN 100 ELSE 1 END,
+    epoch * 4e10, epoch * 4e10, NULL, NULL, NULL, NULL, NULL, NULL
+FROM generate_series(:start, :end - interval '1 second', interval '5 seconds') t(ts)
+CROSS JOIN LATERAL (SELECT extract(epoch FROM t.ts) - 1.7e9 AS epoch) e
+CROSS JOIN unnest(CAST(:nodes AS bigint[])) n(node_id)
+CROSS JOIN generate_series(0, 7) p
+UNION ALL
+SELECT t.ts, n.node_id, :job, 'host', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    40 + 5 * random(), 60 + 5 * random(), 2e6, 1.5e6 * (0.95 + 0.1 * random()), 0.3 * random(), 0
+FROM generate_series(:start, :end - interval '1 second', interval '5 seconds') t(ts)
+CROSS JOIN unnest(CAST(:nodes AS bigint[])) n(node_id)
+"""
 _PROCESSES = """
 INSERT INTO process_snapshots (batch_id, node_id, job_id, ts, pid, rank, local_rank, cpu_pct, rss_bytes, state)
 SELECT gen_random_uuid(), (CAST(:nodes AS bigint[]))[r / 8 + 1], :job, t.ts, 10000 + r, r, r % 8,
@@ -228,12 +248,14 @@ def _signals(
     rows = session.execute(text(_METRICS), {**params, "slow_node": node_ids[0]}).rowcount
     rows += session.execute(text(_STEPS), params).rowcount
     rows += session.execute(text(_PROCESSES), params).rowcount
+    rows += session.execute(text(_NODE_SIGNALS), {**params, "slow_node": node_ids[0]}).rowcount
     return rows
 
 
 def format_report(figures: dict[str, Any]) -> str:
     lines = [
         "diagnosis passes of one job (every detector; 1 s GPU samples, a process snapshot per rank every 5 s, "
+        "8 IB ports and the host per node every 5 s, "
         f"{figures['sizes'][0]['step_streams']} step-logging ranks; steady passes 5 s apart; this machine):",
         f"{'GPUs':>6} {'nodes':>6} {'cold s':>7} {'p50 s':>6} {'p95 s':>6} {'max s':>6} {'target':>7} "
         f"{'RSS MB':>7}  slowest stages (median s)",

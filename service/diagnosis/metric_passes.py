@@ -35,7 +35,7 @@ from ml.metrics import (
     XID_LAST,
 )
 from ml.windows import to_samples
-from service.diagnosis import state, windows
+from service.diagnosis import frames, state, windows
 from service.models import Job
 
 PEERS_VERSION = 1
@@ -227,46 +227,35 @@ def counter_findings(
     return counters.detect(info, samples, now=now, peer_medians=medians)
 
 
-def _rise(column: str, where: str = "TRUE") -> str:
-    """A cumulative counter's rise over the rows that match `where`: the sum of its window-to-window increases."""
-    return f"coalesce(sum(greatest(d_{column}, 0)) FILTER (WHERE {where}), 0) AS rise_{column}"
+def _at(when: str, column: str, name: str) -> str:
+    return f"max({column}) FILTER (WHERE window_start = %({when})s) AS {name}"
 
 
-def _latest(column: str) -> str:
-    return f"(array_agg({column} ORDER BY window_start DESC))[1] AS {column}"
-
-
-_NODE_RISES = (node_metrics.LINK_DOWNED, *node_signals.PORT_ERRORS, *node_signals.CONGESTION)
-# Per machine and subject over the lookback: what ml.node_signals.aggregate computes from windows, in one scan.
-_NODE_SQL = text(
-    "WITH w AS ("
-    "  SELECT node_id, subject, window_start, last_ts, port_state, port_rate_gbps, psi_mem_some_avg10, "
-    "    psi_mem_full_avg10, mem_available_mib / nullif(mem_total_mib, 0) AS available_share, "
+# Per machine and subject, its values at the four windows a summary reads (ml.node_signals.summary_windows): an
+# index lookup of four windows of the job, whatever the lookback, aggregated to one row each.
+_NODE_ENDS_SQL = (
+    "SELECT node_id, subject, "
     + ", ".join(
-        f"{c}_max - lag({c}_max) OVER (PARTITION BY node_id, subject ORDER BY window_start) AS d_{c}"
-        for c in _NODE_RISES
+        [
+            *(_at(when, "last_ts", f"{when}_ts") for when in ("first", "continuity", "last")),
+            *(_at(when, f"{c}_max", f"{when}_{c}") for c in node_signals.LOOKBACK_RISES for when in ("first", "last")),
+            *(_at(when, f"{c}_max", f"{when}_{c}") for c in node_signals.CONGESTION for when in ("continuity", "last")),
+            "coalesce(bool_or(port_state < %(active)s) FILTER (WHERE window_start >= %(previous)s), false) "
+            "AS down_lately",
+            *(
+                _at("last", c, c)
+                for c in (
+                    node_metrics.PORT_STATE,
+                    node_metrics.PORT_RATE_GBPS,
+                    node_metrics.PSI_MEM_SOME,
+                    node_metrics.PSI_MEM_FULL,
+                )
+            ),
+            _at("last", "mem_available_mib / nullif(mem_total_mib, 0)", "available_share"),
+        ]
     )
-    + "  FROM node_windows WHERE job_id = :job AND window_start >= :lo AND window_start < :hi"
-    ") SELECT node_id, subject, "
-    "  greatest(extract(epoch FROM max(last_ts) - min(last_ts)), :window) AS span_s, "
-    "  greatest(extract(epoch FROM max(last_ts) FILTER (WHERE window_start > :recent) "
-    "    - min(last_ts) FILTER (WHERE window_start > :recent)), :window) AS continuity_span_s, "
-    + ", ".join(_rise(c) for c in (node_metrics.LINK_DOWNED, *node_signals.PORT_ERRORS))
-    + ", "
-    # The continuity period's rises: the first window of the period has no increase of its own within it.
-    + ", ".join(_rise(c, "window_start > :recent + make_interval(secs => :window)") for c in node_signals.CONGESTION)
-    + ", coalesce(bool_or(port_state < :active), false) AS ever_down, "
-    + ", ".join(
-        _latest(c)
-        for c in (
-            node_metrics.PORT_STATE,
-            node_metrics.PORT_RATE_GBPS,
-            node_metrics.PSI_MEM_SOME,
-            node_metrics.PSI_MEM_FULL,
-        )
-    )
-    + ", (array_agg(available_share ORDER BY window_start DESC))[1] AS available_share "
-    "FROM w GROUP BY node_id, subject"
+    + " FROM node_windows WHERE job_id = %(job)s "
+    "AND window_start IN (%(first)s, %(continuity)s, %(previous)s, %(last)s) GROUP BY node_id, subject"
 )
 
 
@@ -282,31 +271,29 @@ def node_findings(
 ) -> list[Finding]:
     """ml.node_signals on the machines whose ports or host stood out in the job's summary of the lookback."""
     lo = closed - timedelta(seconds=lookback_s)
-    params = {
-        "job": job.id,
-        "lo": lo,
-        "hi": closed,
-        "recent": closed - timedelta(seconds=node_signals.CONTINUITY_S + WINDOW_S),
-        "window": float(WINDOW_S),
-        "active": node_metrics.PORT_ACTIVE,
-    }
-    rows = session.execute(_NODE_SQL, params).mappings().all()
-    if not rows:
+    at = node_signals.summary_windows(closed - timedelta(seconds=WINDOW_S), lookback_s)
+    table = frames.copy_frame(
+        session,
+        _NODE_ENDS_SQL,
+        {"job": job.id, "active": node_metrics.PORT_ACTIVE, **at},
+        columns=("node_id", "subject", *node_signals.ENDS_COLUMNS[2:]),
+        floats=[c for c in node_signals.ENDS_COLUMNS[2:] if not c.endswith("_ts") and c != "down_lately"],
+        times=("first_ts", "continuity_ts", "last_ts"),
+    )
+    if table.empty:
         return []
-    aggregates = pd.DataFrame([dict(r) for r in rows])
-    missing = {int(i) for i in aggregates["node_id"].unique()} - names.keys()
+    table["down_lately"] = table["down_lately"].astype(str).isin(("t", "True"))  # COPY's CSV spells booleans t/f
+    missing = {int(i) for i in table["node_id"].unique()} - names.keys()
     if missing:
         names.update(windows.node_names(session, node_ids=sorted(missing)))
-    aggregates["node"] = aggregates["node_id"].map(names)
-    aggregates = aggregates.dropna(subset=["node"])
-    for column in node_signals.AGGREGATE_COLUMNS:
-        if column not in ("node", "subject", "ever_down"):
-            aggregates[column] = pd.to_numeric(aggregates[column], errors="coerce").astype("float64")
+    table["node"] = table["node_id"].map(names)
+    table = table.dropna(subset=["node"])
+    aggregates = node_signals.aggregate_ends(table)
     summary = node_signals.peer_summary(aggregates)
     worth = set(node_signals.worth_a_look(aggregates, summary))
     if not worth:
         return []
-    node_ids = sorted({int(i) for i, n in zip(aggregates["node_id"], aggregates["node"], strict=True) if n in worth})
+    node_ids = sorted({int(i) for i, n in zip(table["node_id"], table["node"], strict=True) if n in worth})
     rolled = windows.read_nodes(
         session,
         job=job,
