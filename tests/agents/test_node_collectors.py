@@ -18,7 +18,7 @@ from agents.counters import CounterTracker
 from agents.ethtool import IoctlStats, parse_ethtool_s, pause_totals, stats_by_name
 from agents.host import HostCollector, mce_count, parse_stat
 from agents.network import NetworkCollector
-from agents.node import NodeCollectors
+from agents.node import SUBJECT, NodeCollectors
 from agents.spool import Spool
 from ml.node_metrics import NODE_COLUMNS, SUBJECT_PATTERN
 from tests import paths
@@ -402,3 +402,18 @@ def test_node_settings_from_flags_environment_and_file(tmp_path: Path) -> None:
     assert from_env.volumes == ["/a", "/b"] and from_env.procfs_root == Path("/fake/proc")
     flags = load({"dry_run": True, "volumes": ["/c"], "sysfs_root": Path("/s")}, config_file=None, environ=environ)
     assert flags.volumes == ["/c"] and flags.sysfs_root == Path("/s")
+
+
+def test_subjects_the_service_would_refuse_are_left_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert SUBJECT.pattern == SUBJECT_PATTERN  # the agent's copy of the service's rule
+    sys = Path(shutil.copytree(SYSFS, tmp_path / "sys"))
+    shutil.copytree(sys / "class/net/eno1", sys / "class/net/odd+name")
+    long_volume = tmp_path / ("v" * 130)
+    long_volume.mkdir()
+    node = NodeCollectors(sysfs_root=sys, procfs_root=PROCFS, volumes=[str(long_volume), str(tmp_path)])
+    for _ in range(2):
+        subjects = {item["subject"] for item in node.read(TS)}
+        assert "eth:eno1" in subjects and f"vol:{tmp_path}" in subjects
+        assert not any("odd+name" in s or "vvvv" in s for s in subjects)
+    assert "eth:odd+name" not in node.facts()["ports"]
+    assert sum("leaving out" in r.message for r in caplog.records) == 2  # each said once
