@@ -1,12 +1,13 @@
 """Cumulative counters as the agent ships them: unwrapped across 32/64-bit wrap, honest about resets and saturation.
 
-Kernel counters come in three kinds. Wrapping ones (Ethernet statistics, ethtool stats, IB data counters,
-mlx5 hw_counters) run up to 2**32 or 2**64 and start again at 0: the agent keeps the last raw value and an
-offset and ships raw + offset, so the service sees one ever-growing number. Saturating ones (the IB
-PortCounters error fields: symbol_error is 16 bits, link_downed 8 bits) stop at their maximum and stay
-there until cleared: an increase past it is invisible, so the agent notes the saturation once and never
-invents one. A drop that no wrap explains (a driver reload, `perfquery -R`) is a reset: the new raw value is
-shipped as it is and the service, which computes increases itself, treats the decrease as a reset.
+Kernel counters come in three kinds. Wrapping ones (Ethernet statistics, ethtool stats, IB extended data
+counters, mlx5 hw_counters) run up to 2**32 or 2**64 and start again at 0: the agent keeps the last raw
+value and an offset and ships raw + offset, so the service sees one ever-growing number. Saturating ones
+(the IB PortCounters fields: symbol_error is 16 bits, link_downed 8, port_xmit_wait 32) stop at their
+maximum and stay there until cleared: an increase past it is invisible, so the agent notes the saturation
+once and never invents one. A drop that no wrap explains (a driver reload, `perfquery -R`) is a reset: the
+new raw value is shipped as it is and the service, which computes increases itself, treats the decrease as
+a reset.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def _wrap_span(last: int, raw: int, bits: int | None) -> int | None:
     its top and is now near the bottom. Anything else, such as a counter at 1,000 that reads 5, is a reset."""
     for width in (bits,) if bits is not None else _WIDTHS:
         span = 1 << width
-        if last < span and raw < span and span - last + raw < span // 2:
+        # A counter sitting exactly at its top was more likely saturated (then cleared) than about to wrap.
+        if last < span - 1 and raw < span and span - last + raw < span // 2:
             return span
     return None

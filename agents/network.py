@@ -29,9 +29,10 @@ log = logging.getLogger(__name__)
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*Gb/sec")
 _LEADING_NUMBER = re.compile(r"^(\d+)")
 
-# IB PortCounters error fields stop at their maximum (IBA vol. 1, PortCounters; widths as the kernel's
-# PORT_PMA_ATTR declarations in drivers/infiniband/core/sysfs.c): file -> bits.
+# IB PortCounters fields stop at their maximum (IBA vol. 1, PortCounters; widths as the kernel's PORT_PMA_ATTR
+# declarations in drivers/infiniband/core/sysfs.c): file -> bits.
 SATURATING: dict[str, int] = {
+    "port_xmit_wait": 32,
     "symbol_error": 16,
     "link_error_recovery": 8,
     "link_downed": 8,
@@ -40,13 +41,13 @@ SATURATING: dict[str, int] = {
     "local_link_integrity_errors": 4,
     "excessive_buffer_overrun_errors": 4,
 }
-# Counters that wrap; 32 or 64 bits depending on whether the HCA has extended (64-bit) counters, so the width
-# is inferred from the values. file -> (wire name, factor): the data counters count 4-byte words.
+# The data counters: 64 bits from PortCountersExtended on HCAs that have them (PORT_PMA_ATTR_EXT; mlx5 does),
+# else 32, so the width is inferred from the values. file -> (wire name, factor): they count 4-byte words.
 WRAPPING: dict[str, tuple[str, int]] = {
-    "port_xmit_wait": ("port_xmit_wait", 1),
     "port_rcv_data": ("port_rcv_bytes", 4),
     "port_xmit_data": ("port_xmit_bytes", 4),
 }
+# mlx5 hw_counters: firmware Q and congestion counters that wrap (32 bits for the Q counters).
 HW_COUNTERS: tuple[str, ...] = ("np_cnp_sent", "rp_cnp_handled", "out_of_buffer")
 # /sys/class/net/<netdev>/statistics: unsigned 64-bit (struct rtnl_link_stats64).
 NET_STATISTICS: tuple[str, ...] = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped")

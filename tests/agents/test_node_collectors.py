@@ -120,18 +120,18 @@ def test_every_name_and_subject_shipped_is_one_the_service_stores(tmp_path: Path
 
 def test_wrap_is_unwrapped_and_a_reset_ships_the_new_raw_value(sysfs: Path) -> None:
     collector = NetworkCollector(sysfs)
-    wait = f"{IB3}/counters/port_xmit_wait"
-    _set(sysfs, wait, 2**32 - 100)
+    cnp = f"{ROCE}/hw_counters/np_cnp_sent"  # a 32-bit firmware counter
+    _set(sysfs, cnp, 2**32 - 100)
     _set(sysfs, "class/net/eno1/statistics/rx_dropped", 2**64 - 5)
-    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_xmit_wait"] == 2**32 - 100
+    assert _by_subject(collector.read(TS))["roce:mlx5_4/1"]["np_cnp_sent"] == 2**32 - 100
     # A 32-bit counter passing 2**32: 100 to the top, 50 after it.
-    _set(sysfs, wait, 50)
+    _set(sysfs, cnp, 50)
     _set(sysfs, "class/net/eno1/statistics/rx_dropped", 3)  # a 64-bit one: 5 + 3
     ports = _by_subject(collector.read(TS))
-    assert ports["ib:mlx5_3/1"]["port_xmit_wait"] == 2**32 + 50
+    assert ports["roce:mlx5_4/1"]["np_cnp_sent"] == 2**32 + 50
     assert ports["eth:eno1"]["rx_dropped"] == float(2**64 + 3)  # beyond int64: shipped as a float
-    _set(sysfs, wait, 400)
-    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_xmit_wait"] == 2**32 + 400
+    _set(sysfs, cnp, 400)
+    assert _by_subject(collector.read(TS))["roce:mlx5_4/1"]["np_cnp_sent"] == 2**32 + 400
     # The 64-bit data counter (extended PMA counters) wraps as well, then is multiplied into bytes.
     data = f"{IB3}/counters/port_rcv_data"
     _set(sysfs, data, 2**64 - 10)
@@ -139,10 +139,15 @@ def test_wrap_is_unwrapped_and_a_reset_ships_the_new_raw_value(sysfs: Path) -> N
     _set(sysfs, data, 6)
     assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_rcv_bytes"] == float((2**64 + 6) * 4)
     # A drop no wrap explains (driver reload, counters cleared): the new raw value, no offset.
-    _set(sysfs, wait, 12)
-    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_xmit_wait"] == 12
-    _set(sysfs, wait, 20)
-    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_xmit_wait"] == 20
+    _set(sysfs, cnp, 12)
+    assert _by_subject(collector.read(TS))["roce:mlx5_4/1"]["np_cnp_sent"] == 12
+    _set(sysfs, cnp, 20)
+    assert _by_subject(collector.read(TS))["roce:mlx5_4/1"]["np_cnp_sent"] == 20
+    # A 32-bit data counter (an HCA without extended counters) stuck at its top, then cleared: not a wrap.
+    _set(sysfs, data, 2**32 - 1)
+    collector.read(TS)
+    _set(sysfs, data, 7)
+    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_rcv_bytes"] == 28
 
 
 def test_saturated_error_counters_are_noted_and_never_grow(sysfs: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -158,10 +163,15 @@ def test_saturated_error_counters_are_noted_and_never_grow(sysfs: Path, caplog: 
     _set(sysfs, f"{IB3}/counters/symbol_error", 0)
     assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["symbol_error"] == 0
     assert ("ib:mlx5_3/1", "symbol_error") not in tracker.saturated
-    # 8-bit link_downed up to its top: shipped as read, flagged, not extrapolated.
+    # 8-bit link_downed and 32-bit port_xmit_wait up to their tops: shipped as read, flagged, not extrapolated.
     _set(sysfs, f"{IB3}/counters/link_downed", 255)
-    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["link_downed"] == 255
-    assert ("ib:mlx5_3/1", "link_downed") in tracker.saturated
+    _set(sysfs, f"{IB3}/counters/port_xmit_wait", 2**32 - 1)
+    for _ in range(2):
+        port = _by_subject(collector.read(TS))["ib:mlx5_3/1"]
+        assert (port["link_downed"], port["port_xmit_wait"]) == (255, 2**32 - 1)
+    assert {("ib:mlx5_3/1", "link_downed"), ("ib:mlx5_3/1", "port_xmit_wait")} <= tracker.saturated
+    _set(sysfs, f"{IB3}/counters/port_xmit_wait", 5)  # cleared, never taken for a wrap
+    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_xmit_wait"] == 5
 
 
 def test_absent_counters_are_skipped_quietly_and_remembered(sysfs: Path, caplog: pytest.LogCaptureFixture) -> None:
