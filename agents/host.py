@@ -28,6 +28,7 @@ from agents.kfiles import list_dir, read_int, read_text
 log = logging.getLogger(__name__)
 
 _MIB_PER_KIB = 1024
+_MIN_TICKS_PER_CORE = 5
 _PSI = (("cpu", "some", "psi_cpu_some_avg10"), ("memory", "some", "psi_mem_some_avg10"),
         ("memory", "full", "psi_mem_full_avg10"), ("io", "some", "psi_io_some_avg10"),
         ("io", "full", "psi_io_full_avg10"))  # fmt: skip
@@ -73,7 +74,8 @@ def cpu_percentages(
     """Utilisation, steal and iowait between two readings: the machine's and the worst core's."""
     out: dict[str, float] = {}
     (b, b_cores), (a, a_cores) = before, after
-    if a is None or b is None or a.total <= b.total:
+    # Under about 50 ms of ticks (USER_HZ 100) per core, a reading is mostly rounding: none is given.
+    if a is None or b is None or a.total - b.total < _MIN_TICKS_PER_CORE * max(1, len(a_cores)):
         return out
     span = a.total - b.total
     out["cpu_util_pct"] = _pct(span - (a.idle - b.idle) - (a.iowait - b.iowait), span)
