@@ -29,7 +29,9 @@ SUBJECT_MAX = 128
 class NodeCollectors:
     """The network and host collectors of one agent, read together once per ship tick."""
 
-    def __init__(self, *, sysfs_root: str | os.PathLike[str], procfs_root: str | os.PathLike[str], volumes: list[str]):
+    def __init__(
+        self, *, sysfs_root: str | os.PathLike[str], procfs_root: str | os.PathLike[str], volumes: list[str]
+    ) -> None:
         tracker = CounterTracker()
         self.network = NetworkCollector(sysfs_root, tracker=tracker)
         self.host = HostCollector(procfs_root, sysfs_root, volumes=volumes, tracker=tracker)
