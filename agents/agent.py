@@ -30,12 +30,13 @@ from agents.config import AgentConfig
 from agents.events import Event
 from agents.follow import GlobFollower, LineSource, Position, open_kernel_log
 from agents.gpu import DcgmExporter, GpuReading, GpuSource, open_nvml
+from agents.node import NodeCollectors
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
 from agents.procs import ProcessScanner, Worker
 from agents.samples import SampleBuffer, left_over
 from agents.shipper import Shipper
-from agents.spool import Spool
+from agents.spool import KINDS, Spool
 from agents.stacks import dump_all
 
 log = logging.getLogger("faultline.agent")
@@ -54,6 +55,8 @@ SHUTDOWN_S = 1.0
 # A job's log lines outlive its processes (the traceback of a crash is written as they die): events are
 # attributed to a job seen on the node this recently.
 JOB_LINGER_S = 600.0
+# --once reads the CPU counters twice this far apart, so a dry run prints real CPU percentages.
+ONCE_CPU_SPAN_S = 0.3
 
 try:
     AGENT_VERSION = version("faultline")
@@ -130,6 +133,11 @@ class Agent:
         self.scanner = ProcessScanner(job_env=config.job_env, watch_pid=config.watch_pid)
         self._scan_lock = threading.Lock()  # the loop and a stack-dump thread both scan
         self.gpus: GpuSource | None = DcgmExporter(config.dcgm_url) if config.dcgm_url else open_nvml()
+        # Network ports, the host and the watched volumes: read once per ship tick, not every GPU sample.
+        self.node = NodeCollectors(sysfs_root=config.sysfs_root, procfs_root=config.procfs_root, volumes=config.volumes)
+        self.node.prime()
+        self._primed = time.monotonic()
+        self.node_metrics: list[dict[str, Any]] = []
         self.shipper: Shipper | None = None
         self._ship_thread: threading.Thread | None = None
         if self.spool is not None:
@@ -215,6 +223,10 @@ class Agent:
         ts = datetime.now(UTC).isoformat()
         self.samples.add([{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in readings])
 
+    def take_node_sample(self) -> None:
+        """Read the network ports, the host and the volumes once, into the batch being gathered."""
+        self.node_metrics += self.node.read()
+
     # -- directives ------------------------------------------------------------------------------
 
     def _on_directives(self, directives: list[dict[str, Any]]) -> None:
@@ -266,12 +278,14 @@ class Agent:
             heartbeat["dropped"] = dict(self.spool.dropped)
         if processes:
             heartbeat["gpus"] = self.inventory
+            heartbeat["host"] = self.node.facts()
         batch: dict[str, Any] = {
             "batch_id": self.samples.batch_id,  # the samples' journal names it: a replay is stored once
             "node": self.config.node_name,
             "sent_at": ts,
             "heartbeat": heartbeat,
             "metrics": self.samples.metrics,
+            "node_metrics": self.node_metrics,
             "logs": [e.to_wire() for e in self.events],
             "stacks": stacks,
             "processes": [w.snapshot(now) for w in self.workers] if processes else [],
@@ -279,6 +293,7 @@ class Agent:
         if len(recent) == 1:
             batch["job_id"] = recent[0]
         self.events = []
+        self.node_metrics = []
         return batch
 
     def emit(self, batch: dict[str, Any]) -> None:
@@ -293,7 +308,7 @@ class Agent:
 
     def _spool(self, batch: dict[str, Any]) -> None:
         assert self.spool is not None
-        counts = {kind: len(batch[kind]) for kind in ("metrics", "logs", "stacks", "processes")}
+        counts = {kind: len(batch.get(kind, ())) for kind in KINDS}
         self.spool.put(gzip.compress(orjson.dumps(batch), compresslevel=5), counts)
 
     def _recover_samples(self) -> None:
@@ -368,6 +383,7 @@ class Agent:
                     if processes:
                         self.workers = self.scan()
                         next_procs = now + config.process_interval
+                    self.take_node_sample()
                     self.emit(self.build_batch(processes=processes))
                 elif critical or not self.stacks.empty():
                     self.emit(self.build_batch(processes=False))  # at once, with the samples gathered so far
@@ -388,6 +404,9 @@ class Agent:
         self.flush_parsers()
         self.workers = self.scan()
         self.take_sample()
+        # CPU percentages are a difference of two readings: the first was taken at start.
+        time.sleep(max(0.0, ONCE_CPU_SPAN_S - (time.monotonic() - self._primed)))
+        self.take_node_sample()
         self.emit(self.build_batch(processes=True))
         code = 0
         if self.shipper is not None and not self.shipper.drain(timeout=30):
@@ -437,6 +456,7 @@ class Agent:
         self.logs.close()
         if self.gpus is not None:
             self.gpus.close()
+        self.node.close()
 
 
 def install_signal_handlers(agent: Agent) -> None:

@@ -1,8 +1,10 @@
 """`faultline bench agent`: the agent's CPU, memory and shipping cost on a busy node.
 
 A real agent process follows two growing training logs, scrapes an 8-GPU dcgm-exporter page every
-sample interval, scans /proc (with eight torchrun-like workers on it) and ships gzip batches to a local
-receiver every ship interval. The agent's own CPU time (utime + stime from /proc) and RSS are sampled
+sample interval, scans /proc (with eight torchrun-like workers on it), reads the network and host
+collectors every ship interval (a fake sysfs of 8 InfiniBand ports, 1 RoCE port and 2 Ethernet NICs whose
+counters move every second, agents/bench_node.py; the real /proc; one watched volume) and ships gzip
+batches to a local receiver every ship interval. The agent's own CPU time (utime + stime from /proc) and RSS are sampled
 from outside. Target: at most 2% of one core and 80 MB RSS.
 
 It runs twice: with the given intervals (the agent's defaults: sample 1 s, ship 5 s) and with one batch
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from agents.bench_node import NodeLoad, node_load
 
 CPU_TARGET_PCT = 2.0
 RSS_TARGET_MB = 80.0
@@ -84,7 +88,7 @@ def exporter_page(gpus: int, rng: random.Random) -> bytes:
 @contextmanager
 def local_endpoints(gpus: int) -> Iterator[dict[str, Any]]:
     """A dcgm-exporter page and an ingest receiver on one loopback port."""
-    stats: dict[str, Any] = {"batches": 0, "bytes": 0, "items": 0, "gpu_samples": 0}
+    stats: dict[str, Any] = {"batches": 0, "bytes": 0, "items": 0, "gpu_samples": 0, "node_samples": 0}
     rng = random.Random(7)
 
     class Handler(BaseHTTPRequestHandler):
@@ -98,8 +102,11 @@ def local_endpoints(gpus: int) -> Iterator[dict[str, Any]]:
             batch = orjson.loads(gzip.decompress(raw))
             stats["batches"] += 1
             stats["bytes"] += len(raw)
-            stats["items"] += sum(len(batch[k]) for k in ("metrics", "logs", "stacks", "processes"))
+            stats["items"] += sum(
+                len(batch.get(k, ())) for k in ("metrics", "logs", "stacks", "processes", "node_metrics")
+            )
             stats["gpu_samples"] += len(batch["metrics"])
+            stats["node_samples"] += len(batch.get("node_metrics", ()))
             self._answer(b'{"status":"accepted","directives":[]}', "application/json")
 
         def _answer(self, body: bytes, content_type: str) -> None:
@@ -146,14 +153,18 @@ def _rss_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE / 2**20
 
 
-def _shipped(endpoints: dict[str, Any]) -> tuple[int, int, int]:
-    return endpoints["batches"], endpoints["bytes"], endpoints["gpu_samples"]
+def _shipped(endpoints: dict[str, Any]) -> tuple[int, int, int, int]:
+    return endpoints["batches"], endpoints["bytes"], endpoints["gpu_samples"], endpoints["node_samples"]
 
 
 def run_bench(
     *, duration: float, warmup: float, sample_interval: float, ship_interval: float, gpus: int, logs: int, rate: float
 ) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="faultline-bench-agent-") as tmp, local_endpoints(gpus) as endpoints:
+    with (
+        tempfile.TemporaryDirectory(prefix="faultline-bench-agent-") as tmp,
+        local_endpoints(gpus) as endpoints,
+        node_load(Path(tmp)) as node,
+    ):
         root = Path(tmp)
         paths = [root / f"rank{i}.log" for i in range(logs)]
         for p in paths:
@@ -174,6 +185,7 @@ def run_bench(
             "--node-name", "bench-node", "--sample-interval", str(sample_interval),
             "--ship-interval", str(ship_interval), "--dcgm-url", endpoints["url"] + "/metrics",
             "--kmsg", "none", "--spool-dir", str(root / "spool"), *[a for p in paths for a in ("--log", str(p))],
+            *node.agent_args,
         ]  # fmt: skip
         agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "wb"))  # noqa: SIM115
         try:
@@ -190,7 +202,7 @@ def run_bench(
                 rss.append(_rss_mb(agent.pid))
             elapsed = time.monotonic() - t0
             cpu_pct = 100 * (_cpu_seconds(agent.pid) - cpu0) / elapsed
-            batches, sent, samples = (b - a for a, b in zip(shipped0, _shipped(endpoints), strict=True))
+            batches, sent, samples, node_samples = (b - a for a, b in zip(shipped0, _shipped(endpoints), strict=True))
         finally:
             stop.set()
             agent.send_signal(signal.SIGTERM)
@@ -213,6 +225,7 @@ def run_bench(
         "requests_per_s": round(requests_per_s, 3),
         f"requests_per_s_at_{CLUSTER_NODES}_nodes": round(requests_per_s * CLUSTER_NODES),
         "gpu_samples_shipped": samples,
+        "node_samples_shipped": node_samples,
         # Everything a batch carries (logs, processes, heartbeat), over the GPU samples in it.
         "bytes_per_gpu_sample_gzip": round(sent / max(1, samples), 1),
         "bytes_per_batch_gzip": round(sent / max(1, batches)),
@@ -252,6 +265,23 @@ def _print_table(runs: dict[str, dict[str, Any]]) -> None:
         print(f"{key:<{width}}  {cells}")
 
 
+def _print_budget(runs: dict[str, dict[str, Any]]) -> None:
+    """Each run against the agent's budget, with the load it carried."""
+    print(f"\nbudget: {CPU_TARGET_PCT:g}% of one core, {RSS_TARGET_MB:g} MB RSS; every collector on")
+    for name, run in runs.items():
+        cpu, rss = run["cpu_pct_of_one_core"], run["rss_mb_max"]
+        print(
+            f"  {name}: CPU {cpu:.2f}% of one core {'PASS' if run['cpu_target_met'] else 'FAIL'}, "
+            f"peak RSS {rss:.1f} MB {'PASS' if run['rss_target_met'] else 'FAIL'}"
+        )
+    first = next(iter(runs.values()))
+    print(
+        f"  load: {first['gpus']} GPUs sampled every {first['sample_interval_s']:g} s (dcgm-exporter page), "
+        f"{first['followed_logs']} logs at {first['log_lines_per_s']:g} lines/s in all, 8 training processes "
+        f"scanned; {NodeLoad.describe()}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     settings = {"duration": args.duration, "warmup": args.warmup, "gpus": args.gpus, "logs": args.logs}
     settings["rate"] = args.lines_per_second
@@ -260,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_baseline and (args.sample_interval, args.ship_interval) != (1.0, 1.0):
         runs["ship every 1s"] = run_bench(sample_interval=1.0, ship_interval=1.0, **settings)
     _print_table(runs)
+    _print_budget(runs)
     if args.json:
         args.json.write_text(orjson.dumps(runs, option=orjson.OPT_INDENT_2).decode())
     return 0

@@ -72,6 +72,19 @@ def add_parser(sub: Any) -> None:
     )
     agent.add_argument("--once", action="store_true", default=None, help="collect one round (whole log files) and exit")
     agent.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    agent.add_argument(
+        "--sysfs-root", type=Path, metavar="DIR", help="read /sys here instead (a fake tree for tests; default /sys)"
+    )
+    agent.add_argument(
+        "--procfs-root", type=Path, metavar="DIR", help="read /proc here instead (a fake tree for tests; default /proc)"
+    )
+    agent.add_argument(
+        "--volume",
+        dest="volumes",
+        action="append",
+        metavar="PATH",
+        help="a checkpoint or log folder whose free space is shipped (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
             "dry_run",
             "once",
             "log_level",
+            "sysfs_root",
+            "procfs_root",
+            "volumes",
         )
     }
     try:

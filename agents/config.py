@@ -54,6 +54,10 @@ class AgentConfig:
     dry_run: bool = False
     once: bool = False
     log_level: str = "info"
+    # Where the kernel's files are read: a fake tree laid out like the kernel's for tests and the simulator.
+    sysfs_root: Path = field(default_factory=lambda: Path("/sys"))
+    procfs_root: Path = field(default_factory=lambda: Path("/proc"))
+    volumes: list[str] = field(default_factory=list)  # checkpoint and log folders whose free space is shipped
 
     @property
     def interval(self) -> float:
@@ -96,7 +100,7 @@ def _positive(name: str, seconds: float) -> None:
         raise ConfigError(f"{name} must be a number of seconds > 0, not {seconds:g}")
 
 
-_LISTS = {"logs", "job_env", "step_patterns"}
+_LISTS = {"logs", "job_env", "step_patterns", "volumes"}
 _NAMES = {f.name for f in fields(AgentConfig)}
 _KNOWN = _NAMES | set(_ALIASES)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-KINDS = ("metrics", "logs", "stacks", "processes")
+KINDS = ("metrics", "logs", "stacks", "processes", "node_metrics")
 _SUFFIX = ".batch"
 
 
@@ -39,7 +39,9 @@ def _name(seq: int, counts: dict[str, int]) -> str:
 def _parse(path: Path) -> Entry | None:
     try:
         seq, *counts = path.name.removesuffix(_SUFFIX).split("-")
-        return Entry(path, int(seq), dict(zip(KINDS, map(int, counts), strict=True)), path.stat().st_size)
+        if not 4 <= len(counts) <= len(KINDS):  # four: written before node_metrics were shipped
+            return None
+        return Entry(path, int(seq), dict(zip(KINDS, map(int, counts), strict=False)), path.stat().st_size)
     except (ValueError, OSError):
         return None
 

@@ -107,3 +107,33 @@ def test_critical_events_are_shipped_at_once_not_at_the_interval(tmp_path: Path)
     assert event["kind"] == "xid" and event["fields"]["xid"] == 48
     assert latency < 5  # well before the 60 s interval
     assert rx.requests[1]["headers"]["Content-Encoding"] == "gzip"
+
+
+def test_dry_run_once_on_a_fake_sysfs_prints_network_and_host_readings(tmp_path: Path) -> None:
+    done = _agent(
+        "--dry-run", "--once", "--kmsg", "none", "--sysfs-root", str(paths.FIXTURES / "sysfs"),
+        "--procfs-root", str(paths.FIXTURES / "procfs"), "--volume", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    batch = orjson.loads(line)
+    readings = {item["subject"]: item["fields"] for item in batch["node_metrics"]}
+    assert {"ib:mlx5_0/1", "roce:mlx5_4/1", "eth:eno1", "host", f"vol:{tmp_path}"} <= set(readings)
+    assert readings["ib:mlx5_0/1"]["port_rate_gbps"] == 400.0
+    assert readings["roce:mlx5_4/1"]["pause_tx_frames"] == 120455
+    assert readings["host"]["mem_total_mib"] > 0 and readings["host"]["psi_io_some_avg10"] == 4.87
+    assert 0 <= readings["host"]["cpu_util_pct"] <= 100
+    assert batch["heartbeat"]["host"]["rdma"] is True and "roce:mlx5_4/1" in batch["heartbeat"]["host"]["ports"]
+    assert "no RDMA device" not in done.stderr
+
+
+def test_a_host_without_rdma_is_said_once_and_the_agent_carries_on(tmp_path: Path) -> None:
+    (tmp_path / "sys").mkdir()
+    done = _agent("--dry-run", "--once", "--kmsg", "none", "--sysfs-root", str(tmp_path / "sys"))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("no RDMA device under") == 1
+    batch = orjson.loads(done.stdout)
+    assert batch["heartbeat"]["host"]["rdma"] is False
+    host = next(item["fields"] for item in batch["node_metrics"] if item["subject"] == "host")
+    assert host["mem_total_mib"] > 0  # the real /proc: percentages over the short --once interval
+    assert 0 <= host["cpu_util_pct"] <= 100

@@ -7,6 +7,7 @@ No assertion depends on how fast this machine is: the intervals are chosen so th
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 
 from agents.config import ConfigError, load
 from agents.samples import SampleBuffer, left_over
+from tests import paths
 from tests.procs import wait_for
 from tests.receiver import Receiver, receiver
 
@@ -207,3 +209,32 @@ def test_the_simulator_checks_the_intervals_it_gives_its_agents() -> None:
     )
     assert done.returncode == 2
     assert "--sample-interval must not be longer than --ship-interval" in done.stderr
+
+
+def test_node_metrics_are_read_once_per_ship_tick_not_per_sample(tmp_path: Path) -> None:
+    sysfs = Path(shutil.copytree(paths.FIXTURES / "sysfs", tmp_path / "sys"))
+    wait = sysfs / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_wait"
+    with receiver() as dcgm, receiver() as rx:
+        dcgm.page = _exporter_page
+        flags = ("--sample-interval", "0.2", "--ship-interval", "1", "--kmsg", "none", "--sysfs-root", str(sysfs))
+        with _agent(rx.url, dcgm, tmp_path, *flags, "--volume", str(tmp_path)) as agent:
+            wait_for(lambda: len(rx.requests) >= 1, timeout=30, what="the first batch")
+            wait.write_text("3421990000\n")
+            wait_for(lambda: len(rx.requests) >= 3, timeout=30, what="two more batches")
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(timeout=30) == 0
+    bodies = rx.bodies()
+    assert bodies[0]["heartbeat"]["host"]["rdma"] is True  # the facts go with the process scan
+    for n, body in enumerate(bodies[:3]):
+        subjects = [item["subject"] for item in body["node_metrics"]]
+        # One reading of each subject per batch, while GPU samples were taken about five times (the batch at
+        # start: once).
+        assert len(subjects) == len(set(subjects)) == 9 and len(body["metrics"]) >= (2 if n else 1) * GPUS
+        assert {"ib:mlx5_0/1", "roce:mlx5_4/1", "eth:eno1", "host", f"vol:{tmp_path}"} <= set(subjects)
+    waits = [
+        item["fields"]["port_xmit_wait"]
+        for body in bodies
+        for item in body["node_metrics"]
+        if item["subject"] == "ib:mlx5_0/1"
+    ]
+    assert waits[0] == 3421987654 and waits[-1] == 3421990000
