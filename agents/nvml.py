@@ -253,6 +253,7 @@ class Nvml:
     def __init__(self, pynvml: Any, count: int, *, slow_period: float = SLOW_PERIOD_S) -> None:
         nv = self.nv = pynvml
         self.slow_period = slow_period
+        self.clock: Callable[[], float] = time.monotonic  # when slow readings are due (a benchmark fakes it)
         self._error = nv.NVMLError
         self._absent = tuple(
             getattr(nv, name) for name in ("NVMLError_NotSupported", "NVMLError_FunctionNotFound") if hasattr(nv, name)
@@ -327,7 +328,7 @@ class Nvml:
     # -- reading ---------------------------------------------------------------------------------
 
     def read(self) -> list[GpuReading]:
-        now = time.monotonic()
+        now = self.clock()
         readings = []
         for n, (g, gpu) in enumerate(zip(self.inventory, self.gpus, strict=True)):
             fields: dict[str, float | None] = {}

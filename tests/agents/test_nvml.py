@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import orjson
 import pynvml as real
 import pytest
 
+from agents import bench
 from agents import nvml as agent_nvml
 from agents.agent import Agent
 from agents.config import ConfigError, load
@@ -362,14 +362,12 @@ def test_nvml_xids_forced_beside_dcgm_exporter_open_nvml_of_their_own(fake: Fake
 
 
 def test_dry_run_once_prints_the_nvml_fields(tmp_path: Path) -> None:
-    """`faultline agent --dry-run --once` on a node with NVML and no exporter, the fake standing in for the driver."""
-    code = (
-        "import sys; from tests.fakes.nvml import install; install(8); from faultline.cli import main; sys.exit(main())"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_AGENT_")}
-    env["PYTHONPATH"] = str(paths.REPO)
+    """`faultline agent --dry-run --once` on a node with NVML and no exporter, the fake standing in for the driver
+    (started as `faultline bench agent --gpu-source nvml-fake` starts it)."""
+    launcher, gpu_flags, env = bench._gpu_source("nvml-fake", 8, "http://127.0.0.1:9")
+    env = {k: v for k, v in env.items() if not k.startswith("FAULTLINE_AGENT_")}
     done = subprocess.run(
-        [sys.executable, "-c", code, "agent", "--dry-run", "--once", "--kmsg", "none", "--node-name", "n1"],
+        [*launcher, "agent", *gpu_flags, "--dry-run", "--once", "--kmsg", "none", "--node-name", "n1"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -393,3 +391,10 @@ def test_dry_run_once_prints_the_nvml_fields(tmp_path: Path) -> None:
     ):
         assert name in fields, name
     assert batch["heartbeat"]["gpus"][3]["pci_bus_id"] == "00000000:1B:00.0"
+
+
+def test_the_benchmark_counts_the_reader_s_calls_per_second() -> None:
+    cost = bench.nvml_source_cost(gpus=8, sample_interval=1.0, seconds=600)
+    # 13 calls per GPU every second; every 10 s per GPU 13 slow calls and 18 links x (state + 4 counters).
+    assert cost["nvml_calls_per_s"] == pytest.approx(8 * 13 + 8 * (13 + 18 * 5) / 10, rel=0.03)
+    assert cost["cpu_ms_per_read"] > 0
