@@ -170,6 +170,8 @@ class Agent:
         if xids is not None:
             log.info("reading Xids from NVML events on %d GPUs", xids.watching)
             xids.start()
+        elif mode == "on":
+            log.warning("--nvml-xid on, but no GPU offers NVML Xid events (see above)")
         return xids
 
     def _stream(self, name: str, make: Callable[[], KernelLogParser | TrainingLogParser]) -> _Stream:

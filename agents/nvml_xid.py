@@ -136,22 +136,36 @@ class NvmlXids:
 
 def open_nvml_xids(nvml: Nvml | None) -> NvmlXids | None:
     """Xid events of the GPUs `nvml` reads, or of every GPU through an NVML of its own; None when none answers."""
+    if nvml is not None:
+        devices = [(gpu.handle, g.pci_bus_id) for gpu, g in zip(nvml.gpus, nvml.inventory, strict=True)]
+        return _watch(nvml.nv, devices, owns_init=False)
     try:
-        if nvml is not None:
-            nv = nvml.nv
-            devices = [(gpu.handle, g.pci_bus_id) for gpu, g in zip(nvml.gpus, nvml.inventory, strict=True)]
-        else:
-            import pynvml as nv
+        import pynvml as nv
 
-            nv.nvmlInit()
-            devices = []
-            for i in range(nv.nvmlDeviceGetCount()):
-                handle = nv.nvmlDeviceGetHandleByIndex(i)
-                bus_id = nv.nvmlDeviceGetPciInfo(handle).busId
-                devices.append((handle, bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)))
-        xids = NvmlXids(nv, devices, owns_init=nvml is None)
-    except Exception as exc:  # ImportError, no driver, or an NVML too old for events
+        nv.nvmlInit()
+    except Exception as exc:  # ImportError, or no driver on this node
+        log.info("no NVML Xid events: NVML is unavailable (%s)", exc)
+        return None
+    try:
+        devices = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            bus_id = nv.nvmlDeviceGetPciInfo(handle).busId
+            devices.append((handle, bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)))
+    except nv.NVMLError as exc:
         log.info("no NVML Xid events: %s", exc)
+        nv.nvmlShutdown()
+        return None
+    return _watch(nv, devices, owns_init=True)
+
+
+def _watch(nv: Any, devices: list[tuple[Any, str | None]], *, owns_init: bool) -> NvmlXids | None:
+    try:
+        xids = NvmlXids(nv, devices, owns_init=owns_init)
+    except (nv.NVMLError, AttributeError) as exc:  # an NVML (or nvidia-ml-py) without the event API
+        log.info("no NVML Xid events: %s", exc)
+        if owns_init:
+            nv.nvmlShutdown()
         return None
     if not xids.watching:
         xids.close()

@@ -4,10 +4,12 @@ real module's constants, exceptions and structures; and the names it calls again
 from __future__ import annotations
 
 import ast
+import io
 import logging
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +24,7 @@ from agents import nvml as agent_nvml
 from agents.agent import Agent
 from agents.config import ConfigError, load
 from agents.nvml import LINKS_DOWN, Nvml, open_nvml
-from agents.nvml_xid import open_nvml_xids, pci_device
+from agents.nvml_xid import open_nvml_xids, pci_device, xid_line
 from agents.parsers.kernel import KernelLogParser
 from ml.metrics import CLOCK_EVENT_BITS, FIELD_TO_COLUMN
 from tests import paths
@@ -290,6 +292,19 @@ def test_pci_device_is_named_as_the_kernel_names_it() -> None:
     assert pci_device(None) is None
 
 
+def test_an_xid_of_a_mig_instance_names_it_as_the_kernel_does() -> None:
+    (event,) = KernelLogParser().feed(xid_line(31, "0000:3b:00", 1, 0), now=datetime.now(UTC))
+    assert event.fields["pci"] == "0000:3b:00" and event.fields["xid"] == 31
+    assert (event.fields["gpu_instance"], event.fields["compute_instance"]) == (1, 0)
+
+
+def test_no_gpu_with_xid_events_means_no_watcher_and_nvml_is_let_go(fake: FakeNvml) -> None:
+    for gpu in fake.gpus:
+        gpu.xid_events = False
+    assert open_nvml_xids(None) is None
+    assert fake.initialized == 0 and all(s.freed for s in fake.event_sets)
+
+
 def test_an_nvml_xid_is_the_event_the_kernel_line_makes_with_source_nvml(fake: FakeNvml, nvml: Nvml) -> None:
     fake.gpus[0].xid_events = False  # this GPU cannot register: the other is still watched
     xids = open_nvml_xids(nvml)
@@ -320,18 +335,24 @@ def test_an_nvml_xid_is_the_event_the_kernel_line_makes_with_source_nvml(fake: F
 
 
 def test_an_nvml_xid_79_makes_the_agent_ship_at_once(fake: FakeNvml, tmp_path: Path) -> None:
-    config = load({"dry_run": True, "kmsg": "none", "spool_dir": tmp_path}, config_file=None, environ={})
-    agent = Agent(config)
+    flags = {"dry_run": True, "kmsg": "none", "ship_interval": 600.0, "spool_dir": tmp_path}
+    out = io.StringIO()
+    agent = Agent(load(flags, config_file=None, environ={}), out=out)
+    assert agent.nvml_xids is not None  # no kernel log followed, NVML reads the GPUs: on by default
+    loop = threading.Thread(target=agent.run, daemon=True)
+    loop.start()
     try:
-        assert agent.nvml_xids is not None  # no kernel log followed, NVML reads the GPUs: on by default
+        wait_for(lambda: len(out.getvalue().splitlines()) == 1, timeout=10, what="the first batch")  # at start
         fake.xid(0, 79)
-        found: list[bool] = []
-        wait_for(lambda: found.append(agent.poll_logs(0.0)[1]) or found[-1], timeout=10, what="the critical event")
-        (event,) = agent.events
-        assert event.source == "nvml" and event.fields["xid"] == 79
+        # The next ship tick is ten minutes away: a second batch can only be the critical one.
+        wait_for(lambda: len(out.getvalue().splitlines()) == 2, timeout=10, what="the critical batch")
     finally:
-        agent._close_sources()
-    assert fake.initialized == 0
+        agent.stopping.set()
+        loop.join(timeout=10)
+    (event,) = orjson.loads(out.getvalue().splitlines()[1])["logs"]
+    assert event["source"] == "nvml" and event["kind"] == "xid" and event["severity"] == "critical"
+    assert event["fields"]["xid"] == 79 and event["fields"]["pci"] == "0000:18:00"
+    assert not loop.is_alive() and fake.initialized == 0
 
 
 def test_nvml_xids_stay_off_while_the_kernel_log_is_followed_unless_asked(fake: FakeNvml, tmp_path: Path) -> None:
