@@ -19,7 +19,7 @@ import orjson
 import pynvml as real
 import pytest
 
-from agents import bench
+from agents import bench, nvml_xid
 from agents import nvml as agent_nvml
 from agents.agent import Agent
 from agents.config import ConfigError, load
@@ -332,6 +332,28 @@ def test_an_nvml_xid_is_the_event_the_kernel_line_makes_with_source_nvml(fake: F
     assert fell.critical == kernel.critical and fell.severity == kernel.severity
     assert app.fields["xid"] == 13 and not app.critical and app.severity == "error"
     assert xids.drain() == [] and all(s.freed for s in fake.event_sets)
+
+
+def test_a_failing_wait_is_said_once_and_the_watcher_carries_on(
+    fake: FakeNvml, nvml: Nvml, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    monkeypatch.setattr(nvml_xid, "_ERROR_PAUSE_S", 0.01)
+    fake.wait_errors = [real.NVMLError_GpuIsLost(), real.NVMLError_Unknown(), real.NVMLError_Timeout()]
+    xids = open_nvml_xids(nvml)
+    assert xids is not None
+    with caplog.at_level(logging.WARNING, logger="agents.nvml_xid"):
+        xids.start()
+        try:
+            wait_for(lambda: not fake.wait_errors, timeout=10, what="the failing waits")
+            fake.xid(1, 48)
+            events: list[Any] = []
+            wait_for(lambda: bool(events.__iadd__(xids.drain())), timeout=10, what="the Xid after them")
+        finally:
+            xids.close()
+    assert [e.fields["xid"] for e in events] == [48] and events[0].critical
+    assert [r.getMessage() for r in caplog.records] == [
+        "waiting for NVML Xid events failed: GPU is lost (trying again every 0.01 s)"
+    ]
 
 
 def test_an_nvml_xid_79_makes_the_agent_ship_at_once(fake: FakeNvml, tmp_path: Path) -> None:

@@ -102,6 +102,7 @@ class FakeNvml:
         self.samples: dict[int, tuple[int, dict[int, float]] | None] = {}  # live GPM samples by address
         self._keep: list[Any] = []  # the GPM sample structures, alive while allocated
         self.event_sets: list[_EventSet] = []
+        self.wait_errors: list[Exception] = []  # raised by the next waits, in order (a driver in trouble)
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -337,6 +338,8 @@ class FakeNvml:
         self._count("nvmlEventSetWait_v2")
         if event_set.freed:
             raise real.NVMLError_InvalidArgument()
+        if self.wait_errors:
+            raise self.wait_errors.pop(0)
         try:
             return event_set.events.get(timeout=timeoutms / 1000)
         except queue.Empty:
