@@ -29,8 +29,10 @@ import orjson
 from agents.config import AgentConfig
 from agents.events import Event
 from agents.follow import GlobFollower, LineSource, Position, open_kernel_log
-from agents.gpu import DcgmExporter, GpuReading, GpuSource, open_nvml
+from agents.gpu import DcgmExporter, GpuReading, GpuSource
 from agents.node import NodeCollectors
+from agents.nvml import Nvml, open_nvml
+from agents.nvml_xid import NvmlXids, open_nvml_xids
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
 from agents.procs import ProcessScanner, Worker
@@ -133,6 +135,7 @@ class Agent:
         self.scanner = ProcessScanner(job_env=config.job_env, watch_pid=config.watch_pid)
         self._scan_lock = threading.Lock()  # the loop and a stack-dump thread both scan
         self.gpus: GpuSource | None = DcgmExporter(config.dcgm_url) if config.dcgm_url else open_nvml()
+        self.nvml_xids = self._open_nvml_xids()
         # Network ports, the host and the watched volumes: read once per ship tick, not every GPU sample.
         self.node = NodeCollectors(sysfs_root=config.sysfs_root, procfs_root=config.procfs_root, volumes=config.volumes)
         self.node.prime()
@@ -165,6 +168,20 @@ class Agent:
             log.warning("cannot follow the kernel log %s: %s", spec, exc)
             return None
 
+    def _open_nvml_xids(self) -> NvmlXids | None:
+        """NVML's Xid events: by default when no kernel log is followed and NVML reads the GPUs (--nvml-xid)."""
+        mode = self.config.nvml_xid
+        nvml = self.gpus if isinstance(self.gpus, Nvml) else None
+        if mode == "off" or self.config.once or (mode == "auto" and (self.kernel is not None or nvml is None)):
+            return None  # `--once` reads what is there: events are only what happens while it waits
+        xids = open_nvml_xids(nvml)
+        if xids is not None:
+            log.info("reading Xids from NVML events on %d GPUs", xids.watching)
+            xids.start()
+        elif mode == "on":
+            log.warning("--nvml-xid on, but no GPU offers NVML Xid events (see above)")
+        return xids
+
     def _stream(self, name: str, make: Callable[[], KernelLogParser | TrainingLogParser]) -> _Stream:
         stream = self._streams.get(name)
         if stream is None:
@@ -185,6 +202,8 @@ class Agent:
                 path, lambda path=path: TrainingLogParser(step_patterns=self.step_patterns, path=path)
             )
             read += self._feed(stream, lines, wall, now)
+        if self.nvml_xids is not None:
+            self.events += self.nvml_xids.drain()  # from its thread: critical ones ship at once like kernel ones
         for stream in self._streams.values():
             if stream.pending and now - stream.last_line >= IDLE_FLUSH:
                 self.events += stream.parser.flush(now=wall)
@@ -454,6 +473,8 @@ class Agent:
         if self.kernel is not None:
             self.kernel.close()
         self.logs.close()
+        if self.nvml_xids is not None:
+            self.nvml_xids.close()
         if self.gpus is not None:
             self.gpus.close()
         self.node.close()

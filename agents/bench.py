@@ -158,7 +158,15 @@ def _shipped(endpoints: dict[str, Any]) -> tuple[int, int, int, int]:
 
 
 def run_bench(
-    *, duration: float, warmup: float, sample_interval: float, ship_interval: float, gpus: int, logs: int, rate: float
+    *,
+    duration: float,
+    warmup: float,
+    sample_interval: float,
+    ship_interval: float,
+    gpus: int,
+    logs: int,
+    rate: float,
+    gpu_source: str = "dcgm",
 ) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="faultline-bench-agent-") as tmp,
@@ -180,14 +188,15 @@ def run_bench(
         stop = threading.Event()
         writer = threading.Thread(target=_write_logs, args=(paths, rate, stop), daemon=True)
         writer.start()
+        launcher, gpu_flags, env = _gpu_source(gpu_source, gpus, endpoints["url"])
         command = [
-            sys.executable, "-m", "faultline", "agent", "--server", endpoints["url"], "--token", "bench",
+            *launcher, "agent", "--server", endpoints["url"], "--token", "bench",
             "--node-name", "bench-node", "--sample-interval", str(sample_interval),
-            "--ship-interval", str(ship_interval), "--dcgm-url", endpoints["url"] + "/metrics",
+            "--ship-interval", str(ship_interval), *gpu_flags,
             "--kmsg", "none", "--spool-dir", str(root / "spool"), *[a for p in paths for a in ("--log", str(p))],
             *node.agent_args,
         ]  # fmt: skip
-        agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "wb"))  # noqa: SIM115
+        agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "wb"), env=env)  # noqa: SIM115
         try:
             print(
                 f"agent started (pid {agent.pid}); warming up {warmup:g} s, then measuring {duration:g} s", flush=True
@@ -212,6 +221,7 @@ def run_bench(
                 w.wait()
     requests_per_s = batches / elapsed
     return {
+        "gpu_source": gpu_source,
         "sample_interval_s": sample_interval,
         "ship_interval_s": ship_interval,
         "gpus": gpus,
@@ -234,6 +244,68 @@ def run_bench(
     }
 
 
+# -- the NVML source (agents/nvml.py), with tests/fakes/nvml.py standing in for the driver -------------------
+
+# The agent, started with the fake pynvml in place of the real one (a source checkout: tests/ is not installed).
+_FAKE_NVML_AGENT = (
+    "import sys; from tests.fakes.nvml import install; install({gpus}); "
+    "from faultline.cli import main; sys.exit(main())"
+)
+
+
+def _gpu_source(gpu_source: str, gpus: int, url: str) -> tuple[list[str], list[str], dict[str, str]]:
+    """(how to start the agent, its GPU flags, its environment) for dcgm-exporter or the fake NVML."""
+    if gpu_source == "dcgm":
+        return [sys.executable, "-m", "faultline"], ["--dcgm-url", url + "/metrics"], dict(os.environ)
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / "tests" / "fakes" / "nvml.py").exists():
+        raise SystemExit("--gpu-source nvml-fake needs a source checkout (tests/fakes/nvml.py)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    return [sys.executable, "-c", _FAKE_NVML_AGENT.format(gpus=int(gpus))], [], env
+
+
+def nvml_source_cost(*, gpus: int, sample_interval: float, seconds: float = 60.0) -> dict[str, Any]:
+    """The NVML reader's own cost over `seconds` of agent time on the fake: calls and CPU per read, share of a core.
+
+    Reads back to back, the clock advanced by `sample_interval` per read, so the slow readings (agents/nvml.py
+    SLOW_PERIOD_S) come in the proportion they do in a real run. The fake answers in microseconds of Python; a
+    driver call costs more (an ioctl), so the calls per second are the figure to carry to real hardware."""
+    from agents.nvml import Nvml
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.fakes.nvml import FakeNvml  # a source checkout only, like the agent started above
+
+    fake = FakeNvml(gpus)
+    fake.nvmlInit()
+    reader = Nvml(fake, gpus)
+    reads = max(1, round(seconds / sample_interval))
+    clock = [time.monotonic()]
+    reader.clock = lambda: clock[0]
+    try:
+        reader.read()  # the first read takes everything once; the steady state is what counts
+        fake.calls.clear()
+        cpu0 = time.thread_time()
+        fields = 0
+        for _ in range(reads):
+            clock[0] += sample_interval
+            fields += sum(len(r.fields) for r in reader.read())
+        cpu = time.thread_time() - cpu0
+    finally:
+        reader.close()
+    per_read_ms = 1000 * cpu / reads
+    return {
+        "gpus": gpus,
+        "sample_interval_s": sample_interval,
+        "reads": reads,
+        "nvml_calls_per_read": round(fake.total_calls() / reads, 1),
+        "nvml_calls_per_s": round(fake.total_calls() / reads / sample_interval, 1),
+        "fields_per_read": round(fields / reads, 1),
+        "cpu_ms_per_read": round(per_read_ms, 3),
+        "cpu_pct_of_one_core": round(per_read_ms / 10 / sample_interval, 3),
+        "share_of_agent_budget_pct": round(100 * per_read_ms / 10 / sample_interval / CPU_TARGET_PCT, 1),
+    }
+
+
 def add_parser(bench_sub: Any) -> None:
     agent = bench_sub.add_parser(
         "agent",
@@ -252,6 +324,13 @@ def add_parser(bench_sub: Any) -> None:
     agent.add_argument("--logs", type=int, default=2, help="followed training logs (default 2)")
     agent.add_argument("--lines-per-second", type=float, default=5.0, help="per log (default 5)")
     agent.add_argument("--json", type=Path, help="also write the figures to this file")
+    agent.add_argument(
+        "--gpu-source",
+        choices=["dcgm", "nvml-fake"],
+        default="dcgm",
+        help="GPU counters from a dcgm-exporter page (default), or through NVML with a fake driver of --gpus "
+        "H100s (tests/fakes/nvml.py; a source checkout), whose reader's own share is printed too",
+    )
 
 
 def _print_table(runs: dict[str, dict[str, Any]]) -> None:
@@ -285,12 +364,17 @@ def _print_budget(runs: dict[str, dict[str, Any]]) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = {"duration": args.duration, "warmup": args.warmup, "gpus": args.gpus, "logs": args.logs}
     settings["rate"] = args.lines_per_second
+    settings["gpu_source"] = args.gpu_source
     label = f"sample {args.sample_interval:g}s/ship {args.ship_interval:g}s"
     runs = {label: run_bench(sample_interval=args.sample_interval, ship_interval=args.ship_interval, **settings)}
     if not args.no_baseline and (args.sample_interval, args.ship_interval) != (1.0, 1.0):
         runs["ship every 1s"] = run_bench(sample_interval=1.0, ship_interval=1.0, **settings)
     _print_table(runs)
     _print_budget(runs)
+    if args.gpu_source == "nvml-fake":
+        runs["nvml source"] = nvml_source_cost(gpus=args.gpus, sample_interval=args.sample_interval)
+        print("\nthe NVML reader alone (fake driver):")
+        _print_table({"nvml source": runs["nvml source"]})
     if args.json:
         args.json.write_text(orjson.dumps(runs, option=orjson.OPT_INDENT_2).decode())
     return 0

@@ -43,6 +43,14 @@ def add_parser(sub: Any) -> None:
     )
     agent.add_argument("--dcgm-url", help="dcgm-exporter endpoint, e.g. http://localhost:9400/metrics (default: NVML)")
     agent.add_argument(
+        "--nvml-xid",
+        nargs="?",
+        const="on",
+        choices=["auto", "on", "off"],
+        help="Xids from NVML events as well as the kernel log: 'on' (the flag alone), 'off', or 'auto' (the default: "
+        "when no kernel log is followed and NVML reads the GPUs, as in a container without /dev/kmsg)",
+    )
+    agent.add_argument(
         "--kmsg",
         help="kernel log: /dev/kmsg, a file (dmesg or kern.log output), 'journald', or 'none' "
         "(default: /dev/kmsg when readable)",
@@ -98,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             "sample_interval",
             "ship_interval",
             "dcgm_url",
+            "nvml_xid",
             "kmsg",
             "logs",
             "watch_pid",

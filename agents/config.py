@@ -16,6 +16,7 @@ from agents.procs import DEFAULT_JOB_ENV
 ENV_PREFIX = "FAULTLINE_AGENT_"
 DEFAULT_SAMPLE_INTERVAL = 1.0
 DEFAULT_SHIP_INTERVAL = 5.0
+NVML_XID_MODES = ("auto", "on", "off")
 # `interval`, the agent's first setting, meant "seconds between batches" (one GPU scrape per batch): it is
 # the ship interval now, and the sample interval follows it down below one second.
 _ALIASES = {"interval": "ship_interval"}
@@ -40,6 +41,9 @@ class AgentConfig:
     sample_interval: float | None = None
     ship_interval: float = DEFAULT_SHIP_INTERVAL
     dcgm_url: str | None = None
+    nvml_xid: str = (
+        "auto"  # NVML Xid events: "auto" (when no kernel log is followed and NVML reads the GPUs), "on", "off"
+    )
     kmsg: str = "auto"  # "auto" (/dev/kmsg when readable), "none", "journald", a device or a file
     logs: list[str] = field(default_factory=list)
     watch_pid: int | None = None
@@ -80,6 +84,8 @@ class AgentConfig:
         self._check_intervals()
         if not self.node_name:
             raise ConfigError("--node-name must not be empty")
+        if self.nvml_xid not in NVML_XID_MODES:
+            raise ConfigError(f"--nvml-xid must be one of {', '.join(NVML_XID_MODES)}, not {self.nvml_xid!r}")
 
     def _check_intervals(self) -> None:
         _positive("--ship-interval (or --interval)", self.ship_interval)

@@ -1,7 +1,7 @@
 """GPU counters: scraped from dcgm-exporter (Prometheus text), or read through NVML when there is none.
 
-dcgm-exporter is what clusters already run; NVML (nvidia-ml-py) is the fallback on a node without it.
-Both produce the same thing: per GPU, DCGM field name -> value, plus an inventory of the GPUs.
+dcgm-exporter is what clusters already run; NVML (nvidia-ml-py, agents/nvml.py) is the fallback on a node
+without it. Both produce the same thing: per GPU, DCGM field name -> value, plus an inventory of the GPUs.
 """
 
 from __future__ import annotations
@@ -185,81 +185,3 @@ class DcgmExporter:
 
     def close(self) -> None:
         self._client.close()
-
-
-class Nvml:
-    """Reads the DCGM default counters through NVML, named as dcgm-exporter names them."""
-
-    def __init__(self, pynvml: Any, count: int) -> None:
-        self.nv = pynvml
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        self.inventory = []
-        for i, h in enumerate(self.handles):
-            pci = pynvml.nvmlDeviceGetPciInfo(h).busId
-            self.inventory.append(
-                GpuReading(
-                    i,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
-                    pci_bus_id=_text(pci),
-                    model=_text(pynvml.nvmlDeviceGetName(h)),
-                )
-            )
-
-    def _fields(self, h: Any) -> dict[str, float | None]:
-        nv = self.nv
-        reads = {
-            "DCGM_FI_DEV_GPU_UTIL": lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu,
-            "DCGM_FI_DEV_MEM_COPY_UTIL": lambda: nv.nvmlDeviceGetUtilizationRates(h).memory,
-            "DCGM_FI_DEV_SM_CLOCK": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-            "DCGM_FI_DEV_MEM_CLOCK": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
-            "DCGM_FI_DEV_GPU_TEMP": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
-            "DCGM_FI_DEV_POWER_USAGE": lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
-            "DCGM_FI_DEV_FB_USED": lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20,
-            "DCGM_FI_DEV_FB_FREE": lambda: nv.nvmlDeviceGetMemoryInfo(h).free / 2**20,
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": lambda: nv.nvmlDeviceGetPcieReplayCounter(h),
-            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h),
-            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": lambda: nv.nvmlDeviceGetTotalEccErrors(
-                h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC
-            ),
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": lambda: nv.nvmlDeviceGetTotalEccErrors(
-                h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
-            ),
-        }
-        out: dict[str, float | None] = {}
-        for name, read in reads.items():
-            try:
-                out[name] = float(read())
-            except nv.NVMLError:
-                out[name] = None  # not supported on this GPU, or the GPU is gone: both are worth shipping
-        return out
-
-    def read(self) -> list[GpuReading]:
-        return [
-            GpuReading(g.gpu, self._fields(h), g.uuid, g.pci_bus_id, g.model)
-            for g, h in zip(self.inventory, self.handles, strict=True)
-        ]
-
-    def close(self) -> None:
-        self.nv.nvmlShutdown()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def open_nvml() -> Nvml | None:
-    """NVML when this node has an NVIDIA driver and GPUs; None (said once, by the caller) otherwise."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # ImportError, or NVMLError_LibraryNotFound / DriverNotLoaded on a GPU-less node
-        log.info("no GPU counters: no dcgm-exporter given (--dcgm-url) and NVML is unavailable (%s)", exc)
-        return None
-    count = pynvml.nvmlDeviceGetCount()
-    if count == 0:
-        log.info("no GPU counters: NVML sees no GPU on this node")
-        pynvml.nvmlShutdown()
-        return None
-    return Nvml(pynvml, count)

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -191,94 +190,6 @@ def test_config_precedence_and_errors(tmp_path: Path) -> None:
         load({}, config_file=toml, environ={})
     with pytest.raises(ConfigError, match="http"):
         load({"server": "faultline:8080", "token": "t"}, config_file=None, environ={})
-
-
-class _FakeNvml:
-    """Stands in for pynvml on this GPU-less machine: two GPUs, one without ECC support."""
-
-    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
-    NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 0, 1, 0
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self) -> None:
-        self.shutdown = False
-
-    def nvmlInit(self) -> None:
-        pass
-
-    def nvmlShutdown(self) -> None:
-        self.shutdown = True
-
-    def nvmlDeviceGetCount(self) -> int:
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
-        return type("Pci", (), {"busId": f"00000000:{0x18 + h:02X}:00.0".encode()})
-
-    def nvmlDeviceGetUUID(self, h: int) -> str:
-        return f"GPU-{h}"
-
-    def nvmlDeviceGetName(self, h: int) -> bytes:
-        return b"NVIDIA H100 80GB HBM3"
-
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
-        return type("U", (), {"gpu": 97, "memory": 40})
-
-    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
-        return 1980 if kind == self.NVML_CLOCK_SM else 2619
-
-    def nvmlDeviceGetTemperature(self, h: int, kind: int) -> int:
-        return 60 + h
-
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
-        return 650_000  # milliwatts
-
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
-        return type("M", (), {"used": 70_000 * 2**20, "free": 11_000 * 2**20})
-
-    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
-        if h == 1:
-            raise self.NVMLError("Not Supported")
-        return 0
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args: 1  # the remaining counters
-
-
-def test_nvml_fallback_names_fields_as_dcgm_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _FakeNvml()
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    from agents.gpu import open_nvml
-
-    nvml = open_nvml()
-    assert nvml is not None
-    readings = nvml.read()
-    assert [r.inventory() for r in readings] == [
-        {"index": 0, "uuid": "GPU-0", "pci_bus_id": "00000000:18:00.0", "model": "NVIDIA H100 80GB HBM3"},
-        {"index": 1, "uuid": "GPU-1", "pci_bus_id": "00000000:19:00.0", "model": "NVIDIA H100 80GB HBM3"},
-    ]
-    assert readings[0].fields["DCGM_FI_DEV_POWER_USAGE"] == 650.0 and readings[1].fields["DCGM_FI_DEV_GPU_TEMP"] == 61
-    assert readings[0].fields["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] == 0.0
-    assert readings[0].fields["DCGM_FI_DEV_FB_USED"] == 70_000.0  # MiB, as DCGM reports it
-    assert readings[1].fields["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] is None  # unsupported: missing, not an error
-    nvml.close()
-    assert fake.shutdown
-
-
-def test_no_gpu_is_said_once_and_the_agent_carries_on(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
-    fake = _FakeNvml()
-    monkeypatch.setattr(fake, "nvmlDeviceGetCount", lambda: 0)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    from agents.gpu import open_nvml
-
-    with caplog.at_level("INFO"):
-        assert open_nvml() is None
-    assert "NVML sees no GPU" in caplog.text and fake.shutdown
 
 
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs read and write access to /dev/kmsg")

@@ -194,6 +194,7 @@ def test_odd_input_is_skipped() -> None:
 def test_a_flap_in_counters_and_in_nccl_lines_is_one_incident() -> None:
     """Demarcation: the port's flaps and the NCCL lines about the same node are one network incident, and the
     job's stall folds into it."""
+
     def flap(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
         if node == "node-002" and subject == "ib:mlx5_1/1" and i in (12, 22):
             acc["link_downed"] += 1
