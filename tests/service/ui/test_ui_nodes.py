@@ -398,7 +398,7 @@ def test_the_node_page_shows_its_ports_host_and_volumes(ui, session) -> None:  #
              pcie_max_link_width=16.0, row_remap_pending=1.0)  # fmt: skip
     ports = [
         {"subject": "ib:mlx5_0/1", "port_state": 4.0, "port_rate_gbps": 400.0, "link_downed": 0.0, "symbol_error": 0.0},
-        {"subject": "ib:mlx5_1/1", "port_state": 1.0, "port_rate_gbps": 400.0, "link_downed": 3.0, "symbol_error": 17.0},
+        {"subject": "ib:mlx5_1/1", "port_state": 1.0, "port_rate_gbps": 400.0, "link_downed": 3.0, "symbol_error": 17},
         {"subject": "host", "mem_total_mib": 2e6, "mem_available_mib": 4e4, "psi_mem_some_avg10": 35.0,
          "psi_mem_full_avg10": 9.0, "cpu_util_pct": 41.0},
         {"subject": "vol:/checkpoints", "disk_free_bytes": 2.0 * 2**40, "disk_free_pct": 40.0},
