@@ -39,6 +39,7 @@ from service.diagnosis import frames, state, windows
 from service.models import Job
 
 PEERS_VERSION = 1
+NODE_SIGNALS_VERSION = 1
 ACTIVITY_VERSION = 1
 CONTINUITY_S = 120.0
 _PEER_SPANS = round(CONTINUITY_S / peers.SPAN_S) * peers.HISTORY_FACTOR
@@ -269,7 +270,15 @@ def node_findings(
     names: dict[int, str],
     now: datetime,
 ) -> list[Finding]:
-    """ml.node_signals on the machines whose ports or host stood out in the job's summary of the lookback."""
+    """ml.node_signals on the machines whose ports or host stood out in the job's summary of the lookback; only
+    when a window closed since the last pass (passes come every 5 s, windows every 10 s: the other passes would
+    judge the same windows again and store nothing new)."""
+    cursor, _ = state.load(session, job_id=job.id, detector="node_signals", version=NODE_SIGNALS_VERSION)
+    if cursor is not None and closed <= cursor:
+        return []
+    state.save(
+        session, job_id=job.id, detector="node_signals", version=NODE_SIGNALS_VERSION, cursor=closed, state={}, now=now
+    )
     lo = closed - timedelta(seconds=lookback_s)
     at = node_signals.summary_windows(closed - timedelta(seconds=WINDOW_S), lookback_s)
     table = frames.copy_frame(
