@@ -9,7 +9,7 @@ from agents.parsers.training.common import MAX_MESSAGE, Emit, int_or_none, searc
 from agents.parsers.training.cuda import CUDA_FAILURE, cuda_name
 
 # "host:pid:tid [dev] src.cc:123 NCCL WARN message"
-_NCCL_LINE = re.compile(
+NCCL_LINE = re.compile(
     r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>[\w./-]+:\d+) )?NCCL WARN (?P<msg>.*)"
 )
 _IB = re.compile(
@@ -88,6 +88,8 @@ _SOCKET = re.compile(
     r"connection refused|connection reset|connection abort|failed to execute operation connect"
 )
 _PEER = re.compile(r"(?:to|peer) ([\w.:%-]+?)<(\d+)>")
+# PyTorch 2.x: "Collective WorkNCCL(SeqNum=2, OpType=ALLREDUCE, ...) raised the following async exception: ..."
+_ASYNC_WORK = re.compile(r"WorkNCCL\((?:[^()]*?SeqNum=(?P<seq>\d+))?(?:[^()]*?OpType=(?P<op>\w+))?")
 
 
 def rule_ib(body: str, low: str, emit: Emit, rank: int | None) -> bool:
@@ -106,9 +108,9 @@ def rule_ib(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         found = regex.search(body, m.end())
         if found:
             fields[name] = found.group(1)
-    nccl = _NCCL_LINE.search(body)
+    nccl = NCCL_LINE.search(body)
     if nccl:
-        fields.update(_nccl_prefix(nccl))
+        fields.update(nccl_prefix(nccl))
     emit("ib_error", "error", fields, critical=True)
     # A NCCL error whose "Last error:" is the IB completion: report both.
     return not _NCCL_ERROR_HINT.search(body)
@@ -121,16 +123,16 @@ def ib_line_may_go_on(body: str) -> bool:
 
 def continues_ib_line(body: str) -> bool:
     """Whether `body` is the rest of a wrapped IB error line rather than a message of its own."""
-    return not (len(body) > _IB_CUT_MAX or _NCCL_LINE.search(body) or "NCCL" in body or not body.strip())
+    return not (len(body) > _IB_CUT_MAX or NCCL_LINE.search(body) or "NCCL" in body or not body.strip())
 
 
 def rule_nccl_warn(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     if "NCCL WARN" not in body:
         return False
-    m = _NCCL_LINE.search(body)
+    m = NCCL_LINE.search(body)
     if not m:
         return False
-    fields = _nccl_prefix(m)
+    fields = nccl_prefix(m)
     message = m.group("msg").strip()
     fields["message"] = message
     if "Cuda failure" in message or "CUDA failure" in message:
@@ -164,6 +166,9 @@ def rule_nccl_error(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         found = regex.search(body)
         if found:
             fields[name] = found.group(1)
+    work = _ASYNC_WORK.search(body) if "WorkNCCL(" in body else None
+    if work:  # the collective that raised it
+        fields["seq"], fields["op"] = int_or_none(work.group("seq")), work.group("op")
     last = _NCCL_LAST.search(body)
     if last:
         fields["last_error"] = last.group(1).strip()
@@ -187,7 +192,8 @@ def _nccl_code(body: str, low: str) -> str | None:
     return None
 
 
-def _nccl_prefix(m: re.Match[str]) -> dict[str, Any]:
+def nccl_prefix(m: re.Match[str]) -> dict[str, Any]:
+    """host, pid, tid, device and source location of a `NCCL_LINE` match."""
     return {
         "host": m.group("host"),
         "pid": int(m.group("pid")),

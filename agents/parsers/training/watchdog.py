@@ -1,4 +1,5 @@
-"""Collectives that hang: ProcessGroupNCCL's watchdog timeouts and its desync report, Gloo and store timeouts."""
+"""Collectives that hang: ProcessGroupNCCL's watchdog timeouts, its stuck-watchdog and flight-recorder dump notices,
+its desync report, and Gloo and store timeouts."""
 
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ _WD_EXC = re.compile(
     _TAG + r"(?:Exception \(either an error or timeout\) detected by watchdog "
     r"at work|(?P<timeout>Timeout) at NCCL work): (?P<seq>\d+)(?:, last enqueued NCCL work: (?P<enq>-?\d+))?"
     r"(?:, last completed NCCL work: (?P<done>-?\d+))?"
+)
+# The heartbeat monitor: the watchdog thread itself stopped making progress (a CUDA/NCCL call hangs).
+_STUCK = re.compile(_TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?ProcessGroupNCCL's watchdog got stuck for (?P<secs>\d+) seconds")
+_HEARTBEAT = re.compile(
+    _TAG + r"Heartbeat monitor timed out!(?:.*?workMetaList_\.size\(\)\s*=\s*(?P<work>\d+))?"
+)
+# The flight recorder's dump: "preparing to dump debug info", "Terminating the process after attempting to dump".
+_DUMP = re.compile(
+    _TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?(?:ProcessGroupNCCL (?P<prep>preparing to dump debug info)"
+    r"|(?P<term>Terminating the process after attempting to dump debug info)(?:, due to (?P<reason>.+?))?\.?\s*$)"
 )
 _TAG_RANK = re.compile(r"Rank (\d+)")
 _TAG_PG = re.compile(r"PG (?:ID )?(\d+)")
@@ -45,8 +56,28 @@ _MONITORED_BARRIER = re.compile(r"Rank (\d+) failed to pass monitoredBarrier in 
 
 
 def rule_watchdog(body: str, low: str, emit: Emit, rank: int | None) -> bool:
-    if "atchdog" not in body and "at NCCL work" not in body:
+    if "atchdog" not in body and "at NCCL work" not in body and "Heartbeat monitor" not in body and (
+        "dump debug info" not in body
+    ):
         return False
+    if "got stuck for" in body or "Heartbeat monitor" in body:
+        m = _STUCK.search(body) or _HEARTBEAT.search(body)
+        if m:
+            groups = m.groupdict()
+            fields = {
+                "category": "heartbeat_monitor" if "Heartbeat monitor" in m.group(0) else "watchdog_stuck",
+                "timeout_s": int_or_none(groups.get("secs")),
+                "pending_work": int_or_none(groups.get("work")),
+                **_tag(m.group("tag")),
+            }
+            emit("watchdog_stuck", "error", fields, _tag_rank(fields, rank), critical=True)
+            return True
+    if "dump debug info" in body:
+        m = _DUMP.search(body)
+        if m:
+            fields = {"terminating": m.group("term") is not None, "reason": m.group("reason"), **_tag(m.group("tag"))}
+            emit("flight_recorder_dump", "warning", fields, _tag_rank(fields, rank))
+            return True
     m = _WATCHDOG.search(body)
     if m:
         args = m.group("args")
