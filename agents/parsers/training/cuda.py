@@ -99,8 +99,12 @@ def rule_oom(body: str, low: str, emit: Emit, rank: int | None) -> bool:
 
 
 def rule_cuda(body: str, low: str, emit: Emit, rank: int | None) -> bool:
-    if "cuda" not in low and "cublas" not in low and "cudnn" not in low and "device-side assert" not in low and (
-        "THCudaCheck" not in body
+    if (
+        "cuda" not in low
+        and "cublas" not in low
+        and "cudnn" not in low
+        and "device-side assert" not in low
+        and ("THCudaCheck" not in body)
     ):
         return False
     fields: dict[str, Any] = {}
@@ -126,9 +130,9 @@ def rule_cuda(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     if message is None:
         legacy = _THC_CHECK.search(body)
         if legacy:
-            message, fields["cuda_code"], fields["src"] = legacy.group(4), int(legacy.group(3)), (
-                f"{legacy.group(1)}:{legacy.group(2)}"
-            )
+            message = legacy.group(4)
+            fields["cuda_code"] = int(legacy.group(3))
+            fields["src"] = f"{legacy.group(1)}:{legacy.group(2)}"
         else:
             legacy = _THC_RUNTIME.search(body)
             if legacy:

@@ -29,7 +29,8 @@ def rule_loss_scale(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     if "overflow" not in low and "loss scale" not in low:
         return False
     if _MINIMUM.search(body):
-        fields: dict[str, Any] = {"reason": "loss_scale_minimum", "grad_norm": "inf", "message": body.strip()[:MAX_MESSAGE]}
+        message = body.strip()[:MAX_MESSAGE]
+        fields: dict[str, Any] = {"reason": "loss_scale_minimum", "grad_norm": "inf", "message": message}
         emit("grad_norm_nan", "error", fields, rank_in(body, rank))
         return True
     if "OVERFLOW" in body or "Gradient overflow" in body:

@@ -114,9 +114,8 @@ def rule_ib_verbs(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         event = m.group("event").strip()
         name = IBV_EVENTS.get(event.lower())
         fatal = name in FATAL_EVENTS or (name is None and ("error" in event.lower() or "fatal" in event.lower()))
-        fields.update(
-            {"event": event, "event_name": name, "ib_device": m.group("dev"), "port": _int(m.group("port")), "fatal": fatal}
-        )
+        fields.update({"event": event, "event_name": name, "ib_device": m.group("dev"), "port": _int(m.group("port"))})
+        fields["fatal"] = fatal
         emit("ib_async_event", "error" if fatal else "warning", fields, critical=fatal)
         return True
     m = _OFI_REGISTER.search(body)

@@ -23,10 +23,10 @@ _WD_EXC = re.compile(
     r"(?:, last completed NCCL work: (?P<done>-?\d+))?"
 )
 # The heartbeat monitor: the watchdog thread itself stopped making progress (a CUDA/NCCL call hangs).
-_STUCK = re.compile(_TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?ProcessGroupNCCL's watchdog got stuck for (?P<secs>\d+) seconds")
-_HEARTBEAT = re.compile(
-    _TAG + r"Heartbeat monitor timed out!(?:.*?workMetaList_\.size\(\)\s*=\s*(?P<work>\d+))?"
+_STUCK = re.compile(
+    _TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?ProcessGroupNCCL's watchdog got stuck for (?P<secs>\d+) seconds"
 )
+_HEARTBEAT = re.compile(_TAG + r"Heartbeat monitor timed out!(?:.*?workMetaList_\.size\(\)\s*=\s*(?P<work>\d+))?")
 # The flight recorder's dump: "preparing to dump debug info", "Terminating the process after attempting to dump".
 _DUMP = re.compile(
     _TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?(?:ProcessGroupNCCL (?P<prep>preparing to dump debug info)"
@@ -56,8 +56,11 @@ _MONITORED_BARRIER = re.compile(r"Rank (\d+) failed to pass monitoredBarrier in 
 
 
 def rule_watchdog(body: str, low: str, emit: Emit, rank: int | None) -> bool:
-    if "atchdog" not in body and "at NCCL work" not in body and "Heartbeat monitor" not in body and (
-        "dump debug info" not in body
+    if (
+        "atchdog" not in body
+        and "at NCCL work" not in body
+        and "Heartbeat monitor" not in body
+        and ("dump debug info" not in body)
     ):
         return False
     if "got stuck for" in body or "Heartbeat monitor" in body:
