@@ -27,7 +27,7 @@ _THC_RUNTIME = re.compile(r"(?i)cuda runtime error \((\d+)\)\s*:\s*(.+?)(?:\s+at
 _THC_CHECK = re.compile(r"THCudaCheck FAIL file=(\S+) line=(\d+) error=(\d+)\s*:\s*(.+?)\s*$")
 # One line per failing GPU thread: "/path/Indexing.cu:218: block: [0,0,0], thread: [106,0,0] Assertion `x` failed."
 _KERNEL_ASSERT = re.compile(
-    r"(?P<src>\S+:\d+): (?:\w+: )?block: \[(?P<block>[\d,]+)\], thread: \[(?P<thread>[\d,]+)\] "
+    r"(?P<src>\S+:\d+): (?:\S{1,200}?: )?block: \[(?P<block>[\d,]+)\], thread: \[(?P<thread>[\d,]+)\] "
     r"Assertion `(?P<cond>.*)` failed\."
 )
 # (substring of the lowercased message, error name); the first that fits names the error.
