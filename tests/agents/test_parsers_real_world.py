@@ -345,3 +345,23 @@ def test_prose_is_not_progress() -> None:
     assert of(parse("We ran this for 3 iterations: it failed each time"), "step") == []
     assert of(parse("Iteration 3 of the sweep used lr 0.1"), "step") == []
     assert parse("[INFO] [stage2.py:1628:step] reduced bucket size") == []
+
+
+def test_nan_and_oom_wordings_beyond_the_step_lines() -> None:
+    # the Trainer's closing summary and an eval dict name their loss with a prefix
+    summary = one("{'train_runtime': 1234.5, 'train_samples_per_second': 3.2, 'train_loss': nan, 'epoch': 3.0}")
+    assert summary.kind == "nan_loss"
+    assert one("{'eval_loss': nan, 'eval_runtime': 12.1, 'epoch': 1.0}").kind == "nan_loss"
+    # autograd's anomaly mode names the backward function that produced it
+    autograd = one("RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.")
+    assert autograd.kind == "grad_norm_nan"
+    # the host's allocator, not a GPU's
+    host = one(
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: not enough memory: "
+        "you tried to allocate 21474836480 bytes."
+    )
+    assert host.kind == "oom" and host.fields["host"] is True and host.fields["tried_bytes"] == 21474836480
+    # a registration failure in a plugin's own words
+    reg = one("gpu1:12:13 [0] NCCL WARN NET/IB : Failed to register memory: Cannot allocate memory")
+    assert reg.kind == "ib_verbs_error" and reg.fields["errno"] == "ENOMEM" and reg.fields["hint"] == "memlock"
+    assert parse("Using fp16 inference mode with loss scaling disabled") == []

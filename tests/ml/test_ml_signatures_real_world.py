@@ -94,3 +94,11 @@ def test_megatron_nan_reaches_the_training_metrics() -> None:
     [f] = metrics(records)
     assert f.category == "nan" and f.evidence["metric"] == "loss" and f.evidence["first_step"] == 106
     assert f.action == "rollback"
+
+
+def test_host_oom_is_not_a_gpu_oom() -> None:
+    host = rec("oom", "node-a", 0, tried_bytes=21474836480, gpu=None, host=True)
+    gpu = rec("oom", "node-a", 1, tried_bytes=1024, gpu=0)
+    found = detect([host, gpu])
+    assert only(found, key="oom:host").evidence["tried_bytes"] == [21474836480]
+    assert only(found, key="oom:gpu").evidence["tried_bytes"] == [1024]

@@ -56,8 +56,10 @@ _CUDA_NAMES: tuple[tuple[str, str], ...] = (
 _OOM = re.compile(
     r"(?:CUDA|HIP|XPU|MPS) out of memory|OutOfMemoryError|CUDA error: out of memory|Cuda failure 'out of memory'"
     r"|(?i:cuda runtime error \(2\)\s*:\s*out of memory)|THCudaCheck FAIL .{0,300}error=2 : out of memory"
+    r"|(?P<host>DefaultCPUAllocator: (?:not enough memory|can't allocate memory))"
 )
 _BYTES = r"[\d.]+ ?(?:[KMGTP]i?B|bytes|B)"  # "20.00 MiB", "1.5 GB", "512 bytes"
+_CPU_TRIED = re.compile(r"you tried to allocate (\d+) bytes")
 _OOM_TRIED = re.compile(rf"Tried to allocate ({_BYTES})")
 _OOM_GPU = re.compile(r"\bGPU (\d+)")
 _OOM_TOTAL = re.compile(rf"total capac\w* of ({_BYTES})|({_BYTES}) total capacity")
@@ -76,9 +78,20 @@ def cuda_name(message: str) -> str:
 
 
 def rule_oom(body: str, low: str, emit: Emit, rank: int | None) -> bool:
-    if "memory" not in low or not _OOM.search(body):
+    if "memory" not in low:
+        return False
+    m = _OOM.search(body)
+    if not m:
         return False
     fields: dict[str, Any] = {"tried_bytes": None, "gpu": None}
+    if m.group("host"):  # the host's memory, not a GPU's: "you tried to allocate 123 bytes"
+        fields["host"] = True
+        tried = _CPU_TRIED.search(body)
+        if tried:
+            fields["tried_bytes"] = int(tried.group(1))
+        fields["message"] = body[m.start() :].strip()[:MAX_MESSAGE]
+        emit("oom", "error", fields, critical=True)
+        return True
     tried = _OOM_TRIED.search(body)
     if tried:
         fields["tried_bytes"] = _size(tried.group(1))

@@ -85,7 +85,10 @@ _WINDOW = 20  # recent values the spike check compares with
 _MIN_HISTORY = 5  # values needed before judging a spike
 
 # NaN/inf reported in words, not on a step line: "loss is nan", "grad norm is inf at rank 3".
-_NAN_LOSS = re.compile(r"(?i)\bloss\b[^|\n]{0,40}?\b(?:nan|inf)\b|\b(?:nan|inf)\b[^|\n]{0,20}?\bloss\b")
+# "train_loss': nan" and "eval_loss: nan" too: a loss named with a prefix is still a loss.
+_NAN_LOSS = re.compile(r"(?i)(?:\b|_)loss(?:es)?\b[^|\n]{0,40}?\b(?:nan|inf)\b|\b(?:nan|inf)\b[^|\n]{0,20}?\bloss\b")
+# autograd's anomaly mode: "Function 'MulBackward0' returned nan values in its 0th output."
+_NAN_AUTOGRAD = re.compile(r"(?i)returned (?:nan|inf) values in its \w+ output")
 _NAN_GRAD = re.compile(
     r"(?i)\bgrad(?:ient)?s?[ _-]?norm\b[^|\n]{0,40}?\b(?:nan|inf)\b"
     r"|\b(?:nan|inf)\b[^|\n]{0,40}?\bgrad(?:ient)?s?[ _-]?norm\b"
@@ -180,9 +183,13 @@ class Progress:
 
 def rule_nan(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     """A NaN/inf loss or grad norm reported in words (step lines are judged by `Progress`)."""
-    if not (("loss" in low or "norm" in low) and ("nan" in low or "inf" in low)):
+    if "nan" not in low and "inf" not in low:
         return False
-    if _NAN_GRAD.search(body):
+    if "returned" in low and _NAN_AUTOGRAD.search(body):
+        kind = "grad_norm_nan"  # a backward function produced the NaN: the gradients carry it
+    elif "loss" not in low and "norm" not in low:
+        return False
+    elif _NAN_GRAD.search(body):
         kind = "grad_norm_nan"
     elif _NAN_LOSS.search(body):
         kind = "nan_loss"

@@ -25,7 +25,11 @@ _VERBS_CALL = re.compile(
     r"(?:(?: with error|:| with)\s*(?P<error>.*?))?\s*$"
 )
 # aws-ofi-nccl: "NET/OFI Unable to register memory (type = 1) for device 0. RC: 12, Error: Cannot allocate memory"
-_OFI_REGISTER = re.compile(r"Unable to register memory.*?RC: ?(?P<rc>-?\d+)(?:, Error: (?P<error>.*?))?\s*$")
+# (and other plugins' "Failed to register memory ...: Cannot allocate memory")
+_OFI_REGISTER = re.compile(
+    r"(?:Unable|Failed|Could not) (?:to )?register memory"
+    r"(?:.*?RC: ?(?P<rc>-?\d+)(?:, Error: (?P<error>.*?))?|.*?(?:[:,] |error )(?P<text>[A-Z][a-z][^:,]{3,60}))?\s*$"
+)
 # "NET/IB : Got async event : port error", "NET/IB : mlx5_0:1 Got async event : local access violation ..."
 _ASYNC = re.compile(r"(?:(?P<dev>[\w-]+):(?P<port>\d+) )?Got async event\s*:\s*(?P<event>[^:]+?)\s*(?:$|event type)")
 _ERRNO_NUM = re.compile(r"^-?(\d{1,3})\b")
@@ -120,8 +124,11 @@ def rule_ib_verbs(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         return True
     m = _OFI_REGISTER.search(body)
     if m:
-        call, error = "fi_mr_reg", m.group("error") or m.group("rc")
-        name = errno_name(m.group("rc")) or errno_name(m.group("error"))
+        call, error = (
+            "fi_mr_reg" if "OFI" in body else "register_memory",
+            m.group("error") or m.group("text") or m.group("rc"),
+        )
+        name = errno_name(m.group("rc")) or errno_name(error)
     else:
         m = _VERBS_CALL.search(body)
         if not m:
