@@ -72,6 +72,7 @@ class FileScore:
     expected: int
     recognized: int
     missed: list[str] = field(default_factory=list)
+    extra: int = 0  # events of an expected kind beyond the count expected (a line read twice, a false step)
     unexplained: int = 0  # unmatched_error events: an error the parsers saw but could not name
     false_alarms: int = 0  # critical events from a benign sample
     kinds: Counter[str] = field(default_factory=Counter)
@@ -183,6 +184,7 @@ def score(fixture: Fixture, events: Sequence[Event] | None = None) -> FileScore:
             1 for e in events if e.kind == item.kind and (item.error_kind is None or item.error_kind in _error_kinds(e))
         )
         result.recognized += min(found, item.count)
+        result.extra += max(0, found - item.count)
         if found < item.count:
             result.missed.append(f"{item.label()} (found {found})")
     result.unexplained = result.kinds.get("unmatched_error", 0)
@@ -203,10 +205,12 @@ def measure(paths: Iterable[Path]) -> Report:
 
 def format_report(report: Report, *, verbose: bool = False) -> str:
     """The per-file table and the totals, as printed by the CLI."""
-    rows = [f"{'file':<58} {'lines':>5} {'expect':>6} {'found':>5} {'rate':>6} {'unexpl':>6}"]
+    rows = [f"{'file':<58} {'lines':>5} {'expect':>6} {'found':>5} {'rate':>6} {'extra':>5} {'unexpl':>6}"]
     for f in report.files:
         rate = f"{f.recognized / f.expected:.0%}" if f.expected else ("ok" if not f.false_alarms else "ALARM")
-        rows.append(f"{f.name[:58]:<58} {f.lines:>5} {f.expected:>6} {f.recognized:>5} {rate:>6} {f.unexplained:>6}")
+        rows.append(
+            f"{f.name[:58]:<58} {f.lines:>5} {f.expected:>6} {f.recognized:>5} {rate:>6} {f.extra:>5} {f.unexplained:>6}"
+        )
         if f.missed:
             rows.append(f"    missed: {'; '.join(f.missed)}")
         if f.false_alarms:
@@ -216,7 +220,7 @@ def format_report(report: Report, *, verbose: bool = False) -> str:
     labeled = sum(1 for f in report.files if f.expected or f.false_alarms == 0)
     rows.append(
         f"TOTAL files={len(report.files)} labeled={labeled} lines={report.lines} expected={report.expected} "
-        f"recognized={report.recognized} rate={report.rate:.1%} "
+        f"recognized={report.recognized} rate={report.rate:.1%} extra={sum(f.extra for f in report.files)} "
         f"unexplained={sum(f.unexplained for f in report.files)} "
         f"false_alarms={sum(f.false_alarms for f in report.files)}"
     )

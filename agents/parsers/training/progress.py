@@ -38,26 +38,34 @@ DEFAULT_STEP_PATTERNS: tuple[str, ...] = (
     r"""(?=(?:.*?['"]learning_rate['"]: (?P<lr>[^,}]+))?)"""
     r"""(?=(?:.*?['"]step['"]: (?P<step>\d+))?)""",
     # tqdm training bars (Trainer, Lightning "Epoch 0: ..."), not dataset/eval bars:
-    # "  5%|▌         | 50/1000 [00:10<03:10,  5.00it/s, loss=2.6]", Lightning's "train_loss_step=2.6"
+    # "  5%|▌         | 50/1000 [00:10<03:10,  5.00it/s, loss=2.6]", Lightning's "train_loss_step=2.6", any
+    # "<name>_loss=" a training script puts in its bar
     r"^(?:\s*|Epoch \d+:\s*|(?:Training|Train|Steps?|Iteration)s?:?\s*)"
     r"\d{1,3}%\|[^|]{0,200}\|\s*(?P<step>\d+)/(?P<total>\d+)\b"
-    r"(?=(?:[^\]]*?(?<![\w.])(?:train_|reduced_train_|avr_)?loss(?:_step)?=(?P<loss>[^\s,\]]+))?)",
+    r"(?=(?:[^\]]*?(?<![\w.])(?:\w+_)?loss(?:_step)?=(?P<loss>[^\s,\]]+))?)",
     # DeepSpeed's log_dist: "[Rank 0] step=35, skipped=0, lr=[2.17e-06, 2.17e-06], mom=[[0.9, 0.95]]"
     r"\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+)(?=(?:.*?\blr=\[?(?P<lr>[-+\w.]+))?)",
-    # mmengine / mmcv runners: "Epoch(train) [1][240/735]  lr: 1.9e-04 ... loss: 2.51  grad_norm: nan",
-    # "Iter [10100/316440]	lr: 3.990e-04, ..., loss: nan, grad_norm: nan", "Epoch [1][100/62598]	lr: ..."
-    r"\b(?:Epoch|Iter)(?:\(train\))?\s*(?:\[\d+\])?\s*\[\s*(?P<step>\d+)/(?P<total>\d+)\]"
+    # mmengine / mmcv runners and the PyTorch examples' meters: "Epoch(train) [1][240/735]  lr: 1.9e-04 ...
+    # loss: 2.51  grad_norm: nan", "Iter [10100/316440]	lr: 3.990e-04, ..., loss: nan", "Epoch [1][100/62598]",
+    # "Epoch: [21][1390/1930]  Time 0.690 (0.986) ... Loss 2.5681 (10.9521)", "Epoch: [127/300][ 35/464]"
+    r"\b(?:Epoch|Iter)(?:\(train\))?:?\s*(?:\[\s*\d+(?:/\d+)?\])?\s*\[\s*(?P<step>\d+)/(?P<total>\d+)\]"
     r"(?=(?:.*?(?<![\w.])lr:\s*(?P<lr>[-+\w.]+))?)"
-    r"(?=(?:.*?(?<![\w.])loss:\s*(?P<loss>[-+\w.]+))?)"
+    r"(?=(?:.*?(?<![\w.])(?i:loss)[:\s]\s*(?P<loss>[-+\w.]+))?)"
     r"(?=(?:.*?(?<![\w.])grad_norm:\s*(?P<grad_norm>[-+\w.]+))?)",
     # nanoGPT / lit-gpt style: "iter 100: loss 2.3456, time 50.00ms", "iter 83592: loss 1.5455, time: 4401.19ms"
     r"(?i)^\s*iter(?:ation)?\s+(?P<step>\d+)(?:\s*/\s*(?P<total>\d+))?\s*[:|,]"
     r"(?=(?:.*?\bloss[\s=:]+(?P<loss>[-+\w.]+))?)"
     r"(?=(?:.*?\btime[\s=:]+(?P<elapsed_ms>[\d.]+)\s*ms)?)",
-    # generic: "step=100 loss=2.3 grad_norm=1.1", "step 100 | loss 2.3", "Step 100/1000, loss: 2.3"
-    # (not "step: 1172.13", a duration)
-    r"(?i)\bstep[\s=:]+(?P<step>\d+)(?![.\d])(?:\s*/\s*(?P<total>\d+))?"
-    r"(?=(?:.*?\bloss[\s=:]+(?P<loss>[-+\w.]+))?)"
+    # "Train epoch: 0, batch: 790/34799, loss: nan, learning rate: 0.0001" (a batch count with its total; not
+    # "batch size: 64")
+    r"(?i)\bbatch[\s=:]+(?P<step>\d+)\s*/\s*(?P<total>\d+)"
+    r"(?=(?:.*?\b(?:\w+_)?loss[\s=:]+(?P<loss>[-+\w.]+))?)"
+    r"(?=(?:.*?\b(?:lr|learning[_ ]rate)[\s=:]+(?P<lr>[-+\w.]+))?)",
+    # generic: "step=100 loss=2.3 grad_norm=1.1", "step 100 | loss 2.3", "Step 100/1000, loss: 2.3",
+    # "step: 100 total_loss: nan" (not "step: 1172.13", a duration; not "at step 200", a mention)
+    r"(?i)(?<!at )(?<!to )(?<!from )(?<!after )(?<!before )\bstep[\s=:]+(?P<step>\d+)(?![.\d])"
+    r"(?:\s*/\s*(?P<total>\d+))?"
+    r"(?=(?:.*?\b(?:\w+_)?loss[\s=:]+(?P<loss>[-+\w.]+))?)"
     r"(?=(?:.*?\bgrad[_ ]norm[\s=:]+(?P<grad_norm>[-+\w.]+))?)"
     r"(?=(?:.*?\b(?:lr|learning[_ ]rate)[\s=:]+\[?(?P<lr>[-+\w.]+))?)",
 )
@@ -70,8 +78,9 @@ _STEP_HINTS: dict[str, tuple[str, ...]] = dict(
             ("{'loss'", '{"loss"'),
             ("%|",),
             ("skipped=",),
-            ("epoch(train)", "epoch [", "iter [", "iter(train)"),
+            ("epoch(train)", "epoch [", "epoch: [", "epoch:[", "iter [", "iter(train)"),
             ("iter",),
+            ("batch",),
             ("step",),
         ),
         strict=True,
