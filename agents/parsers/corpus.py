@@ -208,9 +208,8 @@ def format_report(report: Report, *, verbose: bool = False) -> str:
     rows = [f"{'file':<58} {'lines':>5} {'expect':>6} {'found':>5} {'rate':>6} {'extra':>5} {'unexpl':>6}"]
     for f in report.files:
         rate = f"{f.recognized / f.expected:.0%}" if f.expected else ("ok" if not f.false_alarms else "ALARM")
-        rows.append(
-            f"{f.name[:58]:<58} {f.lines:>5} {f.expected:>6} {f.recognized:>5} {rate:>6} {f.extra:>5} {f.unexplained:>6}"
-        )
+        counts = f"{f.lines:>5} {f.expected:>6} {f.recognized:>5} {rate:>6} {f.extra:>5} {f.unexplained:>6}"
+        rows.append(f"{f.name[:58]:<58} {counts}")
         if f.missed:
             rows.append(f"    missed: {'; '.join(f.missed)}")
         if f.false_alarms:
