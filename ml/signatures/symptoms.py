@@ -1,6 +1,7 @@
 """Symptom rules: what victims print (watchdog and collective timeouts, a stuck watchdog, torchrun and elastic
 errors) and the pointers some of it carries (a desync report's lagging ranks, the ranks a flight-recorder analysis
-found missing from a collective, a failed barrier's rank, a lost heartbeat)."""
+found missing from a collective, the root rank whose NCCL id never reached the store, a failed barrier's rank, a
+lost heartbeat)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,12 @@ def _pointer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
             ranks = [r for r in o.fields.get("lagging_ranks") or [] if isinstance(r, int)]
         elif o.kind == "flight_recorder":
             ranks = [r for r in o.fields.get("missing_ranks") or [] if isinstance(r, int)]
+        elif (
+            o.kind == "nccl_error"
+            and o.fields.get("category") == "init_store"
+            and isinstance(root := o.fields.get("root_rank"), int)
+        ):
+            ranks = [root]  # NCCL init waited in the store for the id this rank publishes
         elif o.kind == "collective_timeout" and isinstance(o.fields.get("failed_rank"), int):
             ranks = [o.fields["failed_rank"]]
         elif o.kind == "elastic_error" and o.fields.get("category") in ("heartbeat", "rendezvous_shutdown"):

@@ -365,3 +365,39 @@ def test_nan_and_oom_wordings_beyond_the_step_lines() -> None:
     reg = one("gpu1:12:13 [0] NCCL WARN NET/IB : Failed to register memory: Cannot allocate memory")
     assert reg.kind == "ib_verbs_error" and reg.fields["errno"] == "ENOMEM" and reg.fields["hint"] == "memlock"
     assert parse("Using fp16 inference mode with loss scaling disabled") == []
+
+
+def test_store_and_nccl_init_timeouts() -> None:
+    store = parse(corpus("c10d_client_socket_timeout_controlnet_382.txt"))
+    assert [e.kind for e in store] == ["collective_timeout"] * 2
+    assert store[1].fields == {
+        "backend": "store",
+        "timeout_ms": 1_800_000,
+        "op": "connect",
+        "peer": "127.0.0.1",
+        "peer_port": 48391,
+    }
+    [init, cpp] = parse(corpus("nccl_uniqueid_socket_timeout_pytorch_82091.txt"))
+    assert init.kind == "nccl_error" and init.rank == 2
+    assert (init.fields["category"], init.fields["root_rank"], init.fields["store_error"]) == (
+        "init_store",
+        0,
+        "Socket Timeout",
+    )
+    assert cpp.kind == "cpp_exception"
+    # NeMo-Run's task tag before torchrun's prefixes: the rank is still read, the C++ dump still opens a block
+    nemo = parse(corpus("nccl_uniqueid_store_wait_timeout_nemo_14399.txt"))
+    [err] = of(nemo, "nccl_error")
+    assert err.rank == 1 and err.fields["local_rank"] == 1 and err.fields["root_rank"] == 0
+    assert "wait timeout after 600000ms" in err.fields["store_error"]
+    assert [e.kind for e in nemo][-1] == "cpp_exception"
+
+
+def test_loose_loggers_values_before_the_step() -> None:
+    lion = parse(corpus("bracket_loss_nan_lion_9.txt"))
+    steps = of(lion, "step")
+    assert [e.fields["step"] for e in steps] == [89, 104, 119, 134, 149]
+    assert steps[0].fields["loss"] == 51566519.44 and len(of(lion, "nan_loss")) == 4
+    # an epoch header alone is not a step; the meter lines under it are
+    meters = parse(corpus("epoch_meter_logger_rtm3d_4.txt"))
+    assert [e.fields["step"] for e in meters] == [35, 85, 135, 185] and meters[0].fields["loss"] == 2.1274

@@ -102,3 +102,10 @@ def test_host_oom_is_not_a_gpu_oom() -> None:
     found = detect([host, gpu])
     assert only(found, key="oom:host").evidence["tried_bytes"] == [21474836480]
     assert only(found, key="oom:gpu").evidence["tried_bytes"] == [1024]
+
+
+def test_nccl_init_store_timeout_points_at_the_root_rank() -> None:
+    records = training("nccl_uniqueid_socket_timeout_pytorch_82091.txt", node="node-001")
+    found = detect(records, job_of(nodes=2, gpus=2))
+    p = only(found, key="pointer:node-000")
+    assert p.evidence["lagging_ranks"] == [0] and p.role == "symptom"

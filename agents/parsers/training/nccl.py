@@ -79,8 +79,13 @@ _NCCL_ERROR_N = re.compile(r"NCCL Error (\d):")
 _NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 _NCCL_LAST = re.compile(r"Last error:\s*(.{1,500}?)(?:\s{2,}|$)")
 _NCCL_RETCODE = re.compile(r"retcode (\d)")
+# "[1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store by key '0',
+# but store->get('0') got error: Socket Timeout" (PyTorch spelled it "retreiving" until 2.1)
+_UNIQUE_ID = re.compile(r"\[(\d+)\] is setting up NCCL communicator and \w+ ncclUniqueId from \[(\d+)\]")
+_STORE_ERROR = re.compile(r"got (?:error|exception): (.+?)(?:\s+Exception raised from|$)")
 _NCCL_ERROR_HINT = re.compile(
     r"NCCL error|NCCL communicator was aborted|DistBackendError|ncclCommAbort|NCCL Error \d|"
+    r"setting up NCCL communicator|"
     rf"\bnccl(?:{_NCCL_ERRORS})\b"
 )
 _SOCKET = re.compile(
@@ -162,6 +167,13 @@ def rule_nccl_error(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     fields: dict[str, Any] = {"nccl_code": _nccl_code(body, low)}
     if "communicator was aborted" in low:
         fields["category"] = "comm_aborted"
+    unique_id = _UNIQUE_ID.search(body) if "ncclUniqueId" in body else None
+    if unique_id:  # NCCL init: this rank waited in the store for the id the root rank publishes
+        fields["category"] = "init_store"
+        fields["rank"], fields["root_rank"] = int(unique_id.group(1)), int(unique_id.group(2))
+        error = _STORE_ERROR.search(body)
+        if error:
+            fields["store_error"] = error.group(1).strip()[:MAX_MESSAGE]
     for name, regex in (("src", _NCCL_ERR_IN), ("nccl_version", _NCCL_VERSION)):
         found = regex.search(body)
         if found:
@@ -174,7 +186,7 @@ def rule_nccl_error(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         fields["last_error"] = last.group(1).strip()
     start = body.find("NCCL error")
     fields["message"] = body[start if start >= 0 else 0 :].strip()[:MAX_MESSAGE]
-    emit("nccl_error", "error", fields, critical=True)
+    emit("nccl_error", "error", fields, rank if rank is not None or not unique_id else fields["rank"], critical=True)
     return True
 
 

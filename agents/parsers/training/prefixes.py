@@ -1,9 +1,9 @@
 """Launcher and logger prefixes of a training log line: where the rank and the time come from.
 
 torchrun `[rank3]:` / `[default3]:` (and the `[pid]` before them), srun `3: `, Open MPI's --tag-output
-`[1,3]<stdout>:`, pdsh/clush `host: `, `[INFO]` levels, ISO timestamps (with mpirun's `: ` after them),
-bare wall clocks `18:11:06.680 `, glog/c10 `E0213 12:07:20.086000 870572 file.py:869]` and older c10
-`[E file.cc:821]`.
+`[1,3]<stdout>:`, pdsh/clush `host: `, a launcher's task tag before torchrun's (`B-nemo-ft3/0 `),
+`[INFO]` levels, ISO timestamps (with mpirun's `: ` after them), bare wall clocks `18:11:06.680 `,
+glog/c10 `E0213 12:07:20.086000 870572 file.py:869]` and older c10 `[E file.cc:821]`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ _P_MPI_TAG = re.compile(r"\[(\d{1,6}),(\d{1,6})\]<(?:stdout|stderr)>: ?")
 # a dash or a dot and no capitals: not an exception's "RuntimeError: ", nor a logger's "torch.distributed: ")
 _P_HOST = re.compile(r"(?:(?:\d{1,3}\.){3}\d{1,3}|[a-z][a-z0-9_]*(?=[a-z0-9_.-]*\d)(?:[-.][a-z0-9_]+)+): ")
 # A wall clock without a date: "18:11:06.680 " (no usable time: the line keeps the time it was read)
+# A launcher's task tag before torchrun's: NeMo-Run's "B-nemo-ft3/0 [default1]:"
+_P_TASK = re.compile(r"[\w.-]{1,64}/\d{1,6} (?=\[(?:rank|default|[A-Za-z_]{1,32}?)\d{1,6}\]:)")
 _P_CLOCK = re.compile(r"\d\d:\d\d:\d\d(?:[.,]\d{1,9})? ")
 # glog: "E0213 12:07:20.086000 870572 torch/.../api.py:869] "; c10: "[E321 02:07:08.408271257 file.cc:607] "
 _P_GLOG = re.compile(r"\[?([IWEF])(\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})(?: +\d+)? [^\s\]]{1,200}:\d+\] ?")
@@ -77,6 +79,12 @@ def strip_prefixes(text: str, now: datetime) -> Prefixes:
             m = _P_HOST.match(body)
             if m:  # pdsh over ssh prefixes twice: "10.0.0.1: 10.0.0.1: "
                 key, hosted = key + m.group(0).strip(), True
+                body = body[m.end() :]
+                continue
+        if not key and "/" in body[:66]:
+            m = _P_TASK.match(body)
+            if m:
+                key = m.group(0).strip()
                 body = body[m.end() :]
                 continue
         if ts is None and body[2:3] == ":":

@@ -48,7 +48,8 @@ DEFAULT_STEP_PATTERNS: tuple[str, ...] = (
     # mmengine / mmcv runners and the PyTorch examples' meters: "Epoch(train) [1][240/735]  lr: 1.9e-04 ...
     # loss: 2.51  grad_norm: nan", "Iter [10100/316440]	lr: 3.990e-04, ..., loss: nan", "Epoch [1][100/62598]",
     # "Epoch: [21][1390/1930]  Time 0.690 (0.986) ... Loss 2.5681 (10.9521)", "Epoch: [127/300][ 35/464]"
-    r"\b(?:Epoch|Iter)(?:\(train\))?:?\s*(?:\[\s*\d+(?:/\d+)?\])?\s*\[\s*(?P<step>\d+)/(?P<total>\d+)\]"
+    # (an epoch needs its iteration bracket after it: ">>> Epoch: [127/300]" alone is not a step)
+    r"\b(?:Epoch(?:\(train\))?:?\s*\[\s*\d+(?:/\d+)?\]|Iter(?:\(train\))?:?)\s*\[\s*(?P<step>\d+)/(?P<total>\d+)\]"
     r"(?=(?:.*?(?<![\w.])lr:\s*(?P<lr>[-+\w.]+))?)"
     r"(?=(?:.*?(?<![\w.])(?i:loss)[:\s]\s*(?P<loss>[-+\w.]+))?)"
     r"(?=(?:.*?(?<![\w.])grad_norm:\s*(?P<grad_norm>[-+\w.]+))?)",
@@ -62,10 +63,11 @@ DEFAULT_STEP_PATTERNS: tuple[str, ...] = (
     r"(?=(?:.*?\b(?:\w+_)?loss[\s=:]+(?P<loss>[-+\w.]+))?)"
     r"(?=(?:.*?\b(?:lr|learning[_ ]rate)[\s=:]+(?P<lr>[-+\w.]+))?)",
     # generic: "step=100 loss=2.3 grad_norm=1.1", "step 100 | loss 2.3", "Step 100/1000, loss: 2.3",
-    # "step: 100 total_loss: nan" (not "step: 1172.13", a duration; not "at step 200", a mention)
-    r"(?i)(?<!at )(?<!to )(?<!from )(?<!after )(?<!before )\bstep[\s=:]+(?P<step>\d+)(?![.\d])"
+    # "step: 100 total_loss: nan" (not "step: 1172.13", a duration; not "at step 200", a mention);
+    # "[Loss] nan | ... | [step]   104 |" too
+    r"(?i)(?<!at )(?<!to )(?<!from )(?<!after )(?<!before )\bstep\]?[\s=:]+(?P<step>\d+)(?![.\d])"
     r"(?:\s*/\s*(?P<total>\d+))?"
-    r"(?=(?:.*?\b(?:\w+_)?loss[\s=:]+(?P<loss>[-+\w.]+))?)"
+    r"(?=(?:.*?\b(?:\w+_)?loss\]?[\s=:]+(?P<loss>[-+\w.]+))?)"
     r"(?=(?:.*?\bgrad[_ ]norm[\s=:]+(?P<grad_norm>[-+\w.]+))?)"
     r"(?=(?:.*?\b(?:lr|learning[_ ]rate)[\s=:]+\[?(?P<lr>[-+\w.]+))?)",
 )
@@ -87,6 +89,13 @@ _STEP_HINTS: dict[str, tuple[str, ...]] = dict(
     )
 )
 _COUNTS = ("skipped", "nan_iterations")  # integer groups a step pattern may have
+# Loose loggers put the values anywhere on the line, before the step too ("[Loss] nan | ... | [step] 104"):
+# for the last three default patterns a value the lookaheads missed is looked for on the whole line.
+_ANYWHERE = frozenset(DEFAULT_STEP_PATTERNS[-3:])
+_VALUE_ANYWHERE = {
+    "loss": re.compile(r"(?i)\b(?:\w+_)?loss\]?[\s=:]+([-+\w.]+)"),
+    "grad_norm": re.compile(r"(?i)\bgrad[_ ]norm\]?[\s=:]+([-+\w.]+)"),
+}
 _VALUES = ("loss", "grad_norm", "elapsed_ms", "lr")  # numeric groups a step pattern may have
 _JUDGED = ("loss", "grad_norm")  # values checked for NaN and spikes
 
@@ -138,6 +147,10 @@ class Progress:
             if groups.get("total"):
                 fields["total"] = int(groups["total"])
             values: dict[str, float] = {}
+            if pattern.pattern in _ANYWHERE:
+                for name, regex in _VALUE_ANYWHERE.items():
+                    if not groups.get(name) and (found := regex.search(body)):
+                        groups[name] = found.group(1)
             for name in _VALUES:
                 value = _num(groups.get(name))
                 if value is not None:

@@ -53,6 +53,10 @@ _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
 _STORE_TIMEOUT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 _STORE_WAIT = re.compile(r"(?i)wait timeout after (\d+)ms, keys?: (\S+)")
 _MONITORED_BARRIER = re.compile(r"Rank (\d+) failed to pass monitoredBarrier in (\d+) ms")
+# c10d's TCPStore client: "The client socket has timed out after 1800s while trying to connect to (127.0.0.1, 48391)."
+_STORE_CONNECT = re.compile(
+    r"client socket has timed out after (\d+)s while trying to connect to \(([^,()]+), ?(\d+)\)"
+)
 
 
 def rule_watchdog(body: str, low: str, emit: Emit, rank: int | None) -> bool:
@@ -147,6 +151,14 @@ def rule_collective_timeout(body: str, low: str, emit: Emit, rank: int | None) -
         }
     elif m := _STORE_WAIT.search(body):
         fields = {"backend": "store", "timeout_ms": int(m.group(1)), "op": "wait", "keys": m.group(2)}
+    elif m := _STORE_CONNECT.search(body):
+        fields = {
+            "backend": "store",
+            "timeout_ms": int(m.group(1)) * 1000,
+            "op": "connect",
+            "peer": m.group(2).strip(),
+            "peer_port": int(m.group(3)),
+        }
     elif m := _MONITORED_BARRIER.search(body):
         fields = {
             "backend": "gloo",
