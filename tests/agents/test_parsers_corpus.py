@@ -11,10 +11,12 @@ from agents.parsers import corpus
 from tests import paths
 
 LOGS = paths.FIXTURES / "logs"
-# Measured when the fixtures grew from 29 to 69 files: 82/82 on the first 29, then 133/201 (66.2%) on all 69
-# before the parsers learned the new forms, 203/203 after. The floor leaves room for a fixture whose reading
-# is arguable; a parser change that loses a family of forms falls under it.
-MIN_FILES = 69
+# Measured when the fixtures grew from 29 to 86 files: 83/83 events on the first 29; with the parsers as they
+# were, 183/295 (62.0%) on all 86 and 100/212 (47.2%) on the 57 new ones; after the parsers learned the new
+# forms, 295/295. The last 8 files were gathered after that work as a held-out check: 21/30 before the
+# changes they prompted (17/30 with the original parsers). The floor leaves room for a fixture whose reading
+# is arguable; a change that loses a family of forms falls under it.
+MIN_FILES = 86
 MIN_RATE = 0.97
 
 
@@ -32,7 +34,7 @@ def test_recognition_rate_holds_its_floor() -> None:
     report = corpus.measure(corpus.fixture_paths(LOGS))
     missed = {f.name: f.missed for f in report.files if f.missed}
     assert report.rate >= MIN_RATE, missed
-    assert report.expected >= 200
+    assert report.expected >= 290
     assert all(f.false_alarms == 0 for f in report.files), [f.name for f in report.files if f.false_alarms]
 
 
