@@ -89,6 +89,10 @@ class SignatureEvidence(LogCitedEvidence, total=False):
     vendor_errors: list[int]
     reporters: list[str]
     nccl_codes: list[str]
+    calls: list[str]  # RDMA verbs calls that failed (ibv_reg_mr, ibv_create_cq)
+    errnos: list[str]  # their errno names (ENOMEM)
+    ib_events: list[str]  # IB async events (IBV_EVENT_PORT_ERR)
+    collectives: list[int]  # flight-recorder analysis: the collectives' sequence numbers
     # CUDA errors, out of memory
     cuda_errors: list[str]
     widespread: bool

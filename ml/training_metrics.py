@@ -91,6 +91,9 @@ def _observations(records: Iterable[LogRecord]) -> list[_Obs]:
         elif kind in _NAN_KINDS:
             metric = _NAN_KINDS[kind]
             out.append(_Obs(r, r.node, rank, metric, step, _number(fields.get(metric)), "nan"))
+        elif kind == "loss_scale_overflow" and fields.get("at_minimum") is True:
+            # fp16 overflow at the smallest loss scale: the step's gradients are inf/NaN and cannot be scaled away
+            out.append(_Obs(r, r.node, rank, "grad_norm", step, None, "nan"))
         elif kind in _SPIKE_KINDS:
             metric = _SPIKE_KINDS[kind]
             out.append(_Obs(r, r.node, rank, metric, step, _number(fields.get(metric)), "spike"))

@@ -1,4 +1,5 @@
-"""Network rules: InfiniBand completion errors and NCCL errors (a remote peer they name is a pointer)."""
+"""Network rules: InfiniBand completion errors, RDMA verbs failures and async events on a node, and NCCL errors
+(a remote peer they name is a pointer)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,72 @@ def _ib_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
             )
         )
     return findings
+
+
+# IB async events that mean the link or the adapter itself failed on this node.
+_IB_LINK_EVENTS = frozenset({"IBV_EVENT_PORT_ERR", "IBV_EVENT_DEVICE_FATAL"})
+
+
+def _ib_verbs_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    """A node whose RDMA stack refused a verbs call or raised a fatal async event: that node's problem.
+
+    ENOMEM on a memory registration, or a queue that cannot be created, is the node's locked-memory limit or
+    its pinnable memory (a configuration or resource fault of that host, not of the job's code); a port error
+    or a catastrophic adapter error is the link or the HCA. A call that only reports the async thread
+    stopping (ibv_get_async_event) rides along with the event that stopped it.
+    """
+    kinds = ("ib_verbs_error", "ib_async_event")
+    groups = _group((o for o in occs if o.kind in kinds and _ib_fault(o)), lambda o: o.node)
+    findings = []
+    for node, group in sorted(groups.items()):
+        events = sorted({str(o.fields.get("event_name") or o.fields.get("event")) for o in group if o.kind == kinds[1]})
+        words = sorted({str(o.fields["event"]) for o in group if o.kind == kinds[1] and o.fields.get("event")})
+        verbs = [o for o in group if o.kind == kinds[0]]
+        calls = sorted({str(o.fields["call"]) for o in verbs if o.fields.get("call")})
+        errnos = sorted({str(o.fields["errno"]) for o in verbs if o.fields.get("errno")})
+        categories = {str(o.fields.get("category")) for o in verbs}
+        times = _times(group)
+        if set(events) & _IB_LINK_EVENTS:
+            confidence, action = (0.85 if "IBV_EVENT_DEVICE_FATAL" in events else 0.8), "evict"
+            what = f"InfiniBand {', '.join(words or events)} on {node}"
+            reason = "link_or_adapter"
+        elif categories & {"memory_registration", "resource"}:
+            confidence, action = 0.7, "diagnose"
+            memlock = "memory_registration" in categories and ("ENOMEM" in errnos or not errnos)
+            what = f"RDMA {', '.join(calls)} failed on {node}" + (f" ({', '.join(errnos)})" if errnos else "")
+            what += ": locked-memory limit (ulimit -l) or pinned memory exhausted" if memlock else ": RDMA resources"
+            reason = "memlock" if memlock else "rdma_resources"
+        else:
+            confidence, action = 0.5, "diagnose"
+            what = f"RDMA errors on {node}: {', '.join(words or calls)}"
+            reason = "rdma_error"
+        findings.append(
+            _finding(
+                group,
+                key=f"ib_verbs:{node}",
+                category="network",
+                confidence=confidence,
+                summary=f"{what} ({len(times)} occurrence{'s' * (len(times) > 1)})",
+                node=node,
+                job=job,
+                blame="infrastructure",
+                action=action,
+                sig_text=f"ib verbs {reason} {calls or events}",
+                times=times,
+                calls=calls or None,
+                errnos=errnos or None,
+                ib_events=events or None,
+                reason=reason,
+            )
+        )
+    return findings
+
+
+def _ib_fault(o: _Occ) -> bool:
+    """A fatal async event, or a verbs call other than the async thread's own read."""
+    if o.kind == "ib_async_event":
+        return bool(o.fields.get("fatal"))
+    return o.fields.get("call") != "ibv_get_async_event"
 
 
 def _peer_named(o: _Occ) -> str | None:

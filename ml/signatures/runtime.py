@@ -135,7 +135,9 @@ def _oom_finding(group: Sequence[_Occ], job: _Job, what: str) -> Finding:
 
 def _oom_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
     group = [o for o in occs if o.kind == "oom"]
-    return [_oom_finding(group, job, "GPU")] if group else []
+    host = [o for o in group if o.fields.get("host") is True]  # DefaultCPUAllocator: the node's RAM, not a GPU's
+    gpu = [o for o in group if o.fields.get("host") is not True]
+    return [_oom_finding(g, job, what) for g, what in ((gpu, "GPU"), (host, "host")) if g]
 
 
 def _dataloader_findings(occs: list[_Occ], job: _Job) -> list[Finding]:

@@ -1,5 +1,7 @@
-"""Symptom rules: what victims print (watchdog and collective timeouts, torchrun and elastic errors) and the
-pointers some of it carries (a desync report's lagging ranks, a failed barrier's rank, a lost heartbeat)."""
+"""Symptom rules: what victims print (watchdog and collective timeouts, a stuck watchdog, torchrun and elastic
+errors) and the pointers some of it carries (a desync report's lagging ranks, the ranks a flight-recorder analysis
+found missing from a collective, the root rank whose NCCL id never reached the store, a failed barrier's rank, a
+lost heartbeat)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from ml.signatures.common import MAX_LIST, _finding, _Job, _Occ, _rank_note
 _SYMPTOM_NAMES = {
     "watchdog_timeout": "NCCL watchdog timeouts",
     "watchdog_exception": "NCCL watchdog exceptions",
+    "watchdog_stuck": "NCCL watchdog stuck in a CUDA/NCCL call (heartbeat monitor)",
     "collective_timeout": "collective timeouts",
     "child_failed": "torchrun: worker processes failed",
-    "elastic_error": "torchrun elastic agent errors",
+    "elastic_error": "launcher errors (torchrun elastic agent, DeepSpeed launcher)",
     "cpp_exception": "C++ exceptions",
 }
 
@@ -61,6 +64,14 @@ def _pointer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
         ranks: list[int] = []
         if o.kind == "desync_report":
             ranks = [r for r in o.fields.get("lagging_ranks") or [] if isinstance(r, int)]
+        elif o.kind == "flight_recorder":
+            ranks = [r for r in o.fields.get("missing_ranks") or [] if isinstance(r, int)]
+        elif (
+            o.kind == "nccl_error"
+            and o.fields.get("category") == "init_store"
+            and isinstance(root := o.fields.get("root_rank"), int)
+        ):
+            ranks = [root]  # NCCL init waited in the store for the id this rank publishes
         elif o.kind == "collective_timeout" and isinstance(o.fields.get("failed_rank"), int):
             ranks = [o.fields["failed_rank"]]
         elif o.kind == "elastic_error" and o.fields.get("category") in ("heartbeat", "rendezvous_shutdown"):
@@ -94,6 +105,30 @@ def _pointer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
         )
         for node, group in sorted(pointed.items())
     ]
+    reports = [o for o in unresolved if o.kind == "flight_recorder"]
+    if reports:
+        missing = sorted({r for o in reports for r in o.fields.get("missing_ranks") or [] if isinstance(r, int)})
+        collectives = sorted({c for o in reports if isinstance(c := o.fields.get("collective"), int)})
+        ops = sorted({str(o.fields["op"]) for o in reports if o.fields.get("op")})
+        findings.append(
+            _finding(
+                reports,
+                key="flight_recorder",
+                category="job_failure",
+                confidence=0.35,
+                summary="flight recorder: "
+                + (f"ranks {missing[:8]} never joined" if missing else "ranks missing from")
+                + (f" {', '.join(ops)}" if ops else " a collective")
+                + (f" #{collectives[0]}" if len(collectives) == 1 else ""),
+                node=None,
+                job=job,
+                role="symptom",
+                sig_text="flight recorder " + " ".join(ops),
+                lagging_ranks=missing[:MAX_LIST] or None,
+                collectives=collectives[:MAX_LIST] or None,
+                ops=ops or None,
+            )
+        )
     desyncs = [o for o in unresolved if o.kind == "desync_report"]
     if desyncs:
         lagging = sorted({r for o in desyncs for r in o.fields.get("lagging_ranks") or [] if isinstance(r, int)})

@@ -198,7 +198,15 @@ def test_corpus_megatron_deepspeed_grad_norm_nan():
     assert kinds(events) == ["step", "grad_norm_nan"] * 3
     step = events[0]
     assert step.severity == "debug"
-    assert step.fields == {"step": 5426, "total": 250000, "grad_norm": "nan", "elapsed_ms": 4247.9, "lr": 2.999e-4}
+    assert step.fields == {
+        "step": 5426,
+        "total": 250000,
+        "grad_norm": "nan",
+        "elapsed_ms": 4247.9,
+        "lr": 2.999e-4,
+        "skipped": 0,
+        "nan_iterations": 0,
+    }
     assert [e.fields["step"] for e in events[1::2]] == [5426, 5427, 5428]
 
 
@@ -727,15 +735,15 @@ def test_nccl_error_chain():
 
 
 def test_nccl_warn_generic():
-    event = one("gpu7:1234:5678 [3] transport/net_ib.cc:94 NCCL WARN NET/IB : Got async event : port error")
+    event = one("gpu7:1234:5678 [3] misc/socket.cc:398 NCCL WARN NET/Socket : No usable listening interface found")
     assert event.kind == "nccl_warn" and event.severity == "warning" and not event.critical
     assert event.fields == {
         "host": "gpu7",
         "pid": 1234,
         "tid": 5678,
         "device": 3,
-        "src": "transport/net_ib.cc:94",
-        "message": "NET/IB : Got async event : port error",
+        "src": "misc/socket.cc:398",
+        "message": "NET/Socket : No usable listening interface found",
     }
 
 
@@ -847,6 +855,8 @@ def test_megatron_iteration_line():
         "grad_norm": 1.23,
         "elapsed_ms": 1234.5,
         "lr": 3e-4,
+        "skipped": 0,
+        "nan_iterations": 0,
     }
 
 

@@ -11,14 +11,17 @@ from agents.parsers.training.common import Rule, is_boilerplate, make_event, ran
 from agents.parsers.training.crashes import rule_crash, rule_dataloader
 from agents.parsers.training.cuda import rule_cuda, rule_oom
 from agents.parsers.training.elastic import rule_elastic
+from agents.parsers.training.loss_scale import rule_loss_scale
 from agents.parsers.training.nccl import rule_ib, rule_nccl_error, rule_nccl_warn
 from agents.parsers.training.progress import rule_nan
+from agents.parsers.training.verbs import rule_ib_verbs
 from agents.parsers.training.watchdog import rule_collective_timeout, rule_watchdog
 
 # Most specific first: the first rule that explains a line ends its reading.
 _RULES: tuple[Rule, ...] = (
     rule_watchdog,
     rule_ib,
+    rule_ib_verbs,
     rule_nccl_warn,
     rule_nccl_error,
     rule_oom,
@@ -26,6 +29,7 @@ _RULES: tuple[Rule, ...] = (
     rule_dataloader,
     rule_collective_timeout,
     rule_elastic,
+    rule_loss_scale,
     rule_crash,
 )
 

@@ -1,17 +1,35 @@
-"""CUDA errors (runtime, driver, cuBLAS/cuDNN, device-side asserts) and out-of-memory errors."""
+"""CUDA errors (runtime, driver, cuBLAS/cuDNN, device-side asserts) and out-of-memory errors.
+
+PyTorch 2.x says `CUDA error: <message>`; PyTorch 0.x-1.x (THC) said `cuda runtime error (N) : <message>
+at file.cu:line` and `THCudaCheck FAIL file=... line=... error=N : <message>`, with N the cudaError_t
+number (2 is out of memory). A failed device-side assertion prints one line per GPU thread; those lines
+are read as one block.
+"""
 
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any
 
-from agents.parsers.training.common import MAX_MESSAGE, Emit
+from agents.events import Event
+from agents.parsers.training.blocks import REJECT, TAKE, Block
+from agents.parsers.training.common import MAX_MESSAGE, Emit, make_event
 
 _CUDA_ERR = re.compile(r"CUDA error: (.+?)(?:\s+CUDA kernel errors|\s+Search for `cuda|\s*$)")
 _CUDA_DRIVER = re.compile(r"\b(CUDA_ERROR_[A-Z_]+)(?::\s*([^.:]+))?")
 _CUDA_RUNTIME = re.compile(r"\b(cudaError[A-Z]\w+)")
 CUDA_FAILURE = re.compile(r"Cuda failure '?([^']+?)'?(?:\s*$|\s+\()")  # NCCL's wording
 _CUBLAS = re.compile(r"\b((?:CUBLAS|CUDNN)_STATUS_[A-Z_]+)")
+# THC (PyTorch <= 1.x): "cuda runtime error (59) : device-side assert triggered at /pytorch/aten/src/THC/...cu:26"
+_THC_RUNTIME = re.compile(r"(?i)cuda runtime error \((\d+)\)\s*:\s*(.+?)(?:\s+at\s+(\S+:\d+))?\s*$")
+# "THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=51 error=2 : out of memory"
+_THC_CHECK = re.compile(r"THCudaCheck FAIL file=(\S+) line=(\d+) error=(\d+)\s*:\s*(.+?)\s*$")
+# One line per failing GPU thread: "/path/Indexing.cu:218: block: [0,0,0], thread: [106,0,0] Assertion `x` failed."
+_KERNEL_ASSERT = re.compile(
+    r"(?P<src>\S+:\d+): (?:\S{1,200}?: )?block: \[(?P<block>[\d,]+)\], thread: \[(?P<thread>[\d,]+)\] "
+    r"Assertion `(?P<cond>.*)` failed\."
+)
 # (substring of the lowercased message, error name); the first that fits names the error.
 _CUDA_NAMES: tuple[tuple[str, str], ...] = (
     ("illegal memory access", "illegal_memory_access"),
@@ -37,8 +55,11 @@ _CUDA_NAMES: tuple[tuple[str, str], ...] = (
 
 _OOM = re.compile(
     r"(?:CUDA|HIP|XPU|MPS) out of memory|OutOfMemoryError|CUDA error: out of memory|Cuda failure 'out of memory'"
+    r"|(?i:cuda runtime error \(2\)\s*:\s*out of memory)|THCudaCheck FAIL .{0,300}error=2 : out of memory"
+    r"|(?P<host>DefaultCPUAllocator: (?:not enough memory|can't allocate memory))"
 )
 _BYTES = r"[\d.]+ ?(?:[KMGTP]i?B|bytes|B)"  # "20.00 MiB", "1.5 GB", "512 bytes"
+_CPU_TRIED = re.compile(r"you tried to allocate (\d+) bytes")
 _OOM_TRIED = re.compile(rf"Tried to allocate ({_BYTES})")
 _OOM_GPU = re.compile(r"\bGPU (\d+)")
 _OOM_TOTAL = re.compile(rf"total capac\w* of ({_BYTES})|({_BYTES}) total capacity")
@@ -57,9 +78,20 @@ def cuda_name(message: str) -> str:
 
 
 def rule_oom(body: str, low: str, emit: Emit, rank: int | None) -> bool:
-    if "memory" not in low or not _OOM.search(body):
+    if "memory" not in low:
+        return False
+    m = _OOM.search(body)
+    if not m:
         return False
     fields: dict[str, Any] = {"tried_bytes": None, "gpu": None}
+    if m.group("host"):  # the host's memory, not a GPU's: "you tried to allocate 123 bytes"
+        fields["host"] = True
+        tried = _CPU_TRIED.search(body)
+        if tried:
+            fields["tried_bytes"] = int(tried.group(1))
+        fields["message"] = body[m.start() :].strip()[:MAX_MESSAGE]
+        emit("oom", "error", fields, critical=True)
+        return True
     tried = _OOM_TRIED.search(body)
     if tried:
         fields["tried_bytes"] = _size(tried.group(1))
@@ -80,7 +112,13 @@ def rule_oom(body: str, low: str, emit: Emit, rank: int | None) -> bool:
 
 
 def rule_cuda(body: str, low: str, emit: Emit, rank: int | None) -> bool:
-    if "cuda" not in low and "cublas" not in low and "cudnn" not in low and "device-side assert" not in low:
+    if (
+        "cuda" not in low
+        and "cublas" not in low
+        and "cudnn" not in low
+        and "device-side assert" not in low
+        and ("THCudaCheck" not in body)
+    ):
         return False
     fields: dict[str, Any] = {}
     message: str | None = None
@@ -102,6 +140,18 @@ def rule_cuda(body: str, low: str, emit: Emit, rank: int | None) -> bool:
                 if regex is not CUDA_FAILURE:
                     fields["code"] = found.group(1)
                 break
+    if message is None:
+        legacy = _THC_CHECK.search(body)
+        if legacy:
+            message = legacy.group(4)
+            fields["cuda_code"] = int(legacy.group(3))
+            fields["src"] = f"{legacy.group(1)}:{legacy.group(2)}"
+        else:
+            legacy = _THC_RUNTIME.search(body)
+            if legacy:
+                message, fields["cuda_code"] = legacy.group(2), int(legacy.group(1))
+                if legacy.group(3):
+                    fields["src"] = legacy.group(3)
     if message is None and "device-side assert triggered" in low:
         message = "device-side assert triggered"
     if message is None:
@@ -127,3 +177,41 @@ def _size(text: str | None) -> int | None:
         return int(float(m.group(1)) * 1024 ** "_KMGTP".index(m.group(2) or "_"))
     except ValueError:
         return None
+
+
+class KernelAsserts(Block):
+    """A device-side assertion as the GPU prints it: one line per failing thread, read as one error."""
+
+    kind = "cuda_error"
+
+    def __init__(self, ts: datetime, rank: int | None, line_no: int, now: datetime, first: re.Match[str]) -> None:
+        super().__init__(ts, rank, line_no, now)
+        self.src = first.group("src")
+        self.condition = first.group("cond")
+        self.threads = 1
+        self.sources = {self.src}
+
+    @staticmethod
+    def match(stripped: str) -> re.Match[str] | None:
+        """The first assertion line of a block (a literal test first: most lines are not one)."""
+        return _KERNEL_ASSERT.search(stripped) if "Assertion `" in stripped and "block: [" in stripped else None
+
+    def offer(self, body: str) -> int:
+        m = self.match(body.strip())
+        if m is None:
+            return REJECT
+        self.threads += 1
+        self.sources.add(m.group("src"))
+        return TAKE
+
+    def event(self, path: str | None) -> Event:
+        fields: dict[str, Any] = {
+            "error": "device_assert",
+            "message": f"Assertion `{self.condition}` failed"[:MAX_MESSAGE],
+            "assertion": self.condition[:MAX_MESSAGE],
+            "src": self.src,
+            "threads": self.threads,
+        }
+        if len(self.sources) > 1:
+            fields["sources"] = sorted(self.sources)[:20]
+        return make_event(self.ts, self.kind, self.text, "error", fields, self.rank, path=path, critical=True)

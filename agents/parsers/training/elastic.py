@@ -1,8 +1,11 @@
-"""torchrun's elastic agent: rendezvous and store failures, workers failing, signals sent to them."""
+"""Launchers: torchrun's elastic agent (rendezvous and store failures, workers failing, signals sent to them),
+DeepSpeed's launcher (`Killing subprocess N`, `[...] exits with return code = -9`) and launchers that run
+the training as a subprocess (`subprocess.CalledProcessError: ... returned non-zero exit status 1`)."""
 
 from __future__ import annotations
 
 import re
+import signal
 from typing import Any
 
 from agents.parsers.training.common import MAX_MESSAGE, Emit
@@ -16,6 +19,9 @@ _ERROR_TYPE = re.compile(r"\b(Rendezvous\w*Error|DistStoreError|DistNetworkError
 _CLOSING = re.compile(r"Sending process (\d+) closing signal (\w+)")
 _WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary: (\S+)")
 _GROUP_FAILED = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
+_DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
+_DS_KILLING = re.compile(r"Killing subprocess (\d+)")
+_NONZERO = re.compile(r"returned non-zero exit status (-?\d+)")
 # Substrings one of which every message above contains: a C-speed test before the regexes.
 _HINTS = (
     "endezvous",
@@ -25,6 +31,9 @@ _HINTS = (
     "closing signal",
     "Worker group FAILED",
     "local_rank: ",
+    "exits with return code",
+    "Killing subprocess",
+    "non-zero exit status",
 )
 
 
@@ -48,6 +57,13 @@ def rule_elastic(body: str, low: str, emit: Emit, rank: int | None) -> bool:
             "pid": int(m.group(3)),
             "binary": m.group(4),
         }
+    elif m := _DS_EXIT.search(body) or _NONZERO.search(body):
+        code = int(m.group(1))
+        launcher = "deepspeed" if m.re is _DS_EXIT else "subprocess"
+        fields = {"category": "worker_failed", "exitcode": code, "signal": _signal_name(code), "launcher": launcher}
+    elif m := _DS_KILLING.search(body):
+        severity = "warning"
+        fields = {"category": "closing_signal", "pid": int(m.group(1)), "signal": None, "launcher": "deepspeed"}
     elif m := _GROUP_FAILED.search(body):
         severity = "warning"
         fields = {"category": "worker_group_restart", "attempts_left": int(m.group(1))}
@@ -64,3 +80,13 @@ def rule_elastic(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         }
     emit("elastic_error", severity, fields)
     return True
+
+
+def _signal_name(exitcode: int) -> str | None:
+    """A launcher reports a child killed by signal N as exit code -N: SIGKILL for -9 (often the OOM killer)."""
+    if exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return None

@@ -9,7 +9,7 @@ from agents.parsers.training.common import MAX_MESSAGE, Emit, int_or_none, searc
 from agents.parsers.training.cuda import CUDA_FAILURE, cuda_name
 
 # "host:pid:tid [dev] src.cc:123 NCCL WARN message"
-_NCCL_LINE = re.compile(
+NCCL_LINE = re.compile(
     r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>[\w./-]+:\d+) )?NCCL WARN (?P<msg>.*)"
 )
 _IB = re.compile(
@@ -79,8 +79,13 @@ _NCCL_ERROR_N = re.compile(r"NCCL Error (\d):")
 _NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 _NCCL_LAST = re.compile(r"Last error:\s*(.{1,500}?)(?:\s{2,}|$)")
 _NCCL_RETCODE = re.compile(r"retcode (\d)")
+# "[1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store by key '0',
+# but store->get('0') got error: Socket Timeout" (PyTorch spelled it "retreiving" until 2.1)
+_UNIQUE_ID = re.compile(r"\[(\d+)\] is setting up NCCL communicator and \w+ ncclUniqueId from \[(\d+)\]")
+_STORE_ERROR = re.compile(r"got (?:error|exception): (.+?)(?:\s+Exception raised from|$)")
 _NCCL_ERROR_HINT = re.compile(
     r"NCCL error|NCCL communicator was aborted|DistBackendError|ncclCommAbort|NCCL Error \d|"
+    r"setting up NCCL communicator|"
     rf"\bnccl(?:{_NCCL_ERRORS})\b"
 )
 _SOCKET = re.compile(
@@ -88,6 +93,8 @@ _SOCKET = re.compile(
     r"connection refused|connection reset|connection abort|failed to execute operation connect"
 )
 _PEER = re.compile(r"(?:to|peer) ([\w.:%-]+?)<(\d+)>")
+# PyTorch 2.x: "Collective WorkNCCL(SeqNum=2, OpType=ALLREDUCE, ...) raised the following async exception: ..."
+_ASYNC_WORK = re.compile(r"WorkNCCL\((?:[^()]*?SeqNum=(?P<seq>\d+))?(?:[^()]*?OpType=(?P<op>\w+))?")
 
 
 def rule_ib(body: str, low: str, emit: Emit, rank: int | None) -> bool:
@@ -106,9 +113,9 @@ def rule_ib(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         found = regex.search(body, m.end())
         if found:
             fields[name] = found.group(1)
-    nccl = _NCCL_LINE.search(body)
+    nccl = NCCL_LINE.search(body)
     if nccl:
-        fields.update(_nccl_prefix(nccl))
+        fields.update(nccl_prefix(nccl))
     emit("ib_error", "error", fields, critical=True)
     # A NCCL error whose "Last error:" is the IB completion: report both.
     return not _NCCL_ERROR_HINT.search(body)
@@ -121,16 +128,16 @@ def ib_line_may_go_on(body: str) -> bool:
 
 def continues_ib_line(body: str) -> bool:
     """Whether `body` is the rest of a wrapped IB error line rather than a message of its own."""
-    return not (len(body) > _IB_CUT_MAX or _NCCL_LINE.search(body) or "NCCL" in body or not body.strip())
+    return not (len(body) > _IB_CUT_MAX or NCCL_LINE.search(body) or "NCCL" in body or not body.strip())
 
 
 def rule_nccl_warn(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     if "NCCL WARN" not in body:
         return False
-    m = _NCCL_LINE.search(body)
+    m = NCCL_LINE.search(body)
     if not m:
         return False
-    fields = _nccl_prefix(m)
+    fields = nccl_prefix(m)
     message = m.group("msg").strip()
     fields["message"] = message
     if "Cuda failure" in message or "CUDA failure" in message:
@@ -160,16 +167,26 @@ def rule_nccl_error(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     fields: dict[str, Any] = {"nccl_code": _nccl_code(body, low)}
     if "communicator was aborted" in low:
         fields["category"] = "comm_aborted"
+    unique_id = _UNIQUE_ID.search(body) if "ncclUniqueId" in body else None
+    if unique_id:  # NCCL init: this rank waited in the store for the id the root rank publishes
+        fields["category"] = "init_store"
+        fields["rank"], fields["root_rank"] = int(unique_id.group(1)), int(unique_id.group(2))
+        error = _STORE_ERROR.search(body)
+        if error:
+            fields["store_error"] = error.group(1).strip()[:MAX_MESSAGE]
     for name, regex in (("src", _NCCL_ERR_IN), ("nccl_version", _NCCL_VERSION)):
         found = regex.search(body)
         if found:
             fields[name] = found.group(1)
+    work = _ASYNC_WORK.search(body) if "WorkNCCL(" in body else None
+    if work:  # the collective that raised it
+        fields["seq"], fields["op"] = int_or_none(work.group("seq")), work.group("op")
     last = _NCCL_LAST.search(body)
     if last:
         fields["last_error"] = last.group(1).strip()
     start = body.find("NCCL error")
     fields["message"] = body[start if start >= 0 else 0 :].strip()[:MAX_MESSAGE]
-    emit("nccl_error", "error", fields, critical=True)
+    emit("nccl_error", "error", fields, rank if rank is not None or not unique_id else fields["rank"], critical=True)
     return True
 
 
@@ -187,7 +204,8 @@ def _nccl_code(body: str, low: str) -> str | None:
     return None
 
 
-def _nccl_prefix(m: re.Match[str]) -> dict[str, Any]:
+def nccl_prefix(m: re.Match[str]) -> dict[str, Any]:
+    """host, pid, tid, device and source location of a `NCCL_LINE` match."""
     return {
         "host": m.group("host"),
         "pid": int(m.group("pid")),

@@ -13,6 +13,8 @@ from agents.parsers.training.blocks import REJECT, TAKE_DONE, Block
 from agents.parsers.training.child_failed import ChildFailed
 from agents.parsers.training.classify import classify
 from agents.parsers.training.cpp import CppException, Terminate
+from agents.parsers.training.cuda import KernelAsserts
+from agents.parsers.training.flight_recorder import FlightRecorder
 from agents.parsers.training.nccl import continues_ib_line, ib_line_may_go_on
 from agents.parsers.training.prefixes import strip_prefixes
 from agents.parsers.training.progress import DEFAULT_STEP_PATTERNS, Progress
@@ -45,7 +47,7 @@ class TrainingLogParser(LineParser):
         self._line_no = 0
 
     @property
-    def step_patterns(self) -> list[tuple[re.Pattern[str], str | None]]:
+    def step_patterns(self) -> list[tuple[re.Pattern[str], tuple[str, ...] | None]]:
         return self.progress.step_patterns
 
     @property
@@ -121,6 +123,13 @@ class TrainingLogParser(LineParser):
             desync = Desync(*at)
             desync.offer(body)
             return desync
+        if "Not all ranks joining" in stripped and FlightRecorder.opens(stripped):
+            report = FlightRecorder(*at)
+            report.offer(body)
+            return report
+        assertion = KernelAsserts.match(stripped)
+        if assertion is not None:
+            return KernelAsserts(*at, assertion)
         return None
 
     def _line(

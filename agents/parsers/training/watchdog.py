@@ -1,4 +1,5 @@
-"""Collectives that hang: ProcessGroupNCCL's watchdog timeouts and its desync report, Gloo and store timeouts."""
+"""Collectives that hang: ProcessGroupNCCL's watchdog timeouts, its stuck-watchdog and flight-recorder dump notices,
+its desync report, and Gloo and store timeouts."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ _WD_EXC = re.compile(
     r"at work|(?P<timeout>Timeout) at NCCL work): (?P<seq>\d+)(?:, last enqueued NCCL work: (?P<enq>-?\d+))?"
     r"(?:, last completed NCCL work: (?P<done>-?\d+))?"
 )
+# The heartbeat monitor: the watchdog thread itself stopped making progress (a CUDA/NCCL call hangs).
+_STUCK = re.compile(
+    _TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?ProcessGroupNCCL's watchdog got stuck for (?P<secs>\d+) seconds"
+)
+_HEARTBEAT = re.compile(_TAG + r"Heartbeat monitor timed out!(?:.*?workMetaList_\.size\(\)\s*=\s*(?P<work>\d+))?")
+# The flight recorder's dump: "preparing to dump debug info", "Terminating the process after attempting to dump".
+_DUMP = re.compile(
+    _TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?(?:ProcessGroupNCCL (?P<prep>preparing to dump debug info)"
+    r"|(?P<term>Terminating the process after attempting to dump debug info)(?:, due to (?P<reason>.+?))?\.?\s*$)"
+)
 _TAG_RANK = re.compile(r"Rank (\d+)")
 _TAG_PG = re.compile(r"PG (?:ID )?(\d+)")
 _TAG_PG_NAME = re.compile(r"\(([^()]+)\)")
@@ -42,11 +53,38 @@ _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
 _STORE_TIMEOUT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 _STORE_WAIT = re.compile(r"(?i)wait timeout after (\d+)ms, keys?: (\S+)")
 _MONITORED_BARRIER = re.compile(r"Rank (\d+) failed to pass monitoredBarrier in (\d+) ms")
+# c10d's TCPStore client: "The client socket has timed out after 1800s while trying to connect to (127.0.0.1, 48391)."
+_STORE_CONNECT = re.compile(
+    r"client socket has timed out after (\d+)s while trying to connect to \(([^,()]+), ?(\d+)\)"
+)
 
 
 def rule_watchdog(body: str, low: str, emit: Emit, rank: int | None) -> bool:
-    if "atchdog" not in body and "at NCCL work" not in body:
+    if (
+        "atchdog" not in body
+        and "at NCCL work" not in body
+        and "Heartbeat monitor" not in body
+        and ("dump debug info" not in body)
+    ):
         return False
+    if "got stuck for" in body or "Heartbeat monitor" in body:
+        m = _STUCK.search(body) or _HEARTBEAT.search(body)
+        if m:
+            groups = m.groupdict()
+            fields = {
+                "category": "heartbeat_monitor" if "Heartbeat monitor" in m.group(0) else "watchdog_stuck",
+                "timeout_s": int_or_none(groups.get("secs")),
+                "pending_work": int_or_none(groups.get("work")),
+                **_tag(m.group("tag")),
+            }
+            emit("watchdog_stuck", "error", fields, _tag_rank(fields, rank), critical=True)
+            return True
+    if "dump debug info" in body:
+        m = _DUMP.search(body)
+        if m:
+            fields = {"terminating": m.group("term") is not None, "reason": m.group("reason"), **_tag(m.group("tag"))}
+            emit("flight_recorder_dump", "warning", fields, _tag_rank(fields, rank))
+            return True
     m = _WATCHDOG.search(body)
     if m:
         args = m.group("args")
@@ -113,6 +151,14 @@ def rule_collective_timeout(body: str, low: str, emit: Emit, rank: int | None) -
         }
     elif m := _STORE_WAIT.search(body):
         fields = {"backend": "store", "timeout_ms": int(m.group(1)), "op": "wait", "keys": m.group(2)}
+    elif m := _STORE_CONNECT.search(body):
+        fields = {
+            "backend": "store",
+            "timeout_ms": int(m.group(1)) * 1000,
+            "op": "connect",
+            "peer": m.group(2).strip(),
+            "peer_port": int(m.group(3)),
+        }
     elif m := _MONITORED_BARRIER.search(body):
         fields = {
             "backend": "gloo",
