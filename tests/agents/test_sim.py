@@ -121,7 +121,7 @@ def test_exporter_text_is_dcgm_exporter_shaped() -> None:
     c.advance(5)
     text = render(c.snapshot()["node-001"], "node-001")
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert 30 <= len(families) <= 45
+    assert 30 <= len(families) <= 50
     assert set(families) == {f.name for f in FIELDS}
     for field in FIELDS:
         assert f"# HELP {field.name} " in text and f"# TYPE {field.name} {field.type}" in text
@@ -397,6 +397,7 @@ def test_ground_truth() -> None:
         "injected_at": (START + timedelta(seconds=T)).isoformat(),
         "blame": "infrastructure",
         "expect_eviction": True,
+        "eviction_optional": False,
     }
 
 

@@ -277,6 +277,10 @@ def test_scenario_deadlines() -> None:
     assert wait_after_injection("hang", 30) == 90
     assert wait_after_injection("straggler", 30) == 240
     assert wait_after_injection("gpu_lost", 30) == 90
+    assert wait_after_injection("ib_congestion", 30) == wait_after_injection("host_mem_pressure", 30) == 240
+    assert wait_after_injection("pcie_downgrade", 30) == 240
+    assert wait_after_injection("ib_port_flap", 30) == wait_after_injection("ib_port_flap_nccl", 30) == 120
+    assert wait_after_injection("row_remap_pending", 30) == 90
 
 
 def test_torch_fault_markers_match_only_the_line_that_shows_the_fault() -> None:
