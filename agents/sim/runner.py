@@ -40,6 +40,9 @@ from agents.sim.procs import spawn, stop_all
 LOOP_SECONDS = 0.2
 TREE_SECONDS = 1.0  # the kernel trees are brought up to date at most this often
 SHARED_MEMORY = Path("/dev/shm")
+SHM_PREFIX = "faultline-sim-"  # then the simulator's pid: a tree whose simulator died (SIGKILL) is removed
+# Room a node's tree takes in memory, with a margin: ~640 small files, a page each.
+TREE_BYTES_PER_NODE = 8 << 20
 _NODE_FILES = ("kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log")
 _TREE_ROOTS = ("sys", "proc")
 # The agent takes --sysfs-root/--procfs-root once its host and network collectors are in (issue 16); an agent
@@ -225,8 +228,9 @@ class SimRunner:
         """A fresh fake kernel tree per node, in shared memory when there is some, written once before any agent."""
         cluster = self.cluster
         assert cluster is not None
-        if SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK):
-            self._tree_shm = Path(tempfile.mkdtemp(prefix="faultline-sim-", dir=SHARED_MEMORY))
+        if _room_in(SHARED_MEMORY, TREE_BYTES_PER_NODE * len(cluster.node_names)):
+            _remove_orphan_trees(SHARED_MEMORY)
+            self._tree_shm = Path(tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{os.getpid()}-", dir=SHARED_MEMORY))
         for n, name in enumerate(cluster.node_names):
             node_dir = self.dir / name
             for root in _TREE_ROOTS:  # a previous run's tree, a folder or a link
@@ -345,6 +349,29 @@ class SimRunner:
             f"kernel trees: {self.tree_stats['files'] / syncs:.0f} files written per update, "
             f"{1000 * self.tree_stats['seconds'] / syncs:.1f} ms per update ({syncs} updates)"
         )
+
+
+def _room_in(folder: Path, needed: int) -> bool:
+    """Whether `folder` is a writable directory with `needed` bytes free (a container's /dev/shm may be 64 MiB)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize >= needed
+
+
+def _remove_orphan_trees(folder: Path) -> None:
+    """Remove the trees of simulators that died without cleaning up (killed outright)."""
+    for path in folder.glob(f"{SHM_PREFIX}*-*"):
+        pid = path.name.removeprefix(SHM_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, someone else's
 
 
 def run_sim(

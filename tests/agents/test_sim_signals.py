@@ -5,8 +5,11 @@ or GPU only), their ground truth, and the tree writer (only changed files, atomi
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from agents.sim.fabric import ACTIVE, DOWN, IB_PORTS, INIT
 from agents.sim.host import CPUS, MEM_TOTAL_KIB
 from agents.sim.kerneltree import NodeTree, TreeWriter
 from agents.sim.model import Cluster
-from agents.sim.runner import SimRunner
+from agents.sim.runner import SimRunner, _remove_orphan_trees
 
 START = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 T = 10.0  # fault_after
@@ -495,3 +498,15 @@ def test_runner_lays_out_the_trees_and_cleans_up(tmp_path: Path) -> None:
     if shm is not None:
         assert not shm.exists() and not (tmp_path / "node-000/sys").exists()
     assert runner.tree_stats["syncs"] >= 2
+
+
+def test_trees_of_dead_simulators_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"faultline-sim-{dead.pid}-x1"
+    live = tmp_path / f"faultline-sim-{os.getppid()}-x2"
+    other = tmp_path / "else"
+    for path in (orphan, live, other):
+        (path / "node-000/sys").mkdir(parents=True)
+    _remove_orphan_trees(tmp_path)
+    assert not orphan.exists() and live.exists() and other.exists()
