@@ -145,7 +145,8 @@ class Fabric:
             p.counters["port_rcv_data"] = p.counters["port_xmit_data"] + rng.randrange(-(10**11), 10**11)
             for name in ("port_xmit_packets", "port_rcv_packets"):
                 p.counters[name] = p.counters["port_xmit_data"] * 4 // IB_MTU
-            p.counters["port_xmit_wait"] = rng.randrange(10**8, 10**10)
+            # PortXmitWait is a 32-bit PMA counter that sticks at its maximum: far enough below it for any run.
+            p.counters["port_xmit_wait"] = rng.randrange(10**6, 15 * 10**8)
             p.counters["symbol_error"] = rng.choice((0, 0, 0, 0, 0, 0, 2, 7))
             p.counters["link_downed"] = rng.choice((0, 0, 0, 0, 0, 1))
             p.counters["link_error_recovery"] = p.counters["link_downed"] + rng.choice((0, 0, 0, 1))

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agents.sim.config import SimConfig
+from agents.sim.dcgm_fields import PCIE_LANE_GBPS
 from agents.sim.fabric import ACTIVE, DOWN, IB_PORTS, INIT
 from agents.sim.host import CPUS, MEM_TOTAL_KIB
 from agents.sim.kerneltree import NodeTree, TreeWriter
@@ -117,6 +118,17 @@ def port_key(dev: str, name: str, hw: bool = False) -> str:
     return f"{IB}/{dev}/ports/1/{'hw_counters' if hw else 'counters'}/{name}"
 
 
+PMA_WIDTHS = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_xmit_discards": 16,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+    "port_xmit_wait": 32,
+}
 ERROR_COUNTERS = (
     "link_downed",
     "link_error_recovery",
@@ -149,6 +161,9 @@ def test_healthy_tree_is_formatted_as_the_kernel_does() -> None:
             assert re.fullmatch(r"\d+\n", text), path
     for name in ("np_cnp_sent", "rp_cnp_handled", "out_of_buffer"):
         assert f"{IB}/mlx5_0/ports/1/hw_counters/{name}" in tree
+    for dev in ports:  # the PMA PortCounters fields saturate at their width (drivers/infiniband/core/sysfs.c)
+        for name, bits in PMA_WIDTHS.items():
+            assert counter(tree, dev, name) < (1 << bits) - 1, (dev, name)
 
     stat = tree["proc/stat"].splitlines()
     assert re.fullmatch(r"cpu  \d+( \d+){9}", stat[0])
@@ -157,7 +172,8 @@ def test_healthy_tree_is_formatted_as_the_kernel_does() -> None:
     assert [int(x) for x in stat[0].split()[1:]] == [
         sum(int(line.split()[i]) for line in per_cpu) for i in range(1, 11)
     ], "the cpu line sums the CPUs"
-    assert re.search(r"^btime \d{10}$", tree["proc/stat"], re.M) and "procs_blocked 0" in tree["proc/stat"]
+    assert re.search(r"^btime \d{10}$", tree["proc/stat"], re.M)
+    assert re.search(r"^procs_blocked [01]$", tree["proc/stat"], re.M)
 
     for line in tree["proc/meminfo"].splitlines():
         assert re.fullmatch(r"[\w()]+: +\d+( kB)?", line), line
@@ -212,7 +228,7 @@ def test_healthy_nodes_look_healthy_and_alike_but_not_identical() -> None:
         assert mem_a["SwapFree"] == mem_b["SwapFree"], "no swapping"
         shares = cpu_shares(a, b)
         assert 0.1 < shares["busy"] < 0.4 and shares["iowait"] < 0.01 and shares["steal"] == 0
-        assert "procs_blocked 0" in b["proc/stat"] or "procs_blocked 1" in b["proc/stat"]
+        assert re.search(r"^procs_blocked [01]$", b["proc/stat"], re.M)
     # Peers alike (no port a detector would call an outlier), yet each its own.
     median = statistics.median(waits)
     assert all(median / 4 < w < median * 4 for w in waits) and len(set(waits)) == len(waits)
@@ -302,6 +318,10 @@ def test_ib_congestion() -> None:
     peers = statistics.median(w for (n, _), w in waits.items() if n != node)
     assert all(w > 50 * peers for (n, _), w in waits.items() if n == node)
     assert all(w < 5 * peers for (n, _), w in waits.items() if n != node)
+    # Even ~100x faster, the 32-bit counter stays clear of its maximum for far longer than any scenario.
+    assert all(
+        counter(run.at(b, node), f"mlx5_{i}", "port_xmit_wait") + 600 * waits[(node, i)] < 2**32 for i in range(4)
+    )
     for n in range(3):
         pause = {k: ethtool(run.at(b, n))[k] - ethtool(run.at(a, n))[k] for k in ("tx_prio3_pause", "rx_prio3_pause")}
         cnp = run.rate(n, port_key("mlx5_0", "np_cnp_sent", hw=True), a, b) * (b - a)
@@ -337,8 +357,10 @@ def test_pcie_downgrade() -> None:
                 assert current in ((5, 8), (3, 16))
             else:
                 assert current == (5, 16)
+    gen, width = c.gpus[c.node_names.index(name)][gpu].pcie_gen, c.gpus[c.node_names.index(name)][gpu].pcie_width
+    cap = 0.85e9 * PCIE_LANE_GBPS[gen] * width
     others = [p for k, p in peak.items() if k != (name, gpu)]
-    assert peak[(name, gpu)] < 0.7 * min(others), "its PCIe throughput is capped"
+    assert peak[(name, gpu)] <= 1.2 * cap < 1.2 * min(others), "its PCIe throughput is capped by the link"
     steps = [d for _, t, d in c.step_history]
     before = statistics.mean(d for _, t, d in c.step_history if t < T)
     after = statistics.mean(d for _, t, d in c.step_history if t > T + 2)
