@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from agents.sim.config import SimConfig
-from agents.sim.dcgm_fields import PCIE_LANE_GBPS
+from agents.sim.dcgm_fields import FIELD_NAMES, PCIE_LANE_GBPS
 from agents.sim.fabric import ACTIVE, DOWN, IB_PORTS, INIT
 from agents.sim.host import CPUS, MEM_TOTAL_KIB
 from agents.sim.kerneltree import NodeTree, TreeWriter
 from agents.sim.model import Cluster
 from agents.sim.runner import SimRunner, _remove_orphan_trees
+from ml.metrics import FIELD_TO_COLUMN
 
 START = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 T = 10.0  # fault_after
@@ -532,3 +533,21 @@ def test_trees_of_dead_simulators_are_removed(tmp_path: Path) -> None:
         (path / "node-000/sys").mkdir(parents=True)
     _remove_orphan_trees(tmp_path)
     assert not orphan.exists() and live.exists() and other.exists()
+
+
+def test_the_new_gpu_fields_are_ones_the_service_stores() -> None:
+    # The service keeps only the DCGM names ml/metrics.py maps to a column; these must not be dropped.
+    new = {
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "DCGM_FI_DEV_PCIE_LINK_GEN",
+        "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+        "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "DCGM_FI_DEV_RETIRED_DBE",
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    }
+    assert new <= FIELD_NAMES
+    assert new <= set(FIELD_TO_COLUMN)
