@@ -20,6 +20,10 @@ POWER_LIMIT_W = 700.0
 SM_CLOCK_MAX_MHZ = 1980
 SM_CLOCK_IDLE_MHZ = 345
 MEM_CLOCK_MHZ = 2619
+# H100 SXM5's PCIe link: Gen5 x16 (~63 GB/s each way before protocol overhead).
+PCIE_MAX_GEN = 5
+PCIE_MAX_WIDTH = 16
+PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}  # GB/s per lane per direction
 # Bus numbers of the eight GPUs of a DGX H100.
 PCI_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
 
@@ -79,6 +83,11 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors", "int"),
     Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", "int"),
+    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending", "int"),
+    Field("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "gauge", "PCIe max link generation.", "int"),
+    Field("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "gauge", "PCIe max link width.", "int"),
+    Field("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe current link generation.", "int"),
+    Field("DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe current link width.", "int"),
     Field(
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
         "counter",

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 from agents.sim import dcgm_fields as F
 from agents.sim import logformat as fmt
 from agents.sim.config import SimConfig
-from agents.sim.gpu import Gpu
+from agents.sim.fabric import Fabric
+from agents.sim.gpu import COMPUTE_SHARE, Gpu
+from agents.sim.host import Host
 from agents.sim.modes import (
     ABORT,
     CRASH_ECC,
@@ -33,6 +35,19 @@ NVLINK_COMM_FACTOR = 1.8  # NVLink replays stretch the all-reduce
 BUCKET_NUMEL = 126353408
 IB_FLAP_STALL = 6.0  # seconds the first flap stalls the job
 IB_SECOND_FLAP = 40.0  # the link drops again this long after the first flap, for good
+IB_SECOND_FLAP_DOWN = 8.0
+PORT_FLAPS = 3  # ib_port_flap: flaps within about a minute
+PORT_FLAP_GAP = 23.0  # seconds between flaps (give or take a few)
+PORT_ACTIVATION = 1.0  # seconds from link trained (INIT) to ACTIVE: the subnet manager's sweep
+
+
+def comm_factor_for(slowdown: float) -> float:
+    """The all-reduce stretch that makes a whole step `slowdown` times longer (compute unchanged)."""
+    return 1.0 + (slowdown - 1.0) / (1.0 - COMPUTE_SHARE)
+
+
+IB_CONGESTION_COMM_FACTOR = comm_factor_for(1.30)
+PCIE_DOWNGRADE_COMM_FACTOR = comm_factor_for(1.15)
 
 
 @dataclass
@@ -45,6 +60,7 @@ class FaultRecord:
     blame: str
     expect_eviction: bool
     t: float
+    eviction_optional: bool = False
     repaired_at: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -56,6 +72,7 @@ class FaultRecord:
             "injected_at": self.injected_at.isoformat(),
             "blame": self.blame,
             "expect_eviction": self.expect_eviction,
+            "eviction_optional": self.eviction_optional,
         }
         if self.repaired_at is not None:
             out["repaired_at"] = self.repaired_at.isoformat()
@@ -72,6 +89,8 @@ class FaultInjection:
     gpn: int
     world: int
     gpus: list[list[Gpu]]
+    hosts: list[Host]
+    fabrics: list[Fabric]
     modes: list[str]
     job: Job
     faults: list[FaultRecord]
@@ -85,10 +104,16 @@ class FaultInjection:
 
     def _inject(self, spec: FaultSpec) -> None:
         kind = FAULT_KINDS[spec.kind]
-        nodes, gpus, ranks = [], {}, []
-        if spec.node is not None and spec.gpu is not None:
+        nodes: list[str] = []
+        gpus: dict[str, list[int]] = {}
+        ranks: list[int] = []
+        if spec.node is not None:
             name = self.node_names[spec.node]
-            nodes, gpus, ranks = [name], {name: [spec.gpu]}, [self._rank(spec.node, spec.gpu)]
+            nodes = [name]
+            if spec.gpu is not None:
+                gpus, ranks = {name: [spec.gpu]}, [self._rank(spec.node, spec.gpu)]
+            else:  # the node as a whole: all its ranks are affected
+                ranks = [self._rank(spec.node, g) for g in range(self.gpn)]
         record = FaultRecord(
             kind=spec.kind,
             nodes=nodes,
@@ -97,6 +122,7 @@ class FaultInjection:
             injected_at=self._ts(),
             blame=kind.blame,
             expect_eviction=kind.expect_eviction,
+            eviction_optional=kind.eviction_optional,
             t=self.t,
         )
         self.faults.append(record)
@@ -245,22 +271,95 @@ class FaultInjection:
             lines += fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Send")
             self._train(n, lines)
 
+        def down() -> None:
+            link("down")
+            self._port_down(n, gpu)
+
+        def up() -> None:
+            link("up")
+            self._port_up(n, gpu)
+
         # First flap: errors, the job stalls a few seconds, the link comes back.
-        link("down")
+        down()
         nccl_errors()
         self.job.stall_until = self.t + IB_FLAP_STALL
-        self._schedule(IB_FLAP_STALL, lambda: link("up"))
+        self._schedule(IB_FLAP_STALL, up)
 
         def second_flap() -> None:
-            link("down")
+            down()
             nccl_errors()
             self._train(n, fmt.traceback_nccl_remote(rank, self.node_names[peer]))
             self._set_mode(rank, CRASH_NCCL)
             self._hang_job({}, self.config.watchdog_seconds)
             self._schedule(1.0, lambda: self._teardown_node(n))
-            self._schedule(8.0, lambda: link("up"))
+            self._schedule(IB_SECOND_FLAP_DOWN, up)
 
         self._schedule(IB_SECOND_FLAP, second_flap)
+
+    def _port_down(self, n: int, gpu: int) -> None:
+        """The GPU's IB port loses its link (counters step, state DOWN, the PHY polling)."""
+        self.fabrics[n].flap_down(gpu, self.rng)
+
+    def _port_up(self, n: int, gpu: int) -> None:
+        """The link trains again (INIT), then the subnet manager activates the port."""
+        self.fabrics[n].link_trained(gpu)
+        self._schedule(PORT_ACTIVATION, lambda: self.fabrics[n].port_active(gpu))
+
+    def _port_flaps(self, spec: FaultSpec, nccl: bool) -> None:
+        """PORT_FLAPS flaps of the GPU's port within about a minute; NCCL retries through each and the job goes on
+        (it stalls while the link is down). With `nccl`, each flap also leaves NCCL's IB error lines."""
+        n, gpu = spec.node, spec.gpu
+        assert n is not None and gpu is not None
+        rank = self._rank(n, gpu)
+        peer = (n + 1) % self.config.nodes if self.config.nodes > 1 else n
+
+        def flap() -> None:
+            down_s = 3.0 + 2.0 * self.rng.random()
+            self._port_down(n, gpu)
+            self.job.stall_until = max(self.job.stall_until, self.t + down_s + PORT_ACTIVATION + 0.5)
+            self._schedule(down_s, lambda: self._port_up(n, gpu))
+            if nccl:
+                pid = self._pid(rank)
+                self._train(n, fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Recv"))
+
+        flap()
+        at = 0.0
+        for _ in range(PORT_FLAPS - 1):
+            at += PORT_FLAP_GAP + self.rng.uniform(-4.0, 4.0)
+            self._schedule(at, flap)
+
+    def _inject_ib_port_flap(self, spec: FaultSpec) -> None:
+        self._port_flaps(spec, nccl=False)
+
+    def _inject_ib_port_flap_nccl(self, spec: FaultSpec) -> None:
+        self._port_flaps(spec, nccl=True)
+
+    def _inject_ib_congestion(self, spec: FaultSpec) -> None:
+        assert spec.node is not None
+        self.fabrics[spec.node].congest(80.0 + 50.0 * self.rng.random())
+        self.job.comm_factor = IB_CONGESTION_COMM_FACTOR
+        self._plan_step()
+
+    def _inject_pcie_downgrade(self, spec: FaultSpec) -> None:
+        g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        # Trained at half width, or at Gen3 speed: a marginal riser, a reseated board, a bad retimer.
+        g.pcie_gen, g.pcie_width = self.rng.choice(((F.PCIE_MAX_GEN, 8), (3, F.PCIE_MAX_WIDTH)))
+        self.job.comm_factor = PCIE_DOWNGRADE_COMM_FACTOR
+        self._plan_step()
+
+    def _inject_host_mem_pressure(self, spec: FaultSpec) -> None:
+        assert spec.node is not None
+        self.hosts[spec.node].start_memory_pressure(self.rng)
+
+    def _inject_row_remap_pending(self, spec: FaultSpec) -> None:
+        g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        # Correctable errors in one row crossed the remap threshold: the row is recorded, the remap waits for
+        # a GPU reset. No Xid line in this scenario: the counters are the only evidence.
+        errors = self.rng.randint(3, 12)
+        g.sbe_vol += errors
+        g.sbe_agg += errors
+        g.cor_remap += 1
+        g.remap_pending = 1
 
     def _inject_straggler(self, spec: FaultSpec) -> None:
         self.gpus[spec.node][spec.gpu].thermal = True  # type: ignore[index]
@@ -289,6 +388,8 @@ class FaultInjection:
         if spec.node is not None:
             for g in self.gpus[spec.node]:
                 g.reset()
+            self.hosts[spec.node].repair()
+            self.fabrics[spec.node].repair()
             self._kern(spec.node, fmt.DRIVER_BANNER)
         job = self.job
         job.comm_factor, job.stall_until, job.nan = 1.0, 0.0, False

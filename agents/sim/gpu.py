@@ -76,6 +76,8 @@ class Gpu:
         self.thermal = False
         self.nvlink_bad = False
         self.pcie_flaky = False
+        self.pcie_gen, self.pcie_width = F.PCIE_MAX_GEN, F.PCIE_MAX_WIDTH  # as the link trained
+        self.remap_pending = 0
         self.values: dict[str, float] = {}
 
     @property
@@ -118,6 +120,8 @@ class Gpu:
             self.thermal_violation_ns += int(TICK * 1e9)
 
         nvl *= nvlink_scale
+        # A link trained below its maximum caps what the GPU can move over PCIe (~85% of the raw rate).
+        pcie = min(pcie, 0.85e9 * F.PCIE_LANE_GBPS[self.pcie_gen] * self.pcie_width)
         self.energy_mj += int(power * TICK * 1000)
         self.nvlink_kib += int(2 * nvl * TICK / 1024)
         if self.nvlink_bad:
@@ -172,6 +176,11 @@ class Gpu:
             "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": self.unc_remap,
             "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": self.cor_remap,
             "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+            "DCGM_FI_DEV_ROW_REMAP_PENDING": self.remap_pending,
+            "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": F.PCIE_MAX_GEN,
+            "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": F.PCIE_MAX_WIDTH,
+            "DCGM_FI_DEV_PCIE_LINK_GEN": self.pcie_gen,
+            "DCGM_FI_DEV_PCIE_LINK_WIDTH": self.pcie_width,
             "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": self.crc_flit,
             "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": self.crc_data,
             "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": self.nvl_replay,
@@ -189,8 +198,10 @@ class Gpu:
         }
 
     def reset(self) -> None:
-        """A GPU reset or node repair: faults cleared, volatile counters back to zero."""
+        """A GPU reset or node repair: faults cleared, volatile counters back to zero, pending remaps applied."""
         self.lost = self.thermal = self.nvlink_bad = self.pcie_flaky = False
+        self.pcie_gen, self.pcie_width = F.PCIE_MAX_GEN, F.PCIE_MAX_WIDTH
+        self.remap_pending = 0
         self.xid = 0
         self.sbe_vol = self.dbe_vol = 0
 

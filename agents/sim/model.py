@@ -23,24 +23,30 @@ from typing import Any
 
 from agents.sim import logformat as fmt
 from agents.sim.config import SimConfig
+from agents.sim.fabric import Fabric
 from agents.sim.faults import FaultInjection, FaultRecord
 from agents.sim.gpu import (
+    BUSY,
     COMM,
     COMPUTE,
     COMPUTE_SHARE,
     IDLE,
     NONE,
     SPIN,
+    TARGETS,
     THROTTLE_RATIO,
     TICK,
     WAIT,
     Gpu,
     GpuSample,
 )
+from agents.sim.host import Host
 from agents.sim.modes import CULPRIT_DATA, CULPRIT_SYNC, DEAD, NORMAL, TERMINATED, VICTIM
 from agents.sim.scenarios import SCENARIOS, FaultSpec
 
 COLLECTIVES_PER_STEP = 4  # NCCL SeqNum advances this much per step
+NODE_TICKS = 10  # host and network counters advance once per simulated second
+_COMM_NVLINK = TARGETS[COMM][7]  # NVLink rate of a GPU in the all-reduce: its NIC's busiest time too
 GLOBAL_BATCH = 1024
 TOTAL_ITERS = 500000
 
@@ -85,6 +91,14 @@ class Cluster(FaultInjection):
         self.gpn = config.gpus_per_node
         self.world = config.world_size
         self.gpus = [[Gpu(n, g, self.rng) for g in range(self.gpn)] for n in range(config.nodes)]
+        # Hosts and networks draw from their own stream too: they leave the GPUs' noise as it was.
+        self.node_rng = random.Random(config.seed ^ 0x40DE)
+        self.hosts = [Host(n, self.node_rng) for n in range(config.nodes)]
+        self.fabrics = [Fabric(n, self.node_rng) for n in range(config.nodes)]
+        for h in self.hosts:
+            h.btime = int(self.start.timestamp() - h.uptime)
+        self._comm_sum = [[0.0] * self.gpn for _ in range(config.nodes)]  # per GPU, over the current second
+        self._busy_sum = [0] * config.nodes  # rank-ticks with a busy GPU, over the current second
         self.modes = [NORMAL] * self.world
         self.generation = 0  # bumped when the job restarts: the launchers start fresh rank processes
         self.control_version = 0  # bumped whenever modes or generation change
@@ -212,7 +226,11 @@ class Cluster(FaultInjection):
     def _plan_step(self) -> None:
         job, base = self.job, self.config.step_seconds
         # A throttled GPU computes at its reduced clock; everyone else then waits for it in the all-reduce.
-        slow = [THROTTLE_RATIO if self._gpu_of(r).thermal else 1.0 for r in range(self.world)]
+        # A node short of host memory computes slower too (its loaders page in and out).
+        slow = [
+            (THROTTLE_RATIO if self._gpu_of(r).thermal else 1.0) / self.hosts[r // self.gpn].slowdown
+            for r in range(self.world)
+        ]
         job.compute = [base * COMPUTE_SHARE * (1.0 + self.rng.gauss(0, 0.012)) / slow[r] for r in range(self.world)]
         job.compute_max = max(job.compute)
         job.duration = job.compute_max + base * (1 - COMPUTE_SHARE) * job.comm_factor * (1.0 + self.rng.gauss(0, 0.03))
@@ -279,9 +297,26 @@ class Cluster(FaultInjection):
     def _sample(self) -> None:
         nvlink_scale = 1.0 / self.job.comm_factor
         for n, gpus in enumerate(self.gpus):
+            comm = self._comm_sum[n]
             for g in gpus:
                 if not g.lost:
-                    g.update(self._activity(self._rank(n, g.index)), nvlink_scale, self.rng)
+                    activity = self._activity(self._rank(n, g.index))
+                    g.update(activity, nvlink_scale, self.rng)
+                    comm[g.index] += g.act[7] * nvlink_scale
+                    if activity in BUSY:
+                        self._busy_sum[n] += 1
+        if self.tick % NODE_TICKS == 0:
+            self._sample_nodes(NODE_TICKS * TICK)
+
+    def _sample_nodes(self, dt: float) -> None:
+        """Advance every host and network by `dt`: traffic follows each GPU's all-reduce, CPU its ranks."""
+        ticks = NODE_TICKS
+        for n in range(self.config.nodes):
+            comm = [min(1.0, c / ticks / _COMM_NVLINK) for c in self._comm_sum[n]]
+            self.fabrics[n].step(dt, comm, self.node_rng)
+            self.hosts[n].step(dt, self._busy_sum[n] / (ticks * self.gpn), self.node_rng)
+            self._comm_sum[n] = [0.0] * self.gpn
+            self._busy_sum[n] = 0
 
     def _chatter(self) -> None:
         # Mostly quiet kernel logs: a harmless line per node every few minutes.

@@ -4,16 +4,23 @@ processes, the agents, the scenario timeline, and a clean shutdown.
 Layout under `--dir`:
     ground_truth.json
     node-000/kern.log  train.log  control  ranks.pids  launcher.log  agent.log  spool/
+             sys/  proc/   the node's fake kernel tree (agents/sim/kerneltree.py), the agent's sysfs/procfs roots
+
+The kernel trees live in shared memory (/dev/shm) where there is one, `sys` and `proc` then being links to it:
+some fifty small files change per node every second, which costs ~8x less on tmpfs than on a disk.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -23,13 +30,24 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 import agents
+from agents.config import AgentConfig
 from agents.sim.config import SimConfig
 from agents.sim.exporter import MetricsServer
+from agents.sim.kerneltree import NodeTree, TreeWriter
 from agents.sim.model import Cluster, LogLine
 from agents.sim.procs import spawn, stop_all
 
 LOOP_SECONDS = 0.2
+TREE_SECONDS = 1.0  # the kernel trees are brought up to date at most this often
+SHARED_MEMORY = Path("/dev/shm")
+SHM_PREFIX = "faultline-sim-"  # then the simulator's pid: a tree whose simulator died (SIGKILL) is removed
+# Room a node's tree takes in memory, with a margin: ~640 small files, a page each.
+TREE_BYTES_PER_NODE = 8 << 20
 _NODE_FILES = ("kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log")
+_TREE_ROOTS = ("sys", "proc")
+# The agent takes --sysfs-root/--procfs-root once its host and network collectors are in (issue 16); an agent
+# without them must not be handed unknown flags. After that merge the check can go: always pass them.
+AGENT_READS_KERNEL_TREE = "sysfs_root" in {f.name for f in dataclasses.fields(AgentConfig)}
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -58,6 +76,10 @@ class SimRunner:
         self._agents_reported: set[int] = set()
         self._first_step = 0
         self._t0 = 0.0
+        self._trees: list[tuple[NodeTree, TreeWriter]] = []
+        self._tree_at = -TREE_SECONDS
+        self._tree_shm: Path | None = None
+        self.tree_stats = {"syncs": 0, "files": 0, "seconds": 0.0}
 
     # --- lifecycle ---
 
@@ -104,6 +126,7 @@ class SimRunner:
                 self._logs[(name, stream)] = open(node_dir / f"{stream}.log", "a", encoding="utf-8")  # noqa: SIM115
         self._write_ground_truth()
         self._sync_control()
+        self._make_trees()
         self.server = MetricsServer(config.host, config.port)
         self.server.publish(cluster.snapshot())
         self.server.start()
@@ -152,6 +175,8 @@ class SimRunner:
         ]  # fmt: skip
         if config.sample_interval is not None:
             command += ["--sample-interval", str(config.sample_interval)]
+        if AGENT_READS_KERNEL_TREE:
+            command += ["--sysfs-root", str(node_dir / "sys"), "--procfs-root", str(node_dir / "proc")]
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.
@@ -173,6 +198,9 @@ class SimRunner:
         self._write_lines(cluster.advance(elapsed))
         self._sync_control()
         self.server.publish(cluster.snapshot())
+        if elapsed - self._tree_at >= TREE_SECONDS:
+            self._tree_at = elapsed
+            self._sync_trees()
         if cluster.faults_version != self._faults_version:
             self._faults_version = cluster.faults_version
             self._write_ground_truth()
@@ -188,6 +216,46 @@ class SimRunner:
         for f in [*self._logs.values(), *self._proc_logs]:
             with contextlib.suppress(OSError):
                 f.close()
+        if self._tree_shm is not None:  # the links in the node folders go with it: nothing left in memory
+            for name in self.cluster.node_names if self.cluster else ():
+                for root in _TREE_ROOTS:
+                    (self.dir / name / root).unlink(missing_ok=True)
+            shutil.rmtree(self._tree_shm, ignore_errors=True)
+
+    # --- kernel trees ---
+
+    def _make_trees(self) -> None:
+        """A fresh fake kernel tree per node, in shared memory when there is some, written once before any agent."""
+        cluster = self.cluster
+        assert cluster is not None
+        if _room_in(SHARED_MEMORY, TREE_BYTES_PER_NODE * len(cluster.node_names)):
+            _remove_orphan_trees(SHARED_MEMORY)
+            self._tree_shm = Path(tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{os.getpid()}-", dir=SHARED_MEMORY))
+        for n, name in enumerate(cluster.node_names):
+            node_dir = self.dir / name
+            for root in _TREE_ROOTS:  # a previous run's tree, a folder or a link
+                path = node_dir / root
+                if path.is_symlink() or path.is_file():
+                    path.unlink()
+                elif path.is_dir():
+                    shutil.rmtree(path)
+            base = node_dir
+            if self._tree_shm is not None:
+                base = self._tree_shm / name
+                for root in _TREE_ROOTS:
+                    (base / root).mkdir(parents=True)
+                    (node_dir / root).symlink_to(base / root, target_is_directory=True)
+            tree, writer = NodeTree(name, cluster.hosts[n], cluster.fabrics[n]), TreeWriter(base)
+            writer.sync(tree.files())
+            self._trees.append((tree, writer))
+
+    def _sync_trees(self) -> None:
+        started = time.perf_counter()
+        written = sum(writer.sync(tree.files()) for tree, writer in self._trees)
+        stats = self.tree_stats
+        stats["syncs"] += 1
+        stats["files"] += written
+        stats["seconds"] += time.perf_counter() - started
 
     # --- files ---
 
@@ -245,7 +313,11 @@ class SimRunner:
         assert cluster is not None
         for i, fault in enumerate(cluster.faults):
             if i >= self._faults_reported:
-                where = ", ".join(f"{n} gpu {','.join(map(str, g))}" for n, g in fault.gpus.items()) or "all ranks"
+                where = (
+                    ", ".join(f"{n} gpu {','.join(map(str, g))}" for n, g in fault.gpus.items())
+                    or ", ".join(fault.nodes)
+                    or "all ranks"
+                )
                 ranks = f" (rank {', '.join(map(str, fault.ranks))})" if fault.ranks else ""
                 evict = "expect eviction" if fault.expect_eviction else "no eviction"
                 self._say(f"t={fault.t:.1f}s injected {fault.kind} on {where}{ranks}; blame {fault.blame}, {evict}")
@@ -272,6 +344,34 @@ class SimRunner:
             f"({cluster.job.step - self._first_step} steps), faults: {faults}; "
             f"ground truth in {self.dir / 'ground_truth.json'}"
         )
+        syncs = max(1, int(self.tree_stats["syncs"]))
+        self._say(
+            f"kernel trees: {self.tree_stats['files'] / syncs:.0f} files written per update, "
+            f"{1000 * self.tree_stats['seconds'] / syncs:.1f} ms per update ({syncs} updates)"
+        )
+
+
+def _room_in(folder: Path, needed: int) -> bool:
+    """Whether `folder` is a writable directory with `needed` bytes free (a container's /dev/shm may be 64 MiB)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize >= needed
+
+
+def _remove_orphan_trees(folder: Path) -> None:
+    """Remove the trees of simulators that died without cleaning up (killed outright)."""
+    for path in folder.glob(f"{SHM_PREFIX}*-*"):
+        pid = path.name.removeprefix(SHM_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, someone else's
 
 
 def run_sim(

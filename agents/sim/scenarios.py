@@ -11,14 +11,22 @@ from dataclasses import dataclass
 
 from agents.sim.config import SimConfig
 
+GPU, NODE, JOB = "gpu", "node", "job"
+
 
 @dataclass(frozen=True)
 class FaultKind:
     name: str
     description: str
-    blame: str  # "infrastructure" | "user_code" | "none"
+    blame: str  # "infrastructure" | "user_code" | "unknown"
     expect_eviction: bool
-    on_gpu: bool  # the fault has a faulty node and GPU
+    scope: str  # GPU: a faulty node and GPU; NODE: a faulty node as a whole; JOB: no faulty machine
+    # Evicting the faulty node is acceptable but not required (the evidence points at it, not at hardware).
+    eviction_optional: bool = False
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.scope == GPU
 
 
 FAULT_KINDS: dict[str, FaultKind] = {
@@ -29,56 +37,104 @@ FAULT_KINDS: dict[str, FaultKind] = {
             "a GPU falls off the bus (Xid 79): its series vanish, its rank hangs, peers hit the watchdog",
             "infrastructure",
             True,
-            True,
+            GPU,
         ),
         FaultKind(
             "ecc_dbe",
             "uncorrectable ECC error (Xid 48, then 63): DBE counters rise, the rank dies with a CUDA error",
             "infrastructure",
             True,
-            True,
+            GPU,
         ),
         FaultKind(
             "nvlink",
             "NVLink errors (Xid 74) and rising CRC/replay counters on one GPU; the whole job slows",
             "infrastructure",
             True,
-            True,
+            GPU,
         ),
         FaultKind(
             "ib_flap",
             "an InfiniBand link flaps twice: NCCL IB error 12 on the node, then its rank fails and peers time out",
             "infrastructure",
             True,
-            True,
+            GPU,
         ),
         FaultKind(
             "straggler",
             "one GPU throttles (thermal): low SM clock and power, hot; every step ~40% slower; no error line",
             "infrastructure",
             True,
-            True,
+            GPU,
         ),
         FaultKind(
             "hang",
             "one rank stuck in its data loader, all others wait in all_reduce; silent until the (long) watchdog",
             "infrastructure",
             True,
-            True,
+            GPU,
         ),
         FaultKind(
             "user_bug",
             "the same RuntimeError traceback on every rank, then torchrun's ChildFailedError; no faulty node",
             "user_code",
             False,
-            False,
+            JOB,
         ),
         FaultKind(
             "nan_loss",
             "loss and grad norm become nan from the injection on; training goes on; no faulty node",
             "user_code",
             False,
+            JOB,
+        ),
+        FaultKind(
+            "ib_port_flap",
+            "the IB port of one GPU flaps 3 times in a minute (link_downed, symbol errors); the job stalls a few "
+            "seconds each time and goes on; no log line at all",
+            "infrastructure",
+            True,
+            GPU,
+        ),
+        FaultKind(
+            "ib_port_flap_nccl",
+            "the same 3 IB port flaps, each with NCCL IB error 12 lines on the node; the job goes on after each",
+            "infrastructure",
+            True,
+            GPU,
+        ),
+        FaultKind(
+            "ib_congestion",
+            "one node's IB ports congested: port_xmit_wait ~100x its peers', PFC pause frames and CNPs up; the "
+            "whole job ~30% slower; no error line",
+            "infrastructure",
+            True,
+            NODE,
+        ),
+        FaultKind(
+            "pcie_downgrade",
+            "one GPU's PCIe link trained at x8 or Gen3 instead of Gen5 x16: its PCIe throughput capped, the job "
+            "~15% slower; no error line",
+            "infrastructure",
+            True,
+            GPU,
+        ),
+        FaultKind(
+            "host_mem_pressure",
+            "one node's host memory nearly exhausted: MemAvailable ~2%, swapping, PSI memory and io stalls up; its "
+            "ranks slow the job ~20%; no error line; evicting the node is optional",
+            "unknown",
             False,
+            NODE,
+            eviction_optional=True,
+        ),
+        FaultKind(
+            "row_remap_pending",
+            "one GPU reports a pending row remap (DCGM_FI_DEV_ROW_REMAP_PENDING=1, a correctable remapped row) with "
+            "no Xid line; the job trains on normally",
+            "infrastructure",
+            True,
+            GPU,
         ),
     )
 }
@@ -94,7 +150,7 @@ class FaultSpec:
     at: float
     kind: str
     node: int | None = None
-    gpu: int | None = None
+    gpu: int | None = None  # None for a fault of the node as a whole
     repair_at: float | None = None
 
 
@@ -114,8 +170,11 @@ def _nothing(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
 
 def _one(kind: str) -> Plan:
     def plan(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
-        if FAULT_KINDS[kind].on_gpu:
+        scope = FAULT_KINDS[kind].scope
+        if scope == GPU:
             yield FaultSpec(config.fault_after, kind, rng.randrange(config.nodes), rng.randrange(config.gpus_per_node))
+        elif scope == NODE:
+            yield FaultSpec(config.fault_after, kind, rng.randrange(config.nodes))
         else:
             yield FaultSpec(config.fault_after, kind)
 
@@ -137,7 +196,7 @@ def _demo(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
                 bag[0], bag[-1] = bag[-1], bag[0]
         kind = last = bag.pop()
         node, gpu = rng.randrange(config.nodes), rng.randrange(config.gpus_per_node)
-        yield FaultSpec(at, kind, node, gpu, repair_at=at + hold)
+        yield FaultSpec(at, kind, node, gpu if FAULT_KINDS[kind].scope == GPU else None, repair_at=at + hold)
         at += config.fault_every
 
 

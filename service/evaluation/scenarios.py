@@ -14,6 +14,11 @@ TORCH = "torch"
 DEFAULT_WAIT_S = 90.0
 STRAGGLER_WAIT_S = 240.0
 HANG_EXTRA_WAIT_S = 60.0
+# The port flaps are spread over about a minute: the last one comes ~50 s after the injection.
+FLAP_WAIT_S = 120.0
+# Faults only peer comparison over its continuity window (~2 minutes) can tell: as long as a straggler.
+SLOW_FAULTS = frozenset({"straggler", "ib_congestion", "pcie_downgrade", "host_mem_pressure"})
+FLAP_FAULTS = frozenset({"ib_port_flap", "ib_port_flap_nccl"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,11 @@ TORCH_FAULTS: dict[str, TorchFault] = {
 # The step each torchrun fault fires at: enough steps before it for the service to know normal progress.
 TORCH_FAULT_STEP = {"torch_hang": 60, "torch_crash": 60, "torch_slow": 60, "torch_user_bug": 60}
 
-SIM_SCENARIOS = ("healthy", "gpu_lost", "ecc_dbe", "nvlink", "ib_flap", "straggler", "hang", "user_bug", "nan_loss")
+SIM_SCENARIOS = (
+    "healthy", "gpu_lost", "ecc_dbe", "nvlink", "ib_flap", "straggler", "hang", "user_bug", "nan_loss",
+    # Machine-level signals (issue 16): IB port counters, PCIe link, host memory, row remapping.
+    "ib_port_flap", "ib_port_flap_nccl", "ib_congestion", "pcie_downgrade", "host_mem_pressure", "row_remap_pending",
+)  # fmt: skip
 TORCH_SCENARIOS = tuple(TORCH_FAULTS)
 
 CATALOG: dict[str, Scenario] = {
@@ -103,8 +112,10 @@ def wait_after_injection(fault: str | None, hang_timeout_s: float) -> float:
     """Seconds to watch for decisions after the fault is injected."""
     if fault == "hang":
         return hang_timeout_s + HANG_EXTRA_WAIT_S
-    if fault == "straggler":
+    if fault in SLOW_FAULTS:
         return STRAGGLER_WAIT_S
+    if fault in FLAP_FAULTS:
+        return FLAP_WAIT_S
     return DEFAULT_WAIT_S
 
 

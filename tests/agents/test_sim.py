@@ -32,6 +32,7 @@ from agents.sim.exporter import MetricsServer, render
 from agents.sim.gpu import GpuSample
 from agents.sim.model import Cluster
 from agents.sim.modes import CRASH_USER, CULPRIT_DATA, VICTIM
+from agents.sim.runner import AGENT_READS_KERNEL_TREE
 from agents.sim.scenarios import HARDWARE_FAULTS, SCENARIOS
 from tests import paths
 
@@ -121,7 +122,7 @@ def test_exporter_text_is_dcgm_exporter_shaped() -> None:
     c.advance(5)
     text = render(c.snapshot()["node-001"], "node-001")
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert 30 <= len(families) <= 45
+    assert 30 <= len(families) <= 50
     assert set(families) == {f.name for f in FIELDS}
     for field in FIELDS:
         assert f"# HELP {field.name} " in text and f"# TYPE {field.name} {field.type}" in text
@@ -397,6 +398,7 @@ def test_ground_truth() -> None:
         "injected_at": (START + timedelta(seconds=T)).isoformat(),
         "blame": "infrastructure",
         "expect_eviction": True,
+        "eviction_optional": False,
     }
 
 
@@ -559,7 +561,12 @@ def test_real_run_agents_crash_and_sigkill(tmp_path: Path) -> None:
             # The token travels in the environment, not on the command line (which `ps` shows to everyone).
             rf"t0k --server http://127\.0\.0\.1:9 --node-name node-000 --interval 1\.0 "
             rf"--dcgm-url http://127\.0\.0\.1:\d+/node-000/metrics --kmsg {node_dir.resolve()}/kern\.log "
-            rf"--log {node_dir.resolve()}/train\.log --watch-pid {launcher} --spool-dir {node_dir.resolve()}/spool",
+            rf"--log {node_dir.resolve()}/train\.log --watch-pid {launcher} --spool-dir {node_dir.resolve()}/spool"
+            + (
+                rf" --sysfs-root {node_dir.resolve()}/sys --procfs-root {node_dir.resolve()}/proc"
+                if AGENT_READS_KERNEL_TREE  # the agent's host and network collectors read the node's fake tree
+                else ""
+            ),
             argv,
         )
         port = argv.split("/node-000/metrics")[0].rsplit(":", 1)[1]

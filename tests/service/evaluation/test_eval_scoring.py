@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
+from agents.sim.config import SimConfig
+from agents.sim.model import Cluster
 from service.evaluation.api import Api, ApiError, EndpointMissing
 from service.evaluation.report import format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH_FAULTS, parse_selection, wait_after_injection
@@ -277,6 +280,10 @@ def test_scenario_deadlines() -> None:
     assert wait_after_injection("hang", 30) == 90
     assert wait_after_injection("straggler", 30) == 240
     assert wait_after_injection("gpu_lost", 30) == 90
+    assert wait_after_injection("ib_congestion", 30) == wait_after_injection("host_mem_pressure", 30) == 240
+    assert wait_after_injection("pcie_downgrade", 30) == 240
+    assert wait_after_injection("ib_port_flap", 30) == wait_after_injection("ib_port_flap_nccl", 30) == 120
+    assert wait_after_injection("row_remap_pending", 30) == 90
 
 
 def test_torch_fault_markers_match_only_the_line_that_shows_the_fault() -> None:
@@ -363,3 +370,16 @@ def test_cli_rejects_bad_setups_with_exit_code_2(capsys: pytest.CaptureFixture[s
     assert "torch_user_bug" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--parallel", "0"])
+
+
+def test_the_sims_ground_truth_of_machine_level_faults_is_read_as_written() -> None:
+    # host_mem_pressure: evicting the node is acceptable, not required; the others expect the eviction.
+    for kind, expected, tolerated in (("host_mem_pressure", False, True), ("ib_congestion", True, False)):
+        cluster = Cluster(SimConfig(nodes=3, gpus_per_node=2, scenario=kind, seed=5, fault_after=2))
+        cluster.advance(3)
+        gt = GroundTruth.from_json(json.loads(json.dumps(cluster.ground_truth())))
+        (node,) = gt.faulty_nodes
+        assert gt.expected_evictions == ({node} if expected else set())
+        assert gt.tolerated_evictions == ({node} if tolerated else set())
+        assert gt.blame == ("unknown" if tolerated else "infrastructure")
+        assert CATALOG[kind].fault == kind and wait_after_injection(kind, 30) == 240
