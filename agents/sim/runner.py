@@ -13,7 +13,6 @@ some fifty small files change per node every second, which costs ~8x less on tmp
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -30,7 +29,6 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 import agents
-from agents.config import AgentConfig
 from agents.sim.config import SimConfig
 from agents.sim.exporter import MetricsServer
 from agents.sim.kerneltree import NodeTree, TreeWriter
@@ -45,9 +43,6 @@ SHM_PREFIX = "faultline-sim-"  # then the simulator's pid: a tree whose simulato
 TREE_BYTES_PER_NODE = 8 << 20
 _NODE_FILES = ("kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log")
 _TREE_ROOTS = ("sys", "proc")
-# The agent takes --sysfs-root/--procfs-root once its host and network collectors are in (issue 16); an agent
-# without them must not be handed unknown flags. After that merge the check can go: always pass them.
-AGENT_READS_KERNEL_TREE = "sysfs_root" in {f.name for f in dataclasses.fields(AgentConfig)}
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -175,8 +170,7 @@ class SimRunner:
         ]  # fmt: skip
         if config.sample_interval is not None:
             command += ["--sample-interval", str(config.sample_interval)]
-        if AGENT_READS_KERNEL_TREE:
-            command += ["--sysfs-root", str(node_dir / "sys"), "--procfs-root", str(node_dir / "proc")]
+        command += ["--sysfs-root", str(node_dir / "sys"), "--procfs-root", str(node_dir / "proc")]
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.

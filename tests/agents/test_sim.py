@@ -32,7 +32,6 @@ from agents.sim.exporter import MetricsServer, render
 from agents.sim.gpu import GpuSample
 from agents.sim.model import Cluster
 from agents.sim.modes import CRASH_USER, CULPRIT_DATA, VICTIM
-from agents.sim.runner import AGENT_READS_KERNEL_TREE
 from agents.sim.scenarios import HARDWARE_FAULTS, SCENARIOS
 from tests import paths
 
@@ -562,11 +561,8 @@ def test_real_run_agents_crash_and_sigkill(tmp_path: Path) -> None:
             rf"t0k --server http://127\.0\.0\.1:9 --node-name node-000 --interval 1\.0 "
             rf"--dcgm-url http://127\.0\.0\.1:\d+/node-000/metrics --kmsg {node_dir.resolve()}/kern\.log "
             rf"--log {node_dir.resolve()}/train\.log --watch-pid {launcher} --spool-dir {node_dir.resolve()}/spool"
-            + (
-                rf" --sysfs-root {node_dir.resolve()}/sys --procfs-root {node_dir.resolve()}/proc"
-                if AGENT_READS_KERNEL_TREE  # the agent's host and network collectors read the node's fake tree
-                else ""
-            ),
+            # The agent's host and network collectors read the node's fake kernel tree.
+            rf" --sysfs-root {node_dir.resolve()}/sys --procfs-root {node_dir.resolve()}/proc",
             argv,
         )
         port = argv.split("/node-000/metrics")[0].rsplit(":", 1)[1]
