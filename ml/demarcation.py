@@ -2,7 +2,8 @@
 
 One incident per root cause. Symptoms (victims' watchdog timeouts, peers' NCCL errors, torchrun's summary)
 never open an incident while a cause explains them; a job-level hang or slowdown is folded into an
-infrastructure incident that already names a machine, because a machine that lost a GPU also stalls the job.
+infrastructure incident that already names a machine, because a machine that lost a GPU also stalls the job,
+and so is a stall pinned on a machine for which such a cause is already named.
 """
 
 from __future__ import annotations
@@ -90,6 +91,18 @@ def demarcate(findings: Sequence[tuple[int, Finding]]) -> list[IncidentProposal]
                 by_category[stall] = [(i, f) for i, f in by_category[stall] if f.node is not None]
                 if not by_category[stall]:
                     del by_category[stall]
+
+    # A machine that stalls or lags for a cause already named on it (its port flapping, its host out of memory)
+    # is one incident: the stall is that cause's consequence, not a second root cause.
+    for stall in _STALLS & by_category.keys():
+        for fid, f in list(by_category[stall]):
+            causes = [c for c in explaining if f.node and any(g.node == f.node for _, g in by_category[c])]
+            if causes:
+                host = max(causes, key=lambda c: max(g.confidence for _, g in by_category[c] if g.node == f.node))
+                by_category[host].append((fid, f))
+                by_category[stall].remove((fid, f))
+        if not by_category[stall]:
+            del by_category[stall]
 
     proposals = [_proposal(category, items) for category, items in by_category.items()]
     if symptoms:

@@ -218,3 +218,15 @@ def test_a_flap_in_counters_and_in_nccl_lines_is_one_incident() -> None:
     (incident,) = proposals
     assert incident.root_cause == "network" and [s.node for s in incident.suspects] == ["node-002"]
     assert len(incident.finding_ids) == len(flaps) + 2
+
+
+def test_a_machine_slowed_by_its_host_is_one_incident() -> None:
+    """The peers' straggler finding on the node whose host is under memory pressure joins the host incident;
+    a straggler on another machine stays its own."""
+    pressure = Finding("node_signals", "host", "node", "node-002", 0.75, "memory pressure", NOW, node="node-002")
+    slow = Finding("peers", "straggler", "gpu", "node-002/3", 0.9, "slow GPU", NOW, node="node-002", action="evict")
+    other = Finding("peers", "straggler", "gpu", "node-004/1", 0.9, "slow GPU", NOW, node="node-004", action="evict")
+    proposals = demarcate([(1, pressure), (2, slow), (3, other)])
+    by_cause = {p.root_cause: p for p in proposals}
+    assert set(by_cause) == {"host", "straggler"}
+    assert sorted(by_cause["host"].finding_ids) == [1, 2] and by_cause["straggler"].finding_ids == [3]
