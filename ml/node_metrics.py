@@ -113,6 +113,7 @@ NODE_COLUMNS: Final[dict[str, bool]] = {
     DISK_FREE_PCT: False,
 }
 NODE_COUNTERS: Final[tuple[str, ...]] = tuple(c for c, counter in NODE_COLUMNS.items() if counter)
+NODE_GAUGES: Final[tuple[str, ...]] = tuple(c for c, counter in NODE_COLUMNS.items() if not counter)
 
 # Units, for evidence and plots.
 UNITS: Final[dict[str, str]] = {

@@ -93,7 +93,8 @@ def upgrade() -> None:
         sa.Column("subject", sa.Text(), nullable=False),
         sa.Column("n", sa.SmallInteger(), nullable=False),
         sa.Column("last_ts", sa.DateTime(timezone=True), nullable=False),
-        *_node_columns(),
+        # Gauges as their mean, counters as their maximum only.
+        *(sa.Column(name, sa.REAL()) for name in _NODE_GAUGES),
         *(sa.Column(f"{name}_max", sa.Double()) for name in _NODE_COUNTERS),
         sa.PrimaryKeyConstraint("job_id", "window_start", "node_id", "subject", name="pk_node_windows"),
         postgresql_partition_by="RANGE (window_start)",

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,7 +36,7 @@ from ml.metrics import (
     XID_LAST,
 )
 from ml.windows import to_samples
-from service.diagnosis import frames, state, windows
+from service.diagnosis import state, windows
 from service.models import Job
 
 PEERS_VERSION = 1
@@ -228,35 +229,85 @@ def counter_findings(
     return counters.detect(info, samples, now=now, peer_medians=medians)
 
 
-def _at(when: str, column: str, name: str) -> str:
-    return f"max({column}) FILTER (WHERE window_start = %({when})s) AS {name}"
+def _at(when: str, column: str) -> str:
+    return f"max({column}) FILTER (WHERE window_start = :{when})"
 
 
-# Per machine and subject, its values at the four windows a summary reads (ml.node_signals.summary_windows): an
-# index lookup of four windows of the job, whatever the lookback, aggregated to one row each.
-_NODE_ENDS_SQL = (
-    "SELECT node_id, subject, "
+def _rise(first: str, last: str) -> str:
+    """A counter's rise between two windows; one that went down was reset and holds its rise since."""
+    return f"coalesce(CASE WHEN {last} >= {first} THEN {last} - {first} ELSE {last} END, 0)"
+
+
+def _seconds(first: str, last: str) -> str:
+    return f"greatest(coalesce(extract(epoch FROM {last} - {first}), :window), :window)"
+
+
+def _median(expression: str) -> str:
+    return f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {expression})"
+
+
+_NS = node_signals
+_GAUGES_AT_LAST = (
+    node_metrics.PORT_STATE,
+    node_metrics.PORT_RATE_GBPS,
+    node_metrics.PSI_MEM_SOME,
+    node_metrics.PSI_MEM_FULL,
+)
+# What ml.node_signals computes from a whole job's windows (ends, aggregate_ends, peer_summary, worth_a_look), in
+# SQL over the four windows a summary reads (ml.node_signals.summary_windows): an index lookup of four windows
+# of the job whatever the lookback, one row per machine and subject, then per subject the job's medians, and the
+# machines worth a look. A test holds the two to the same findings.
+_NODE_SQL = text(
+    "WITH e AS (SELECT node_id, subject, "
     + ", ".join(
         [
-            *(_at(when, "last_ts", f"{when}_ts") for when in ("first", "continuity", "last")),
-            *(_at(when, f"{c}_max", f"{when}_{c}") for c in node_signals.LOOKBACK_RISES for when in ("first", "last")),
-            *(_at(when, f"{c}_max", f"{when}_{c}") for c in node_signals.CONGESTION for when in ("continuity", "last")),
-            "coalesce(bool_or(port_state < %(active)s) FILTER (WHERE window_start >= %(previous)s), false) "
-            "AS down_lately",
-            *(
-                _at("last", c, c)
-                for c in (
-                    node_metrics.PORT_STATE,
-                    node_metrics.PORT_RATE_GBPS,
-                    node_metrics.PSI_MEM_SOME,
-                    node_metrics.PSI_MEM_FULL,
-                )
-            ),
-            _at("last", "mem_available_mib / nullif(mem_total_mib, 0)", "available_share"),
+            *(f"{_at(when, 'last_ts')} AS {when}_ts" for when in ("first", "continuity", "last")),
+            *(f"{_at(w, c + '_max')} AS {w}_{c}" for c in _NS.LOOKBACK_RISES for w in ("first", "last")),
+            *(f"{_at(w, c + '_max')} AS {w}_{c}" for c in _NS.CONGESTION for w in ("continuity", "last")),
+            "coalesce(bool_or(port_state < :active) FILTER (WHERE window_start >= :previous), false) AS down_lately",
+            *(f"{_at('last', c)} AS {c}" for c in _GAUGES_AT_LAST),
+            f"{_at('last', 'mem_available_mib / nullif(mem_total_mib, 0)')} AS available_share",
         ]
     )
-    + " FROM node_windows WHERE job_id = %(job)s "
-    "AND window_start IN (%(first)s, %(continuity)s, %(previous)s, %(last)s) GROUP BY node_id, subject"
+    + " FROM node_windows WHERE job_id = :job AND window_start IN (:first, :continuity, :previous, :last) "
+    "GROUP BY node_id, subject"
+    "), a AS (SELECT node_id, subject, down_lately, available_share, "
+    + ", ".join(
+        [
+            *_GAUGES_AT_LAST,
+            f"{_seconds('first_ts', 'last_ts')} AS span_s",
+            f"{_seconds('continuity_ts', 'last_ts')} AS continuity_span_s",
+            *(f"{_rise('first_' + c, 'last_' + c)} AS rise_{c}" for c in _NS.LOOKBACK_RISES),
+            *(f"{_rise('continuity_' + c, 'last_' + c)} AS rise_{c}" for c in _NS.CONGESTION),
+        ]
+    )
+    + " FROM e), s AS (SELECT subject, count(*)::float8 AS n, "
+    "avg(CASE WHEN port_state >= :active THEN 1.0 ELSE 0.0 END) AS active_share, "
+    + ", ".join(
+        [
+            *(f"{_median(c)} AS {c}" for c in (node_metrics.PORT_RATE_GBPS, node_metrics.PSI_MEM_SOME)),
+            *(f"{_median(f'rise_{c} / span_s')} AS {c}" for c in _NS.PORT_ERRORS),
+            *(f"{_median(f'rise_{c} / continuity_span_s')} AS {c}" for c in _NS.CONGESTION),
+        ]
+    )
+    + " FROM a GROUP BY subject"
+    ") SELECT (SELECT json_object_agg(subject, to_jsonb(s) - 'subject') FROM s) AS summary, "
+    "(SELECT array_agg(DISTINCT a.node_id) FROM a JOIN s USING (subject) WHERE "
+    f"a.rise_{node_metrics.LINK_DOWNED} > 0 OR a.down_lately "
+    f"OR a.{node_metrics.PORT_RATE_GBPS} < :rate_drop * s.{node_metrics.PORT_RATE_GBPS} "
+    "OR ("
+    + " + ".join(f"a.rise_{c}" for c in _NS.PORT_ERRORS)
+    + " >= :errors_min AND "
+    + " + ".join(f"a.rise_{c}" for c in _NS.PORT_ERRORS)
+    + " >= :errors_factor * greatest(("
+    + " + ".join(f"coalesce(s.{c}, 0)" for c in _NS.PORT_ERRORS)
+    + ") * a.span_s, 1)) OR "
+    + " OR ".join(
+        f"a.rise_{c} / a.continuity_span_s >= greatest(:congestion_factor * coalesce(s.{c}, 0), :floor_{c})"
+        for c in _NS.CONGESTION
+    )
+    + f" OR (a.subject = :host AND (a.{node_metrics.PSI_MEM_SOME} >= :psi_some OR a.{node_metrics.PSI_MEM_FULL} "
+    ">= :psi_full OR a.available_share <= :available_low))) AS worth"
 )
 
 
@@ -281,28 +332,29 @@ def node_findings(
     )
     lo = closed - timedelta(seconds=lookback_s)
     at = node_signals.summary_windows(closed - timedelta(seconds=WINDOW_S), lookback_s)
-    table = frames.copy_frame(
-        session,
-        _NODE_ENDS_SQL,
-        {"job": job.id, "active": node_metrics.PORT_ACTIVE, **at},
-        columns=("node_id", "subject", *node_signals.ENDS_COLUMNS[2:]),
-        floats=[c for c in node_signals.ENDS_COLUMNS[2:] if not c.endswith("_ts") and c != "down_lately"],
-        times=("first_ts", "continuity_ts", "last_ts"),
-    )
-    if table.empty:
+    params = {
+        "job": job.id,
+        **at,
+        "window": float(WINDOW_S),
+        "active": node_metrics.PORT_ACTIVE,
+        "host": node_metrics.HOST,
+        "rate_drop": _NS.RATE_DROP,
+        "errors_min": _NS.ERRORS_MIN,
+        "errors_factor": _NS.ERRORS_FACTOR,
+        "congestion_factor": _NS.CONGESTION_FACTOR,
+        **{f"floor_{c}": floor for c, floor in _NS.CONGESTION_FLOOR_PER_S.items()},
+        "psi_some": _NS.PSI_SOME_HIGH,
+        "psi_full": _NS.PSI_FULL_HIGH,
+        "available_low": _NS.AVAILABLE_LOW,
+    }
+    row = session.execute(_NODE_SQL, params).one()
+    node_ids = sorted(row.worth or [])
+    if not node_ids:
         return []
-    table["down_lately"] = table["down_lately"].astype(str).isin(("t", "True"))  # COPY's CSV spells booleans t/f
-    missing = {int(i) for i in table["node_id"].unique()} - names.keys()
-    if missing:
-        names.update(windows.node_names(session, node_ids=sorted(missing)))
-    table["node"] = table["node_id"].map(names)
-    table = table.dropna(subset=["node"])
-    aggregates = node_signals.aggregate_ends(table)
-    summary = node_signals.peer_summary(aggregates)
-    worth = set(node_signals.worth_a_look(aggregates, summary))
-    if not worth:
-        return []
-    node_ids = sorted({int(i) for i, n in zip(table["node_id"], table["node"], strict=True) if n in worth})
+    summary = {
+        subject: {k: math.nan if v is None else float(v) for k, v in values.items()}
+        for subject, values in (row.summary or {}).items()
+    }
     rolled = windows.read_nodes(
         session,
         job=job,

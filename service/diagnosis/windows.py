@@ -17,7 +17,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS, WINDOW_S
-from ml.node_metrics import NODE_COLUMNS, NODE_COUNTERS
+from ml.node_metrics import NODE_COUNTERS, NODE_GAUGES
 from ml.windows import floor_time
 from service.diagnosis import frames, state
 from service.models import Job, Node
@@ -42,9 +42,9 @@ def _rollup_sql() -> str:
 
 
 def _node_rollup_sql() -> str:
-    means = [f"avg({c})" for c in NODE_COLUMNS]
+    means = [f"avg({c})" for c in NODE_GAUGES]
     peaks = [f"max({c})" for c in NODE_COUNTERS]
-    columns = ", ".join([*NODE_COLUMNS, *(f"{c}_max" for c in NODE_COUNTERS)])
+    columns = ", ".join([*NODE_GAUGES, *(f"{c}_max" for c in NODE_COUNTERS)])
     return (
         f"INSERT INTO node_windows (job_id, window_start, node_id, subject, n, last_ts, {columns}) "
         f"SELECT job_id, date_bin(make_interval(secs => {WINDOW_S}), ts, :origin) AS window_start, node_id, subject, "
@@ -149,4 +149,4 @@ def _read(
 
 
 _STORED = frozenset([*METRIC_COLUMNS, *(f"{c}_max" for c in WINDOW_MAX_COLUMNS)])
-NODE_STORED = frozenset([*NODE_COLUMNS, *(f"{c}_max" for c in NODE_COUNTERS)])
+NODE_STORED = frozenset([*NODE_GAUGES, *(f"{c}_max" for c in NODE_COUNTERS)])

@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS
-from ml.node_metrics import NODE_COLUMNS, NODE_COUNTERS
+from ml.node_metrics import NODE_COUNTERS, NODE_GAUGES
 from service.models.base import Base
 
 # One row per job, GPU and closed window (WINDOW_S): gauges as their mean, cumulative counters also as their
@@ -42,7 +42,9 @@ metric_windows = Table(
     postgresql_partition_by="RANGE (window_start)",
 )
 
-# The same for node_samples: one row per job, node, subject and closed window.
+# The same for node_samples: one row per job, node, subject and closed window; gauges as their mean, cumulative
+# counters as their maximum only (their mean says nothing, and a window of 2,048 machines' ports is rolled up
+# every 10 s).
 node_windows = Table(
     "node_windows",
     Base.metadata,
@@ -52,7 +54,7 @@ node_windows = Table(
     Column("subject", Text, nullable=False),
     Column("n", SmallInteger, nullable=False),
     Column("last_ts", DateTime(timezone=True), nullable=False),
-    *(Column(name, Double if counter else REAL) for name, counter in NODE_COLUMNS.items()),
+    *(Column(name, REAL) for name in NODE_GAUGES),
     *(Column(f"{name}_max", Double) for name in NODE_COUNTERS),
     PrimaryKeyConstraint("job_id", "window_start", "node_id", "subject", name="pk_node_windows"),
     postgresql_partition_by="RANGE (window_start)",
