@@ -116,6 +116,9 @@ def diagnose_job(
     with _timed(timings, "rollup"):
         # GPU metrics: the windows that closed since the last pass are built once, then read compactly.
         closed = windows.rollup(session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback)
+        closed_nodes = windows.rollup_nodes(
+            session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback
+        )
     with _timed(timings, "activity"):
         activity = metric_passes.job_activity(session, job=job, closed=closed, lookback_s=lookback, now=now)
     job_signals = JobSignals(job=info, steps=steps, events=events, processes=processes, now=now, activity=activity)
@@ -137,7 +140,7 @@ def diagnose_job(
             (
                 "node_signals",
                 lambda: metric_passes.node_findings(
-                    session, job=job, info=info, closed=closed, lookback_s=lookback, names=names, now=now
+                    session, job=job, info=info, closed=closed_nodes, lookback_s=lookback, names=names, now=now
                 ),
             ),
         ],

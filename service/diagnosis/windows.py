@@ -23,6 +23,8 @@ from service.diagnosis import frames, state
 from service.models import Job, Node
 
 DETECTOR = "windows"
+NODE_DETECTOR = "node_windows"
+NODE_LAG_S = 5.0
 VERSION = 1
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # date_bin's origin: windows aligned on the epoch's 10 s marks
 
@@ -60,18 +62,30 @@ _NODE_ROLLUP = text(_node_rollup_sql())
 
 
 def rollup(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
-    """Build the job's GPU and node windows that closed since its cursor (at most `lookback_s` back); returns
-    the end of the closed windows, up to which detectors may read."""
+    """Build the job's GPU windows that closed since its cursor (at most `lookback_s` back); returns the end of
+    the closed windows, up to which detectors may read."""
+    return _rollup(session, _ROLLUP, DETECTOR, job=job, now=now, grace_s=grace_s, lookback_s=lookback_s)
+
+
+def rollup_nodes(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
+    """The same for the node windows (ports, hosts, volumes), which close NODE_LAG_S later than the GPU ones:
+    passes come every 5 s and windows every 10 s, so the GPU windows' pass and the node windows' pass
+    alternate instead of one pass doing both."""
+    lagged = grace_s + NODE_LAG_S
+    return _rollup(session, _NODE_ROLLUP, NODE_DETECTOR, job=job, now=now, grace_s=lagged, lookback_s=lookback_s)
+
+
+def _rollup(
+    session: Session, statement: Any, detector: str, *, job: Job, now: datetime, grace_s: float, lookback_s: float
+) -> datetime:
     closed = floor_time(now - timedelta(seconds=grace_s))
-    cursor, _ = state.load(session, job_id=job.id, detector=DETECTOR, version=VERSION)
+    cursor, _ = state.load(session, job_id=job.id, detector=detector, version=VERSION)
     start = closed - timedelta(seconds=lookback_s)
     if cursor is not None and cursor > start:
         start = cursor
     if start < closed:
-        params = {"job": job.id, "lo": start, "hi": closed, "origin": _ORIGIN}
-        session.execute(_ROLLUP, params)
-        session.execute(_NODE_ROLLUP, params)
-        state.save(session, job_id=job.id, detector=DETECTOR, version=VERSION, cursor=closed, state={}, now=now)
+        session.execute(statement, {"job": job.id, "lo": start, "hi": closed, "origin": _ORIGIN})
+        state.save(session, job_id=job.id, detector=detector, version=VERSION, cursor=closed, state={}, now=now)
     return closed
 
 

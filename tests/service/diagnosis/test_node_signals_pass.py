@@ -104,7 +104,7 @@ def test_the_sql_summary_matches_the_detectors_own(session: Session) -> None:
 
     session.execute(insert(node_samples), _samples(job, ids, start, 300, faults))
     session.flush()
-    closed = windows.rollup(session, job=job, now=now, grace_s=6, lookback_s=300)
+    closed = windows.rollup_nodes(session, job=job, now=now, grace_s=6, lookback_s=300)
     info = signals.job_info(session, job=job)
     by_id = windows.node_names(session, node_ids=list(ids.values()))
     passed = metric_passes.node_findings(
@@ -144,3 +144,17 @@ def test_the_incident_page_plots_the_port_against_its_peers(session: Session) ->
     last = chart.plot.windows[-1]
     assert last.median is not None and last.value > 50 * last.median  # the suspect's rate against its peers'
     assert page.incident.root_cause == "network"
+
+
+def test_node_windows_close_on_the_pass_after_the_gpu_windows(session: Session) -> None:
+    """Passes come every 5 s and windows every 10 s: the GPU windows' pass and the node windows' pass alternate."""
+    job, _ = _job(session, nodes=1)
+    boundary = floor_time(datetime.now(UTC))
+    for offset, gpu_closed, node_closed in ((7, 0, -10), (12, 0, 0), (17, 10, 0), (22, 10, 10)):
+        now = boundary + timedelta(seconds=offset)
+        assert windows.rollup(session, job=job, now=now, grace_s=6, lookback_s=300) == boundary + timedelta(
+            seconds=gpu_closed
+        )
+        assert windows.rollup_nodes(session, job=job, now=now, grace_s=6, lookback_s=300) == boundary + timedelta(
+            seconds=node_closed
+        )
