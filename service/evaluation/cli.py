@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from service.arguments import positive, positive_int
+from service.evaluation import spread
 from service.evaluation.report import format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH, parse_selection
 from service.evaluation.scoring import FAIL, PASS, Target, summarize
@@ -185,8 +186,13 @@ def _run(args: argparse.Namespace) -> int:
         FAIL if left else PASS,
         f"{len(left)} killed: {', '.join(left)}" if left else "every process stopped cleanly",
     )
-    summary = summarize([r.score for r in results], extra=[clean])
-    print(format_table([r.score for r in results]))
+    scores = [r.score for r in results]
+    summary = summarize(scores, extra=[clean])
+    per_scenario = spread.by_scenario(scores)
+    print(format_table(scores))
+    if any(row.runs > 1 for row in per_scenario):
+        print("\nper scenario over its seeds (time to the first decision):")
+        print(spread.format_spread(per_scenario))
     print()
     print(format_summary(summary), flush=True)
     out = args.json or data_dir / "eval.json"
@@ -197,6 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         "api": harness.url,
         "runs": [r.to_json() for r in results],
         "summary": summary.to_json(),
+        "per_scenario": [row.to_json() for row in per_scenario],
         "leftover_processes": left,
         "service_error": evaluation.broken,
     }

@@ -28,6 +28,8 @@ def _note(score: ScenarioScore) -> str:
         notes.append(f"error: {score.error}")
     if score.tolerated:
         notes.append(f"evicted {_nodes(score, score.tolerated)} (acceptable)")
+    if score.false_accusations:
+        notes.append(f"diagnosed healthy {_nodes(score, score.false_accusations)}")
     if score.early_decisions:
         notes.append(f"{score.early_decisions} decisions before the fault")
     if score.first_decision and score.time_to_decision_s is not None:
@@ -73,6 +75,7 @@ def format_summary(summary: Summary) -> str:
         f"machines: TP {s.tp}, FP {s.fp}, FN {s.fn}; precision {_ratio(s.precision)}, recall {_ratio(s.recall)}, "
         f"F1 {_ratio(s.f1)}",
         f"time to decision: median {_seconds(s.median_s)}, p95 {_seconds(s.p95_s)}",
+        f"false accusations (healthy machines sent to diagnostics): {s.false_accusations} over {s.faults} faults",
         f"evictions on healthy runs: {s.healthy_evictions} over {s.healthy_runs} runs; "
         f"on user-code faults: {s.user_code_evictions} over {s.user_code_runs} runs",
         "",

@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from service.evaluation import spread
+from service.evaluation.spread import percentile
+
 # Decisions that do not take a machine away: a person said no.
 NOT_EVICTING_STATES = frozenset({"rejected"})
 # Decisions that settle what happens to the job (a `diagnose` may still be followed by an eviction).
@@ -233,6 +236,9 @@ class ScenarioScore:
     hang_timeout_s: float | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Healthy machines a diagnose decision named (issue: no accusation spray); reported apart from evictions.
+    false_accusations: list[str] = field(default_factory=list)
+    faults: int = 0
     # Set by the runner: the prefix of this run's node names, left out when printing them.
     node_prefix: str = ""
 
@@ -358,18 +364,9 @@ def score_scenario(
         user_code=truth.user_code,
         hang_timeout_s=hang_timeout_s,
         error=error,
+        false_accusations=spread.false_accusations(parsed, truth.faulty_nodes),
+        faults=len(truth.faults),
     )
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks; None for no values."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    position = (len(ordered) - 1) * min(max(q, 0.0), 100.0) / 100.0
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def _ratio(numerator: int, denominator: int) -> float | None:
@@ -397,6 +394,8 @@ class Summary:
     f1: float | None
     median_s: float | None
     p95_s: float | None
+    false_accusations: int
+    faults: int
     healthy_runs: int
     healthy_evictions: int
     user_code_runs: int
@@ -442,6 +441,17 @@ def _no_eviction_target(name: str, runs: Sequence[ScenarioScore]) -> Target:
     return Target(name, FAIL if bad else PASS, detail + (f" ({'; '.join(bad)})" if bad else ""))
 
 
+def _false_accusation_target(scores: Sequence[ScenarioScore]) -> Target:
+    name = f"false accusations <= {spread.TARGET_FALSE_ACCUSATIONS_PER_FAULT:g} per fault"
+    faults = sum(s.faults for s in scores)
+    accused = sum(len(s.false_accusations) for s in scores)
+    if not faults:
+        return Target(name, FAIL if accused else PASS, f"{accused} on runs without a fault")
+    rate = accused / faults
+    detail = f"{rate:.2f} ({accused} healthy machines diagnosed over {faults} faults)"
+    return Target(name, PASS if rate <= spread.TARGET_FALSE_ACCUSATIONS_PER_FAULT else FAIL, detail)
+
+
 def targets(scores: Sequence[ScenarioScore], precision: float | None, recall: float | None) -> list[Target]:
     """The eval's targets, each PASS, FAIL or n/a (no scenario it applies to was run)."""
 
@@ -461,6 +471,7 @@ def targets(scores: Sequence[ScenarioScore], precision: float | None, recall: fl
         _time_target(
             f"straggler decided <= {TARGET_STRAGGLER_S:g} s", of_kind("straggler"), lambda _: TARGET_STRAGGLER_S
         ),
+        _false_accusation_target(scores),
         _no_eviction_target("no eviction on healthy runs", [s for s in scores if s.healthy]),
         _no_eviction_target("no eviction for user-code faults", [s for s in scores if s.user_code]),
     ]
@@ -491,6 +502,8 @@ def summarize(scores: Sequence[ScenarioScore], *, extra: Sequence[Target] = ()) 
         f1=f1,
         median_s=percentile(times, 50),
         p95_s=percentile(times, 95),
+        false_accusations=sum(len(s.false_accusations) for s in scores),
+        faults=sum(s.faults for s in scores),
         healthy_runs=len(healthy),
         healthy_evictions=sum(len(s.evicted) for s in healthy),
         user_code_runs=len(user),

@@ -24,6 +24,7 @@ from service.evaluation.scoring import (
     score_scenario,
     summarize,
 )
+from service.evaluation.spread import by_scenario, format_spread
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 NODES = ["node-000", "node-001", "node-002", "node-003"]
@@ -383,3 +384,38 @@ def test_the_sims_ground_truth_of_machine_level_faults_is_read_as_written() -> N
         assert gt.tolerated_evictions == ({node} if tolerated else set())
         assert gt.blame == ("unknown" if tolerated else "infrastructure")
         assert CATALOG[kind].fault == kind and wait_after_injection(kind, 30) == 240
+
+
+def test_diagnosing_healthy_machines_counts_as_false_accusations() -> None:
+    """The 8x8 straggler's spray: every node sent to diagnostics before the right eviction. Evictions stay
+    correct, but each healthy machine diagnosed is a false accusation, reported apart and held to 0.2 a fault."""
+    sprayed = [decision("diagnose", n, 70) for n in NODES] + [decision("evict", "node-001", 100)]
+    run = score_scenario(truth("straggler", "straggler", ["node-001"]), sprayed, [incident("infrastructure", NODES)])
+    assert run.correct and run.false_accusations == ["node-000", "node-002", "node-003"] and run.faults == 1
+    rejected = [decision("diagnose", "node-000", 70, state="rejected"), decision("evict", "node-001", 100)]
+    clean = score_scenario(truth("straggler", "straggler", ["node-001"]), rejected, [])
+    assert clean.false_accusations == []
+    summary = summarize([run, clean])
+    assert (summary.false_accusations, summary.faults) == (3, 2)
+    [target] = [t for t in summary.targets if t.name.startswith("false accusations")]
+    assert target.status == FAIL and target.detail.startswith("1.50")
+    assert "diagnosed healthy node-000,node-002,node-003" in format_table([run])
+    healthy = score_scenario(truth("healthy", None, []), [decision("diagnose", "node-002", 10)], [])
+    [target] = [t for t in summarize([healthy]).targets if t.name.startswith("false accusations")]
+    assert target.status == FAIL and "1 on runs without a fault" in target.detail
+
+
+def test_several_seeds_are_summarized_per_scenario_with_their_spread() -> None:
+    runs = [
+        score_scenario(truth("gpu_lost", "gpu_lost", ["node-002"]), [decision("evict", "node-002", t)], [])
+        for t in (1.0, 2.0, 6.0)
+    ]
+    runs.append(score_scenario(truth("healthy", None, []), [], []))
+    [lost, healthy] = by_scenario(runs)
+    assert (lost.scenario, lost.runs, lost.correct, lost.tp, lost.decided) == ("gpu_lost", 3, 3, 3, 3)
+    assert (lost.median_s, lost.min_s, lost.max_s) == (2.0, 1.0, 6.0)
+    assert lost.stdev_s == pytest.approx(2.6458, abs=1e-3)
+    assert (healthy.runs, healthy.decided, healthy.median_s, healthy.stdev_s) == (1, 0, None, None)
+    table = format_spread([lost, healthy]).splitlines()
+    assert table[0].split()[:3] == ["scenario", "runs", "correct"]
+    assert table[2].split() == ["gpu_lost", "3", "3/3", "3/0/0", "0", "2.0", "5.6", "1.0-6.0", "2.6"]
