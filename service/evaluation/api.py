@@ -87,11 +87,12 @@ class Api:
         return self._pages("/api/v1/decisions", {"job": job_id})
 
     def incidents(self, job_id: str) -> list[dict[str, Any]]:
-        """Every incident of the job, each with its suspects (read one by one when the list leaves them out)."""
+        """Every incident of the job in full, with its suspects and its findings (the calibration report reads
+        each finding's detector and confidence): the list leaves the findings out, so each is read on its own."""
         listed = self._pages("/api/v1/incidents", {"job": job_id})
         out = []
         for item in listed:
-            if "suspects" not in item and "id" in item:
+            if "id" in item:
                 detail = self._request("GET", f"/api/v1/incidents/{item['id']}")
                 item = detail if isinstance(detail, dict) else item
             out.append(item)

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from service.arguments import positive, positive_int
-from service.evaluation import spread
+from service.config import Settings
+from service.evaluation import calibration, spread
 from service.evaluation.report import format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH, parse_selection
-from service.evaluation.scoring import FAIL, PASS, Target, summarize
+from service.evaluation.scoring import FAIL, PASS, GroundTruth, Target, summarize
 
 DEFAULT_DATA_DIR = Path(".faultline/eval")
 
@@ -193,6 +194,18 @@ def _run(args: argparse.Namespace) -> int:
     if any(row.runs > 1 for row in per_scenario):
         print("\nper scenario over its seeds (time to the first decision):")
         print(spread.format_spread(per_scenario))
+    judged = [j for r in results for j in calibration.judge(GroundTruth.from_json(r.ground_truth), r.incidents)]
+    bins = calibration.reliability(judged)
+    # The policy the eval's worker ran with: the defaults, or the FAULTLINE_POLICY_* variables it inherited.
+    settings = Settings(database_url="postgresql://unused", redis_url="redis://unused")
+    levels = calibration.thresholds(
+        judged,
+        {"diagnose": settings.policy_diagnose_min_confidence, "evict": settings.policy_evict_min_confidence},
+    )
+    if bins:
+        print("\ncalibration: each detector's confidence against how often it named a faulty machine (or, job-level,")
+        print("a run with a fault):")
+        print(calibration.format_report(bins, levels))
     print()
     print(format_summary(summary), flush=True)
     out = args.json or data_dir / "eval.json"
@@ -204,6 +217,10 @@ def _run(args: argparse.Namespace) -> int:
         "runs": [r.to_json() for r in results],
         "summary": summary.to_json(),
         "per_scenario": [row.to_json() for row in per_scenario],
+        "calibration": {
+            "bins": [b.to_json() for b in bins],
+            "thresholds": [dict(zip(("policy", "confidence", "findings", "right"), t, strict=True)) for t in levels],
+        },
         "leftover_processes": left,
         "service_error": evaluation.broken,
     }

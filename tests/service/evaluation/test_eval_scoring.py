@@ -11,6 +11,7 @@ import pytest
 
 from agents.sim.config import SimConfig
 from agents.sim.model import Cluster
+from service.evaluation import calibration
 from service.evaluation.api import Api, ApiError, EndpointMissing
 from service.evaluation.report import format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH_FAULTS, parse_selection, wait_after_injection
@@ -340,14 +341,19 @@ class TestApi:
         assert [i["node"] for i in items] == ["n1", "n2"]
         assert all(r.headers["authorization"] == "Bearer tok" and r.url.params["job"] == "job-1" for r in seen)
 
-    def test_incidents_without_suspects_are_read_one_by_one(self) -> None:
+    def test_incidents_are_read_one_by_one_with_their_findings(self) -> None:
+        finding = {"id": 3, "detector": "peers", "confidence": 0.9, "node": "n1"}
+
         def handler(request: httpx.Request) -> httpx.Response:
             if request.url.path == "/api/v1/incidents/7":
-                return httpx.Response(200, json=incident("infrastructure", ["n1"], incident_id=7))
-            return httpx.Response(200, json={"items": [{"id": 7, "blame": "infrastructure"}], "next_cursor": None})
+                return httpx.Response(
+                    200, json=incident("infrastructure", ["n1"], incident_id=7) | {"findings": [finding]}
+                )
+            listed = {"id": 7, "blame": "infrastructure", "suspects": [], "findings": []}
+            return httpx.Response(200, json={"items": [listed], "next_cursor": None})
 
         [got] = self.api(handler).incidents("job-1")
-        assert got["suspects"][0]["node"] == "n1"
+        assert got["suspects"][0]["node"] == "n1" and got["findings"] == [finding]
 
     def test_server_errors_and_refused_connections_say_what_failed(self) -> None:
         api = self.api(lambda request: httpx.Response(422, json={"error": "invalid", "message": "bad cursor"}))
@@ -419,3 +425,28 @@ def test_several_seeds_are_summarized_per_scenario_with_their_spread() -> None:
     table = format_spread([lost, healthy]).splitlines()
     assert table[0].split()[:3] == ["scenario", "runs", "correct"]
     assert table[2].split() == ["gpu_lost", "3", "3/3", "3/0/0", "0", "2.0", "5.6", "1.0-6.0", "2.6"]
+
+
+def test_calibration_judges_each_finding_against_the_ground_truth() -> None:
+    def f(fid: int, detector: str, confidence: float, node: str | None, role: str = "cause") -> dict[str, Any]:
+        return {"id": fid, "detector": detector, "confidence": confidence, "node": node, "role": role}
+
+    lost = truth("gpu_lost", "gpu_lost", ["node-002"])
+    incidents = [
+        incident("infrastructure", ["node-002"]) | {"findings": [f(1, "signatures", 0.97, "node-002"),
+                                                                 f(2, "peers", 0.55, "node-001"),
+                                                                 f(3, "progress", 0.7, None),
+                                                                 f(4, "signatures", 0.6, None, role="symptom")]},
+        incident("infrastructure", ["node-002"], incident_id=2) | {"findings": [f(1, "signatures", 0.97, "node-002")]},
+    ]  # fmt: skip
+    judged = calibration.judge(lost, incidents)
+    assert [(j.detector, j.right) for j in judged] == [("signatures", True), ("peers", False), ("progress", True)]
+    healthy = calibration.judge(truth("healthy", None, []), [{"findings": [f(9, "progress", 0.7, None)]}])
+    assert [j.right for j in healthy] == [False]  # any finding on a healthy run is wrong
+    bins = {(b.detector, b.low): b for b in calibration.reliability(judged + healthy)}
+    assert (bins[("progress", 0.7)].findings, bins[("progress", 0.7)].accuracy) == (2, 0.5)
+    assert bins[("all", 0.9)].right == 1 and bins[("peers", 0.5)].accuracy == 0.0
+    levels = calibration.thresholds(judged, {"diagnose": 0.5, "evict": 0.8})
+    assert levels == [("diagnose", 0.5, 2, 0.5), ("evict", 0.8, 1, 1.0)]
+    report = calibration.format_report(calibration.reliability(judged), levels)
+    assert "policy evict threshold 0.80: 1 machine-naming findings at or above it, 100% right" in report
