@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from service.evaluation.scoring import Decision, ScenarioScore
+    from service.evaluation.scoring import Decision, Fault, ScenarioScore
 
 # Decisions that accuse a machine without taking it away; on a healthy machine each is a false accusation.
 ACCUSING_KINDS = frozenset({"diagnose"})
@@ -26,6 +26,14 @@ def false_accusations(decisions: Iterable[Decision], faulty: frozenset[str]) -> 
             if d.kind in ACCUSING_KINDS and d.node is not None and d.state != "rejected" and d.node not in faulty
         }
     )
+
+
+def undiagnosed(faults: Iterable[Fault], decisions: Sequence[Decision]) -> list[str]:
+    """The nodes of faults whose ground truth expects a diagnose decision and that got none (in any state but
+    rejected)."""
+    diagnosed = {d.node for d in decisions if d.kind == "diagnose" and d.state != "rejected"}
+    wanted = {n for f in faults if f.expect_action == "diagnose" for n in f.nodes}
+    return sorted(wanted - diagnosed)
 
 
 @dataclass(frozen=True)

@@ -450,3 +450,24 @@ def test_calibration_judges_each_finding_against_the_ground_truth() -> None:
     assert levels == [("diagnose", 0.5, 2, 0.5), ("evict", 0.8, 1, 1.0)]
     report = calibration.format_report(calibration.reliability(judged), levels)
     assert "policy evict threshold 0.80: 1 machine-naming findings at or above it, 100% right" in report
+
+
+def test_a_node_slow_for_a_software_reason_must_be_diagnosed_not_evicted() -> None:
+    slow = GroundTruth.from_json(
+        {
+            "scenario": "software_slow",
+            "job_id": "job-sw",
+            "nodes": NODES,
+            "faults": [
+                {"kind": "software_slow", "nodes": ["node-001"], "injected_at": T0.isoformat(), "blame": "user_code",
+                 "expect_eviction": False, "expect_action": "diagnose"}
+            ],
+        }
+    )  # fmt: skip
+    assert slow.faults[0].expect_action == "diagnose" and slow.faults[0].to_json()["expect_action"] == "diagnose"
+    diagnosed = score_scenario(slow, [decision("diagnose", "node-001", 60)], [])
+    assert diagnosed.correct and diagnosed.false_accusations == []
+    silent = score_scenario(slow, [], [])
+    assert not silent.correct and silent.notes == ["no diagnose decision for node-001"]
+    evicted = score_scenario(slow, [decision("evict", "node-001", 60), decision("diagnose", "node-001", 50)], [])
+    assert not evicted.correct and evicted.fp == 1
