@@ -52,16 +52,16 @@ class Api:
             raise ApiError(f"{where} answered {response.status_code} with no JSON body")
         return body
 
-    def register_job(self, *, job_id: str, world_size: int, hang_timeout_s: int) -> None:
-        """Register the job before its agents report, so it has its hang timeout from the start."""
+    def register_job(self, *, job_id: str, world_size: int, hang_timeout_s: int, tp: int = 1, pp: int = 1) -> None:
+        """Register the job before its agents report, so it has its hang timeout and parallelism from the start
+        (ranks in Megatron's order: tensor-parallel fastest, then data, then pipeline)."""
         self._request(
             "POST",
             "/api/v1/jobs",
             json={
                 "job_id": job_id,
                 "world_size": world_size,
-                # Every scenario is plain data parallelism: one replica per rank.
-                "parallelism": {"tp": 1, "pp": 1, "dp": world_size},
+                "parallelism": {"tp": tp, "pp": pp, "dp": world_size // (tp * pp), "order": "tp-dp-pp"},
                 "hang_timeout_s": hang_timeout_s,
             },
         )

@@ -56,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="first seed (default 1); then seed+1, ...")
     p.add_argument("--nodes", type=positive_int, default=4, help="simulated nodes (default 4)")
     p.add_argument("--gpus-per-node", type=positive_int, default=4, help="simulated GPUs per node (default 4)")
+    p.add_argument(
+        "--tp", type=positive_int, default=1, help="sim: tensor-parallel size registered with each job (default 1)"
+    )
+    p.add_argument(
+        "--pp", type=positive_int, default=1, help="sim: pipeline stages registered with each job (default 1)"
+    )
     p.add_argument("--parallel", type=positive_int, default=1, help="scenarios run at once (default 1)")
     p.add_argument("--fault-after", type=positive, default=30.0, help="sim: inject after this many s (30)")
     p.add_argument(
@@ -125,6 +131,12 @@ def _selection(args: argparse.Namespace) -> list[str]:
         elif torch_named:
             say("PyTorch is not installed: the real torchrun scenarios are skipped (pip install torch to run them)")
         names = [n for n in names if CATALOG[n].family != TORCH]
+    world = args.nodes * args.gpus_per_node
+    if world % (args.tp * args.pp):
+        problems.append(
+            f"--tp {args.tp} x --pp {args.pp} must divide the simulated world size "
+            f"({args.nodes} nodes x {args.gpus_per_node} GPUs = {world})"
+        )
     if args.hang_timeout < 5:
         problems.append("--hang-timeout must be at least 5 s (the API's minimum)")
     if importlib.util.find_spec("psutil") is None:
@@ -149,6 +161,8 @@ def _run(args: argparse.Namespace) -> int:
         data_dir=data_dir,
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
+        tp=args.tp,
+        pp=args.pp,
         parallel=args.parallel,
         fault_after=args.fault_after,
         hang_timeout_s=args.hang_timeout,

@@ -36,6 +36,9 @@ class EvalConfig:
     data_dir: Path
     nodes: int = 4
     gpus_per_node: int = 4
+    # The parallelism the simulated jobs are registered with (torchrun jobs stay plain data parallelism).
+    tp: int = 1
+    pp: int = 1
     parallel: int = 1
     fault_after: float = 30.0
     hang_timeout_s: int = 30
@@ -181,7 +184,10 @@ class Evaluation:
         errors: list[str] = []
         leftovers: list[str] = []
         try:
-            self.api.register_job(job_id=job_id, world_size=run.world_size, hang_timeout_s=c.hang_timeout_s)
+            tp, pp = (c.tp, c.pp) if scenario.family == SIM else (1, 1)
+            self.api.register_job(
+                job_id=job_id, world_size=run.world_size, hang_timeout_s=c.hang_timeout_s, tp=tp, pp=pp
+            )
         except ApiError as exc:
             errors.append(f"registering the job: {exc}")
         if not errors:

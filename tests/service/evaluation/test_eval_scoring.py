@@ -373,6 +373,8 @@ def test_cli_rejects_bad_setups_with_exit_code_2(capsys: pytest.CaptureFixture[s
     assert main(["--scenarios", "bogus", "--no-torch"]) == 2
     assert "unknown scenario 'bogus'" in capsys.readouterr().err
     assert main(["--scenarios", "gpu_lost", "--hang-timeout", "2"]) == 2
+    assert main(["--scenarios", "straggler", "--nodes", "4", "--gpus-per-node", "4", "--tp", "8", "--pp", "4"]) == 2
+    assert "--tp 8 x --pp 4 must divide the simulated world size (4 nodes x 4 GPUs = 16)" in capsys.readouterr().err
     assert main(["--list"]) == 0
     assert "torch_user_bug" in capsys.readouterr().out
     with pytest.raises(SystemExit):
