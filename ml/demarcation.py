@@ -61,6 +61,12 @@ class IncidentProposal:
 _ACTION_RANK = {"none": 0, "restart": 1, "diagnose": 2, "rollback": 3, "evict": 4}
 
 
+def localizing(root_cause: str, suspects: Sequence[object]) -> bool:
+    """Whether an open incident is still being localized: a stall or a failure of the job whose evidence does
+    not yet separate a machine. People read "localizing", not a list of every node."""
+    return root_cause in (*_LOCALIZED, "job_failure") and not suspects
+
+
 def _noisy_or(confidences: Sequence[float]) -> float:
     """Independent pieces of evidence about one node add up, without ever reaching certainty."""
     miss = 1.0

@@ -150,3 +150,13 @@ def pipeline_neighbours_array(job: JobInfo | Layout, ranks: np.ndarray) -> tuple
     prev = np.where(stage > 0, arr - stride, -1)
     nxt = np.where(stage < lay.sizes["pp"] - 1, arr + stride, -1)
     return prev, nxt
+
+
+# A group fallback names at most this many machines, and never more than half of the job's: naming most of a
+# job (all 8 nodes of an 8-node job) is an accusation spray, not a localization. Such evidence stays job-level.
+MAX_GROUP_NODES = 8
+
+
+def nameable_group(group_nodes: int, job_nodes: int) -> bool:
+    """Whether a parallel group spanning `group_nodes` machines is small enough to name as the suspects."""
+    return 0 < group_nodes <= MAX_GROUP_NODES and 2 * group_nodes <= job_nodes

@@ -266,7 +266,7 @@ def _suspects(
     if covering is not None:
         members = np.asarray([r for r in covering[1] if r < snap.sig.size], dtype=np.int64)
         group_nodes = sorted({int(n) for n in snap.node[members].tolist() if n >= 0})
-        if len(members) < reporting and len(group_nodes) <= max(8, math.ceil(0.25 * job_nodes)):
+        if len(members) < reporting and parallel.nameable_group(len(group_nodes), job_nodes):
             hosting = set(nodes.tolist())
             why = f"{_why(verdict, _describe(culprits, snap, norm), waiting)}; they span {nodes.size} machines,"
             why += f" the smallest parallel group covering them is {covering[0]} group {_short_ranges(covering[1], 6)}"

@@ -279,7 +279,7 @@ def _round_suspects(
         return replace(result, why=why + "; no small parallel group covers them")
     members = [r for r in covering[1] if r < node.size]
     group_nodes = sorted({int(n) for n in node[members].tolist() if n >= 0})
-    if len(group_nodes) > max(8, math.ceil(0.25 * len(node_names))):
+    if not parallel.nameable_group(len(group_nodes), len(node_names)):
         return replace(result, why=why + f"; their smallest covering group ({covering[0]}) is too large to name")
     hosting = set(hosts.tolist())
     why += f"; they span {hosts.size} machines, smallest covering group {covering[0]} {_short_ranges(covering[1], 6)}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ml.demarcation import localizing
+
 Payload = dict[str, Any]
 
 # Slack's documented limits (api.slack.com/reference/block-kit): blocks per message, characters per field.
@@ -80,6 +82,8 @@ def decision_line(d: Payload) -> str:
 
 def suspects_line(p: Payload) -> str:
     suspects = p.get("suspects") or []
+    if localizing(str(p.get("root_cause") or ""), suspects) and p.get("state") != "resolved":
+        return "localizing: the evidence does not yet separate a machine"
     return ", ".join(f"{s.get('node')} ({percent(s.get('confidence'))})" for s in suspects) or "none named"
 
 

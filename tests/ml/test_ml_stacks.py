@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ml import bench_stacks
+from ml import bench_stacks, parallel
 from ml.findings import JobInfo, StackSample
 from ml.stacks import (
     MAX_TREE_DEPTH,
@@ -546,3 +546,14 @@ def test_a_role_apart_in_every_round_is_no_lead() -> None:
     stage = set(range(8, 16))  # a whole pipeline stage computes while the other waits
     result = analyze_rounds(job, [snapshot(job, dict.fromkeys(stage, COMPUTE), ALL_REDUCE) for _ in range(5)])
     assert result.stragglers == [] and result.leading == []
+
+
+def test_a_covering_group_of_most_of_the_job_is_not_named() -> None:
+    """The accusation spray: culprits whose smallest covering group spans most of the job's machines leave
+    the analysis job-level ("localizing"), instead of sending every machine to diagnostics."""
+    # tp=2, pp=4, dp=1 on 4 machines of 2 ranks: the PP group of ranks 0, 2, 4, 6 spans all 4 machines.
+    job = make_job(8, 2, tp=2, pp=4)
+    analysis = analyze(job, snapshot(job, {0: COMPUTE, 2: DATA}, ALL_REDUCE))
+    assert analysis.method == "inconclusive" and analysis.suspects == []
+    assert "no small parallel group covers them" in analysis.why
+    assert parallel.nameable_group(4, 8) and not parallel.nameable_group(5, 8) and not parallel.nameable_group(9, 64)

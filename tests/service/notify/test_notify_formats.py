@@ -264,3 +264,12 @@ def test_an_incident_opened_and_decided_in_one_window_is_one_entry_for_people_an
     assert [e["event"] for e in formats.render("json", [opened, decided])["events"]] == ["opened", "decided"]
     two = formats.render("slack", [opened, payload(8, event="opened")])
     assert two["blocks"][0]["text"]["text"] == "faultline: 2 incident events"
+
+
+def test_a_stall_no_machine_explains_yet_is_announced_as_localizing() -> None:
+    stall = payload(root_cause="straggler", suspects=[], decisions=[])
+    assert formats.suspects_line(stall) == "localizing: the evidence does not yet separate a machine"
+    assert formats.suspects_line(payload(root_cause="user_code", suspects=[])) == "none named"
+    assert formats.suspects_line(payload(root_cause="straggler", suspects=[], state="resolved")) == "none named"
+    slack = json.dumps(formats.render("slack", [stall]))
+    assert "localizing" in slack

@@ -618,3 +618,17 @@ def test_a_long_timeline_drops_late_signals_but_keeps_findings_and_decisions() -
     assert [e.title for e in kept] == ["s0", "s1", "s2", "s3", "decision #1"]
     assert omitted == 6
     assert view.capped(entries, 50) == (entries, 0)
+
+
+def test_a_stall_no_machine_explains_yet_reads_localizing(ui, session) -> None:
+    """No accusation spray: a straggler incident whose evidence separates no machine says "localizing" rather
+    than listing suspects; the same incident resolved, or a user's bug, does not."""
+    job = rows.job(session)
+    stall = rows.incident(session, job=job, root_cause="straggler", blame="unknown", state="open")
+    html = ui.get(f"/incidents/{stall.id}").text
+    assert "localizing" in section(html, "headline") and "does not separate one machine" in section(html, "suspects")
+    bug = rows.incident(session, job=job, root_cause="user_code", blame="user_code", state="open")
+    assert "localizing" not in ui.get(f"/incidents/{bug.id}").text
+    stall.state = "resolved"
+    session.flush()
+    assert "localizing" not in ui.get(f"/incidents/{stall.id}").text

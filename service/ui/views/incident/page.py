@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ml.demarcation import localizing
 from ml.findings import evidence_of, signal_refs
 from service.decisions.schemas import DecisionOut
 from service.directives import service as directives
@@ -79,6 +80,11 @@ class IncidentPage:
     silence: SilenceView | None
     decisions: list[DecisionOut]  # the ones waiting on someone first, then newest first
     waiting: int  # how many wait for a person or a scheduler
+
+    @property
+    def localizing(self) -> bool:
+        """An open stall whose evidence does not yet separate a machine: the page says so instead of a list."""
+        return self.incident.state != "resolved" and localizing(self.incident.root_cause, self.suspects)
 
 
 def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
