@@ -398,6 +398,7 @@ def test_ground_truth() -> None:
         "blame": "infrastructure",
         "expect_eviction": True,
         "eviction_optional": False,
+        "expect_action": "evict",
     }
 
 
