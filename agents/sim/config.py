@@ -25,6 +25,7 @@ class RealismParams:
     eval_iters: int = 10  # forward-only steps of one evaluation
     eval_step_share: float = 0.4  # an evaluation step's length relative to a training step
     restart_every_s: float = 3600.0  # a job restart from its last checkpoint (preemption, requeue)
+    first_restart_s: float = 0.0  # when the first restart comes; 0: drawn like the others
     restart_down_s: tuple[float, float] = (25.0, 50.0)  # processes gone before the job comes back
     restart_load_s: float = 8.0  # loading the checkpoint before the first step
     loader_stall_every_s: float = 600.0  # one rank's data loader stalls, then recovers

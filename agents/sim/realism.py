@@ -37,6 +37,8 @@ FORCED_CHECKPOINT_S = (25.0, 35.0)
 # the one its scenario describes.
 FAULT_GUARD_S = 60.0
 SEED_SALT = 0x4EA1
+# Of an evaluation step: the forward pass, then the exchange of its outputs (pipeline, tensor parallel, the loss).
+EVAL_COMPUTE_SHARE = 0.7
 START, STOP = "start", "stop"
 
 
@@ -129,9 +131,9 @@ class RealLife:
             waiting=set(late),
             agent_back={},
             next_agent_restart=[late.get(n, 0.0) + _gap(rng, p.agent_restart_every_s) for n in range(nodes)],
-            next_checkpoint=p.checkpoint_every_s * rng.uniform(0.3, 1.0),
-            next_eval=p.eval_every_s * rng.uniform(0.5, 1.0),
-            next_restart=max(FAULT_GUARD_S, _gap(rng, p.restart_every_s)),
+            next_checkpoint=_first(p.checkpoint_every_s, rng.uniform(0.3, 1.0)),
+            next_eval=_first(p.eval_every_s, rng.uniform(0.5, 1.0)),
+            next_restart=p.first_restart_s or max(FAULT_GUARD_S, _gap(rng, p.restart_every_s)),
             next_stall=_gap(rng, p.loader_stall_every_s),
             next_spike=_gap(rng, p.loss_spike_every_s),
         )
@@ -156,7 +158,7 @@ class RealLife:
         assert real is not None
         names = self.node_names
         return {
-            "params": asdict(real.params),
+            "params": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(real.params).items()},
             "clock_skew_s": {names[n]: s.total_seconds() for n, s in enumerate(self.skew)},
             "node_speed": {names[n]: round(v, 4) for n, v in enumerate(real.speed)},
             "late_agents": {names[n]: round(t, 1) for n, t in real.late.items()},
@@ -196,7 +198,7 @@ class RealLife:
         if job.pause == EVAL_PAUSE:
             step = self.config.step_seconds * self.config.realism_params.eval_step_share
             into = (self.t - job.pause_started) % step
-            return COMPUTE if into < 0.8 * step else COMM  # forward only: a short exchange per step
+            return COMPUTE if into < EVAL_COMPUTE_SHARE * step else COMM
         return IDLE if job.pause == LOAD_PAUSE else NONE
 
     def _realism_tick(self) -> None:
@@ -398,6 +400,11 @@ class RealLife:
         if job.loss_spike < 0.005:
             job.loss_spike = 0.0
         return loss * (1 + spike), grad_norm * (1 + 2 * spike)
+
+
+def _first(every: float, share: float) -> float:
+    """The first of a periodic event: `share` into its first interval (never, for an interval of 0)."""
+    return every * share if every > 0 else math.inf
 
 
 def _gap(rng: random.Random, mean: float) -> float:

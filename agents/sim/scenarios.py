@@ -279,6 +279,7 @@ DENSE_NOISE: tuple[tuple[str, object], ...] = (
     ("checkpoint_every_s", 100.0),
     ("eval_every_s", 130.0),
     ("restart_every_s", 240.0),
+    ("first_restart_s", 120.0),
     ("loader_stall_every_s", 60.0),
     ("loss_spike_every_s", 90.0),
     ("agent_restart_every_s", 240.0),
