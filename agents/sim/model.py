@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agents.sim import logformat as fmt
-from agents.sim.config import SimConfig
+from agents.sim.config import RealismParams, SimConfig
 from agents.sim.fabric import Fabric
 from agents.sim.faults import FaultInjection, FaultRecord
 from agents.sim.gpu import (
@@ -94,8 +94,10 @@ class Cluster(FaultInjection, RealLife):
         scenario = SCENARIOS[config.scenario]
         if scenario.realism and not config.realism:
             config = replace(config, realism=True)
-        if config.realism and scenario.realism_overrides:
-            config = replace(config, realism_params=replace(config.realism_params, **dict(scenario.realism_overrides)))
+        if config.realism and scenario.realism_overrides:  # where the config left a default, the scenario's value
+            defaults, params = RealismParams(), config.realism_params
+            mine = {k: v for k, v in scenario.realism_overrides if getattr(params, k) == getattr(defaults, k)}
+            config = replace(config, realism_params=replace(params, **mine))
         self.config = config
         self.start: datetime = config.start
         self.rng = random.Random(config.seed)

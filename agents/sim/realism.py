@@ -178,7 +178,12 @@ class RealLife:
             if self.modes[job.stall_rank] == CULPRIT_DATA:
                 self._set_mode(job.stall_rank, NORMAL)
             job.stall_rank = None
-        if not job.pause or self.t < job.pause_until - 1e-9 or job.state != "running":
+        if not job.pause:
+            return
+        if job.state != "running":  # the job died mid-pause (every rank crashed): its save or load ends with it
+            self._stop_pause()
+            return
+        if self.t < job.pause_until - 1e-9:
             return
         ending = job.pause
         if ending == CHECKPOINT_PAUSE:

@@ -70,6 +70,8 @@ class SimRunner:
         self._control_version = -1
         self._faults_version = -1
         self._faults_reported = 0
+        self._noise_reported = 0
+        self._transients_reported = 0
         self._repairs_reported: set[int] = set()
         self._agents_reported: set[int] = set()
         self._first_step = 0
@@ -352,6 +354,17 @@ class SimRunner:
                 self._repairs_reported.add(i)
                 self._say(f"repaired {fault.kind} on {', '.join(fault.nodes) or 'the job'}; job restarted")
         self._faults_reported = len(cluster.faults)
+        # Realism's job events (the agents' own are said as the runner acts on them).
+        events = cluster.real.events if cluster.real is not None else []
+        for event in events[self._noise_reported :]:
+            if not event["kind"].startswith("agent_"):
+                details = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("kind", "t", "at"))
+                self._say(f"t={event['t']:.1f}s noise: {event['kind']} ({details})")
+        self._noise_reported = len(events)
+        for noise in cluster.noise[self._transients_reported :]:
+            where = ", ".join(noise["nodes"])
+            self._say(f"noise: {noise['kind']} ({noise.get('variant', '')}) on {where}; nothing to find or evict")
+        self._transients_reported = len(cluster.noise)
 
     def _check_agents(self) -> None:
         for n, p in self.agents.items():

@@ -638,3 +638,11 @@ def test_a_rank_saving_shows_the_save_in_its_stack(mode: str, frames: list[str])
     assert names[-len(frames) :] == frames and not done.is_set()
     ctx.current = NORMAL  # the save returns (or the peer arrives): the step goes on and ends
     assert done.wait(3.0)
+
+
+def test_a_scenarios_noise_gives_way_to_the_configs() -> None:
+    c = Cluster(SimConfig(scenario="healthy_real", seed=1, start=START_AT))
+    assert c.config.realism_params.checkpoint_every_s == 100.0 and c.config.realism_params.first_restart_s == 120.0
+    mine = RealismParams(checkpoint_every_s=30.0)
+    c = Cluster(SimConfig(scenario="healthy_real", seed=1, start=START_AT, realism_params=mine))
+    assert c.config.realism_params.checkpoint_every_s == 30.0 and c.config.realism_params.first_restart_s == 120.0
