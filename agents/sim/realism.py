@@ -36,6 +36,9 @@ FORCED_CHECKPOINT_S = (25.0, 35.0)
 # No job event (restart, evaluation, stall) starts this close before a planned fault: the fault's scene stays
 # the one its scenario describes.
 FAULT_GUARD_S = 60.0
+# A late agent's first start reads the logs from their end, as agents do: it must be up this long before a
+# planned fault, or the fault's lines would be lost to it (the scenario would change).
+LATE_JOIN_MARGIN_S = 15.0
 SEED_SALT = 0x4EA1
 # Of an evaluation step: the forward pass, then the exchange of its outputs (pipeline, tensor parallel, the loss).
 EVAL_COMPUTE_SHARE = 0.7
@@ -122,6 +125,8 @@ class RealLife:
         rack_c = [rng.uniform(-1.0, 1.0) for _ in range(nodes)]
         late_nodes = rng.sample(range(nodes), min(p.late_join_nodes, max(0, nodes - 1)))
         late = {n: rng.uniform(*p.late_join_s) for n in sorted(late_nodes)}
+        if self._next_fault is not None:  # a first start reads logs from their end: join before the fault, or not late
+            late = {n: at for n, at in late.items() if at <= self._next_fault.at - LATE_JOIN_MARGIN_S}
         return RealState(
             params=p,
             rng=rng,

@@ -646,3 +646,11 @@ def test_a_scenarios_noise_gives_way_to_the_configs() -> None:
     mine = RealismParams(checkpoint_every_s=30.0)
     c = Cluster(SimConfig(scenario="healthy_real", seed=1, start=START_AT, realism_params=mine))
     assert c.config.realism_params.checkpoint_every_s == 30.0 and c.config.realism_params.first_restart_s == 120.0
+
+
+def test_a_late_agent_is_up_before_the_fault() -> None:
+    # fault_after 10 s: no agent may still be waiting to start then (it would miss the fault's lines).
+    c = cluster("straggler", late_join_nodes=2, late_join_s=(20.0, 30.0))
+    assert all(c.agent_delay(n) == 0 for n in range(3))
+    c = cluster("healthy", late_join_nodes=2, late_join_s=(20.0, 30.0))
+    assert sorted(c.agent_delay(n) > 0 for n in range(3)) == [False, True, True]
