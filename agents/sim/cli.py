@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from agents.sim.config import SimConfig
+from agents.sim.config import RealismParams, SimConfig
 from agents.sim.scenarios import SCENARIOS, describe
 
 
@@ -59,6 +59,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--agent-command",
         help="agent program to run per node, before the per-node flags (default: this Python's `faultline agent`)",
     )
+    p.add_argument(
+        "--realism",
+        action="store_true",
+        help="real-life healthy noise: checkpoints, evaluations, restarts, loader stalls, warmup, loss spikes, "
+        "node speed, thermal drift, late and restarting agents, clock skew (some scenarios switch it on)",
+    )
+    p.add_argument(
+        "--realism-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set one realism rate or size (repeatable), e.g. checkpoint_every_s=120 or checkpoint_s=20,40; "
+        "names: " + ", ".join(RealismParams.__dataclass_fields__),
+    )
     p.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
     return p
 
@@ -85,7 +99,19 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         agents=not args.no_agents,
         agent_command=tuple(shlex.split(args.agent_command)) if args.agent_command else defaults.agent_command,
         port=args.port,
+        realism=args.realism,
+        realism_params=RealismParams().with_overrides(_pairs(args.realism_param)),
     )
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--realism-param wants NAME=VALUE, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--fault-after must be >= 0")
     if args.sample_interval is not None and args.sample_interval > args.interval:
         problems.append("--sample-interval must not be longer than --ship-interval")
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"faultline sim: {e}", file=sys.stderr)
+        return 2
     if config.agents and not (config.server and config.token):
         problems.append("agents need --server and --token (or FAULTLINE_AGENT_TOKEN); or pass --no-agents")
     if problems:

@@ -4,9 +4,70 @@ from __future__ import annotations
 
 import secrets
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RealismParams:
+    """Rates and sizes of real-life healthy noise (agents/sim/realism.py); times in simulated seconds.
+
+    A `*_every_s` is the mean gap between two events (exponentially distributed, or fixed for checkpoints and
+    evaluations, which trainers run on an interval); a (low, high) pair is drawn uniformly per event.
+    """
+
+    checkpoint_every_s: float = 300.0  # save interval; the first save comes at a random point of the first interval
+    checkpoint_s: tuple[float, float] = (20.0, 40.0)  # every rank pauses this long (tens of seconds)
+    checkpoint_write_bytes_per_s: float = 2.5e9  # extra storage NIC traffic per node while saving
+    eval_every_s: float = 420.0  # evaluation interval (Megatron's --eval-interval, in time)
+    eval_iters: int = 10  # forward-only steps of one evaluation
+    eval_step_share: float = 0.4  # an evaluation step's length relative to a training step
+    restart_every_s: float = 3600.0  # a job restart from its last checkpoint (preemption, requeue)
+    first_restart_s: float = 0.0  # when the first restart comes; 0: drawn like the others
+    restart_down_s: tuple[float, float] = (25.0, 50.0)  # processes gone before the job comes back
+    restart_load_s: float = 8.0  # loading the checkpoint before the first step
+    loader_stall_every_s: float = 600.0  # one rank's data loader stalls, then recovers
+    loader_stall_s: tuple[float, float] = (2.0, 6.0)
+    warmup_iters: int = 300  # the job starts fresh: learning rate ramps up linearly over these steps
+    loss_spike_every_s: float = 900.0
+    loss_spike_factor: tuple[float, float] = (1.3, 2.2)  # the loss jumps by this factor...
+    loss_spike_steps: float = 25.0  # ...and decays back with this time constant, in steps
+    node_speed_sd: float = 0.015  # per-node compute speed, within normal variation
+    node_speed_max: float = 0.04
+    thermal_drift_c: float = 3.0  # amplitude of the inlet temperature's daily swing
+    day_s: float = 86400.0  # length of a simulated day (shorten it to see the drift in a short run)
+    late_join_nodes: int = 1  # nodes whose agent starts reporting late
+    late_join_s: tuple[float, float] = (20.0, 60.0)
+    agent_restart_every_s: float = 900.0  # per node: the agent process is restarted (upgrade, OOM kill)
+    agent_down_s: tuple[float, float] = (2.0, 8.0)
+    agent_kill_share: float = 0.3  # of agent restarts, those by SIGKILL rather than SIGTERM
+    clock_skew_sd_s: float = 2.0  # each node's clock offset (logs and samples)
+    clock_skew_max_s: float = 5.0
+
+    def with_overrides(self, items: dict[str, str]) -> RealismParams:
+        """A copy with fields set from text (`checkpoint_s` takes `20,40`); ValueError naming a bad one."""
+        known = {f.name: f for f in fields(self)}
+        changes: dict[str, Any] = {}
+        for name, text in items.items():
+            if name not in known:
+                raise ValueError(f"unknown realism parameter {name!r}; known: {', '.join(known)}")
+            current = getattr(self, name)
+            try:
+                if isinstance(current, tuple):
+                    low, high = (float(x) for x in text.split(","))
+                    if low > high:
+                        raise ValueError
+                    changes[name] = (low, high)
+                else:
+                    value = type(current)(text)
+                    if value < 0:
+                        raise ValueError
+                    changes[name] = value
+            except ValueError:
+                raise ValueError(f"realism parameter {name}: bad value {text!r}") from None
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -29,6 +90,10 @@ class SimConfig:
     hang_watchdog_seconds: float = 600.0
     # Wall-clock time of simulated t=0 (timezone-aware); None: now.
     start: datetime | None = None
+    # Real-life healthy noise (checkpoints, evaluations, restarts, stalls, skew, ...); off keeps every scenario
+    # exactly as before. Some scenarios switch it on themselves (Scenario.realism).
+    realism: bool = False
+    realism_params: RealismParams = field(default_factory=RealismParams)
 
     # Runner only.
     duration: float | None = None

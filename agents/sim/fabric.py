@@ -170,6 +170,9 @@ class Fabric:
         e["rx_prio3_pause"] = rng.choice((0, 0, 0, 12, 40))
         e["tx_prio3_pause"] = rng.choice((0, 0, 0, 5))
         e["link_down_events_phy"] = rng.choice((1, 1, 1, 2))
+        # Checkpoint traffic on top of the dataset reads, bytes per second (a save writes, a restart reads).
+        self.storage_write = 0.0
+        self.storage_read = 0.0
 
     def port_of_gpu(self, gpu: int) -> Port:
         return self.ports[gpu % IB_PORTS]
@@ -195,6 +198,10 @@ class Fabric:
         nic, stats, e = self.nic, self.nic.statistics, self.nic.ethtool
         rx = STORAGE_RX_BYTES * dt * math.exp(rng.gauss(0, 0.35))
         tx = STORAGE_TX_BYTES * dt * math.exp(rng.gauss(0, 0.35))
+        if self.storage_write:
+            tx += self.storage_write * dt * math.exp(rng.gauss(0, 0.1))
+        if self.storage_read:
+            rx += self.storage_read * dt * math.exp(rng.gauss(0, 0.1))
         for prefix, n in (("rx", rx), ("tx", tx)):
             packets = int(n / 8000)  # jumbo frames
             stats[f"{prefix}_bytes"] += int(n)
@@ -243,6 +250,7 @@ class Fabric:
         self.nic.pausing = True
 
     def repair(self) -> None:
+        self.storage_write = self.storage_read = 0.0
         for p in self.ports:
             p.state, p.phys_state, p.congested = ACTIVE, LINK_UP, 0.0
         self.nic.pausing = False

@@ -16,17 +16,22 @@ from agents.sim.gpu import COMPUTE_SHARE, Gpu
 from agents.sim.host import Host
 from agents.sim.modes import (
     ABORT,
+    CHECKPOINT,
     CRASH_ECC,
     CRASH_NCCL,
     CRASH_USER,
+    CULPRIT_CKPT,
     CULPRIT_DATA,
     CULPRIT_SYNC,
     DEAD,
     NORMAL,
     TERMINATED,
     VICTIM,
+    VICTIM_BARRIER,
+    VICTIMS,
 )
-from agents.sim.scenarios import FAULT_KINDS, FaultSpec
+from agents.sim.realism import CHECKPOINT_PAUSE, FORCED_CHECKPOINT_S
+from agents.sim.scenarios import FAULT_KINDS, FLAP_OFF_S, FLAP_ON_S, FaultSpec
 
 if TYPE_CHECKING:
     from agents.sim.model import Job
@@ -39,6 +44,10 @@ IB_SECOND_FLAP_DOWN = 8.0
 PORT_FLAPS = 3  # ib_port_flap: flaps within about a minute
 PORT_FLAP_GAP = 23.0  # seconds between flaps (give or take a few)
 PORT_ACTIVATION = 1.0  # seconds from link trained (INIT) to ACTIVE: the subnet manager's sweep
+XID_INTO_CHECKPOINT_S = (3.0, 8.0)  # fault_in_checkpoint: the GPU drops off this far into the save
+SOFTWARE_SLOW_WAIT = 0.3  # software_slow: of a step, what the node's ranks wait for their data
+SOFTWARE_SLOW_CORES = 24  # cores the runaway loader worker's threads keep busy
+TRANSIENT_VARIANTS = ("pcie_replay", "loader_stall", "nccl_retry")
 
 
 def comm_factor_for(slowdown: float) -> float:
@@ -62,6 +71,8 @@ class FaultRecord:
     t: float
     eviction_optional: bool = False
     repaired_at: datetime | None = None
+    expect_action: str = ""  # evict | diagnose | none (FaultKind.action)
+    details: dict[str, Any] | None = None  # what else the kind records (the transient's variant)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -73,7 +84,10 @@ class FaultRecord:
             "blame": self.blame,
             "expect_eviction": self.expect_eviction,
             "eviction_optional": self.eviction_optional,
+            "expect_action": self.expect_action,
         }
+        if self.details:
+            out.update(self.details)
         if self.repaired_at is not None:
             out["repaired_at"] = self.repaired_at.isoformat()
         return out
@@ -101,6 +115,15 @@ class FaultInjection:
     _epoch: int
     _failed_order: list[int]
     _torn_down: set[int]
+    noise: list[dict[str, Any]]
+    loader_wait: dict[int, float]
+
+    if TYPE_CHECKING:  # the cluster's, from RealLife (agents/sim/realism.py)
+
+        def _node_ts(self, node: int, offset: float = 0.0) -> datetime: ...
+        def _stop_pause(self) -> None: ...
+        def _begin_checkpoint(self, seconds: float, stuck_rank: int | None = None) -> None: ...
+        def _loader_stall(self, rank: int, seconds: float) -> None: ...
 
     def _inject(self, spec: FaultSpec) -> None:
         kind = FAULT_KINDS[spec.kind]
@@ -124,32 +147,40 @@ class FaultInjection:
             expect_eviction=kind.expect_eviction,
             eviction_optional=kind.eviction_optional,
             t=self.t,
+            expect_action=kind.action,
         )
-        self.faults.append(record)
+        getattr(self, f"_inject_{spec.kind}")(spec, record)
+        if kind.noise:  # nothing to find: the ground truth keeps it apart from the faults
+            self.noise.append(record.to_json())
+        else:
+            self.faults.append(record)
         self.faults_version += 1
-        getattr(self, f"_inject_{spec.kind}")(spec)
         if spec.repair_at is not None:
             delay = spec.repair_at - self.t
             self._schedule(delay, lambda: self._repair(record, spec))
 
     def _hang_job(self, culprits: dict[int, str], watchdog: float) -> None:
-        """Ranks in `culprits` go their own way; every other live rank blocks in the next collective."""
+        """Ranks in `culprits` go their own way; every other live rank blocks in the next collective (in a
+        checkpoint, the barrier after the save)."""
+        victim = VICTIM_BARRIER if self.job.pause == CHECKPOINT_PAUSE else VICTIM
         for r in range(self.world):
             if r in culprits:
                 self._set_mode(r, culprits[r])
-            elif self.modes[r] == NORMAL:
-                self._set_mode(r, VICTIM)
+            elif self.modes[r] in (NORMAL, CHECKPOINT):
+                self._set_mode(r, victim)
+        self._stop_pause()
+        self.job.stall_rank = None
         self.job.state = "hung"
         self._schedule(watchdog, lambda: self._watchdog_fires(watchdog))
 
     def _watchdog_fires(self, watchdog: float) -> None:
-        victims = [r for r in range(self.world) if self.modes[r] == VICTIM]
+        victims = [r for r in range(self.world) if self.modes[r] in VICTIMS]
         timeout_ms = int(watchdog * 1000)
         for n in range(self.config.nodes):
             lines: list[str] = []
             for r in (r for r in victims if r // self.gpn == n):
                 ran_ms = timeout_ms + 20 + self.rng.randrange(60)
-                ts = self._ts(0.001 * r + self.rng.random() * 0.0009)
+                ts = self._node_ts(n, 0.001 * r + self.rng.random() * 0.0009)
                 seq = self.job.seq + 1  # the collective that never completed
                 lines += fmt.watchdog_timeout(r, ts, self._pid(r) + 60, seq, BUCKET_NUMEL, timeout_ms, ran_ms)
                 self._set_mode(r, ABORT)
@@ -173,7 +204,11 @@ class FaultInjection:
         self._train(
             node,
             fmt.torchrun_failure(
-                self._ts(), self._launcher_pid(node), self.node_names[node], failures, [self._pid(r) for r in survivors]
+                self._node_ts(node),
+                self._launcher_pid(node),
+                self.node_names[node],
+                failures,
+                [self._pid(r) for r in survivors],
             ),
         )
 
@@ -182,25 +217,25 @@ class FaultInjection:
             self._teardown_node(n)
         self.job.state = "failed"
 
-    def _inject_gpu_lost(self, spec: FaultSpec) -> None:
+    def _inject_gpu_lost(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         assert n is not None
         # The link degrades first (AER corrected errors, PCIe replays), then the GPU drops off the bus.
         g.pcie_flaky = True
         self._kern(n, *fmt.aer_corrected(f"0000:{g.bus - 1:02x}:00.0"))
+        self._schedule(2.0, lambda: self._falls_off_bus(n, g))
 
-        def falls_off() -> None:
-            g.lost, g.xid, g.pcie_flaky = True, 79, False
-            self._kern(n, f"NVRM: GPU at {fmt.xid_bus(g.bus)}: {g.uuid}")
-            self._kern(n, f"NVRM: GPU Board Serial Number: {g.serial}")
-            self._kern(n, fmt.xid(g.bus, 79, "GPU has fallen off the bus."))
-            self._kern(n, f"NVRM: GPU {fmt.pci_addr(g.bus)}: GPU has fallen off the bus.")
-            self._kern(n, *fmt.fallen_off_bus(g.bus, F.PCI_DEVICE_ID))
-            self._hang_job({self._rank(n, g.index): CULPRIT_SYNC}, self.config.watchdog_seconds)
+    def _falls_off_bus(self, n: int, g: Gpu) -> None:
+        """Xid 79: the GPU's series vanish, its rank blocks in a CUDA call, the others in the next collective."""
+        g.lost, g.xid, g.pcie_flaky = True, 79, False
+        self._kern(n, f"NVRM: GPU at {fmt.xid_bus(g.bus)}: {g.uuid}")
+        self._kern(n, f"NVRM: GPU Board Serial Number: {g.serial}")
+        self._kern(n, fmt.xid(g.bus, 79, "GPU has fallen off the bus."))
+        self._kern(n, f"NVRM: GPU {fmt.pci_addr(g.bus)}: GPU has fallen off the bus.")
+        self._kern(n, *fmt.fallen_off_bus(g.bus, F.PCI_DEVICE_ID))
+        self._hang_job({self._rank(n, g.index): CULPRIT_SYNC}, self.config.watchdog_seconds)
 
-        self._schedule(2.0, falls_off)
-
-    def _inject_ecc_dbe(self, spec: FaultSpec) -> None:
+    def _inject_ecc_dbe(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         assert n is not None
         rank = self._rank(n, g.index)
@@ -238,7 +273,7 @@ class FaultInjection:
         self._schedule(0.6, remap)
         self._schedule(1.0, lambda: self._teardown_node(n))
 
-    def _inject_nvlink(self, spec: FaultSpec) -> None:
+    def _inject_nvlink(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         assert n is not None
         g.nvlink_bad = True
@@ -254,7 +289,7 @@ class FaultInjection:
 
         xid74(3)
 
-    def _inject_ib_flap(self, spec: FaultSpec) -> None:
+    def _inject_ib_flap(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, gpu = spec.node, spec.gpu
         assert n is not None and gpu is not None
         rank = self._rank(n, gpu)
@@ -328,30 +363,30 @@ class FaultInjection:
             at += PORT_FLAP_GAP + self.rng.uniform(-4.0, 4.0)
             self._schedule(at, flap)
 
-    def _inject_ib_port_flap(self, spec: FaultSpec) -> None:
+    def _inject_ib_port_flap(self, spec: FaultSpec, record: FaultRecord) -> None:
         self._port_flaps(spec, nccl=False)
 
-    def _inject_ib_port_flap_nccl(self, spec: FaultSpec) -> None:
+    def _inject_ib_port_flap_nccl(self, spec: FaultSpec, record: FaultRecord) -> None:
         self._port_flaps(spec, nccl=True)
 
-    def _inject_ib_congestion(self, spec: FaultSpec) -> None:
+    def _inject_ib_congestion(self, spec: FaultSpec, record: FaultRecord) -> None:
         assert spec.node is not None
         self.fabrics[spec.node].congest(80.0 + 50.0 * self.rng.random())
         self.job.comm_factor = IB_CONGESTION_COMM_FACTOR
         self._plan_step()
 
-    def _inject_pcie_downgrade(self, spec: FaultSpec) -> None:
+    def _inject_pcie_downgrade(self, spec: FaultSpec, record: FaultRecord) -> None:
         g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         # Trained at half width, or at Gen3 speed: a marginal riser, a reseated board, a bad retimer.
         g.pcie_gen, g.pcie_width = self.rng.choice(((F.PCIE_MAX_GEN, 8), (3, F.PCIE_MAX_WIDTH)))
         self.job.comm_factor = PCIE_DOWNGRADE_COMM_FACTOR
         self._plan_step()
 
-    def _inject_host_mem_pressure(self, spec: FaultSpec) -> None:
+    def _inject_host_mem_pressure(self, spec: FaultSpec, record: FaultRecord) -> None:
         assert spec.node is not None
         self.hosts[spec.node].start_memory_pressure(self.rng)
 
-    def _inject_row_remap_pending(self, spec: FaultSpec) -> None:
+    def _inject_row_remap_pending(self, spec: FaultSpec, record: FaultRecord) -> None:
         g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         # Correctable errors in one row crossed the remap threshold: the row is recorded, the remap waits for
         # a GPU reset. No Xid line in this scenario: the counters are the only evidence.
@@ -361,15 +396,15 @@ class FaultInjection:
         g.cor_remap += 1
         g.remap_pending = 1
 
-    def _inject_straggler(self, spec: FaultSpec) -> None:
+    def _inject_straggler(self, spec: FaultSpec, record: FaultRecord) -> None:
         self.gpus[spec.node][spec.gpu].thermal = True  # type: ignore[index]
         self._plan_step()  # the step in flight is already slower
 
-    def _inject_hang(self, spec: FaultSpec) -> None:
+    def _inject_hang(self, spec: FaultSpec, record: FaultRecord) -> None:
         assert spec.node is not None and spec.gpu is not None
         self._hang_job({self._rank(spec.node, spec.gpu): CULPRIT_DATA}, self.config.hang_watchdog_seconds)
 
-    def _inject_user_bug(self, spec: FaultSpec) -> None:
+    def _inject_user_bug(self, spec: FaultSpec, record: FaultRecord) -> None:
         for n in range(self.config.nodes):
             lines: list[str] = []
             for r in range(n * self.gpn, (n + 1) * self.gpn):
@@ -379,7 +414,7 @@ class FaultInjection:
         self.job.state = "failed"
         self._schedule(1.0, self._teardown_all)
 
-    def _inject_nan_loss(self, spec: FaultSpec) -> None:
+    def _inject_nan_loss(self, spec: FaultSpec, record: FaultRecord) -> None:
         self.job.nan = True
 
     def _repair(self, record: FaultRecord, spec: FaultSpec) -> None:
@@ -392,7 +427,11 @@ class FaultInjection:
             self.fabrics[spec.node].repair()
             self._kern(spec.node, fmt.DRIVER_BANNER)
         job = self.job
+        self._stop_pause()
+        if spec.node is not None:
+            self.loader_wait.pop(spec.node, None)
         job.comm_factor, job.stall_until, job.nan = 1.0, 0.0, False
+        job.stuck_rank = job.stall_rank = None
         job.state, job.phase, job.started_at = "running", 0.0, self.t
         self.generation += 1
         self.control_version += 1
@@ -404,14 +443,69 @@ class FaultInjection:
             self._train(
                 n,
                 [
-                    fmt.torchrun_restart(self._ts(), self._launcher_pid(n), self.generation, 100),
-                    f"{self._ts():%Y-%m-%d %H:%M:%S},000 INFO train.py:141 rank={n * self.gpn} "
-                    f"resuming from checkpoint at step={job.step}",
+                    fmt.torchrun_restart(self._node_ts(n), self._launcher_pid(n), self.generation, 100),
+                    fmt.resuming(self._node_ts(n), n * self.gpn, job.step),
                 ],
             )
         self._plan_step()
         record.repaired_at = self._ts()
         self.faults_version += 1
+
+    # --- harder faults (issue 17) ---
+
+    def _inject_fault_in_checkpoint(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """The job saves (its save interval came, or one is under way); a few seconds in, a GPU falls off the bus."""
+        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        assert n is not None
+        if self.job.pause != CHECKPOINT_PAUSE:
+            self._begin_checkpoint(self.rng.uniform(*FORCED_CHECKPOINT_S))
+        into = self.rng.uniform(*XID_INTO_CHECKPOINT_S)
+        self.job.pause_until = max(self.job.pause_until, self.t + into + 5.0)  # the save is still going then
+        self._schedule(into, lambda: self._falls_off_bus(n, g))
+
+    def _inject_intermittent_straggler(self, spec: FaultSpec, record: FaultRecord) -> None:
+        g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+
+        def throttle(on: bool) -> None:
+            g.thermal = on
+            self._plan_step()
+            self._schedule(FLAP_ON_S if on else FLAP_OFF_S, lambda: throttle(not on))
+
+        throttle(True)
+
+    def _inject_hang_in_checkpoint(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """A checkpoint save starts and one rank's write never returns (a storage mount hung on its node)."""
+        assert spec.node is not None and spec.gpu is not None
+        rank = self._rank(spec.node, spec.gpu)
+        if self.job.pause == CHECKPOINT_PAUSE:
+            self.job.stuck_rank = rank
+            self._set_mode(rank, CULPRIT_CKPT)
+        else:
+            self._begin_checkpoint(self.rng.uniform(*FORCED_CHECKPOINT_S), stuck_rank=rank)
+
+    def _inject_software_slow(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """A data-loader worker spins on the node's CPUs; its ranks wait for batches, so everyone waits for them."""
+        assert spec.node is not None
+        self.hosts[spec.node].start_cpu_hog(SOFTWARE_SLOW_CORES, self.rng)
+        self.loader_wait[spec.node] = SOFTWARE_SLOW_WAIT * self.config.step_seconds
+        self._plan_step()
+
+    def _inject_transient(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """One harmless one-off on a healthy node, which recovers by itself."""
+        n = spec.node
+        assert n is not None
+        variant = self.rng.choice(TRANSIENT_VARIANTS)
+        gpu = self.rng.randrange(self.gpn)
+        record.details = {"variant": variant, "gpu": gpu}
+        g = self.gpus[n][gpu]
+        if variant == "pcie_replay":  # a burst of link-level replays the link corrects: one AER line
+            g.pcie_replay += self.rng.randint(4, 16)
+            self._kern(n, *fmt.aer_corrected(f"0000:{g.bus - 1:02x}:00.0"))
+        elif variant == "loader_stall":
+            self._loader_stall(self._rank(n, gpu), self.rng.uniform(2.0, 4.0))
+        else:  # one IB async event NCCL warns about and goes on through
+            pid = self._pid(self._rank(n, gpu))
+            self._train(n, [fmt.nccl_async_event(self.node_names[n], pid, pid + 83, gpu, "GID table change")])
 
 
 def _ip(node: int) -> str:

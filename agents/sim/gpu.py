@@ -23,6 +23,7 @@ IDLE_W, PEAK_W = 68.0, 700.0
 # Activities a GPU can be in, and the DCGM activity they produce:
 # (gr_engine, sm_active, sm_occupancy, tensor, dram, gpu_util %, mem_copy_util %, nvlink B/s, pcie B/s, power 0..1)
 COMPUTE, WAIT, COMM, SPIN, IDLE, NONE = "compute", "wait", "comm", "spin", "idle", "none"
+SAVE = "save"  # saving a checkpoint: the GPU copies its state to the host (PCIe busy), computes nothing
 TARGETS: dict[str, tuple[float, ...]] = {
     COMPUTE: (0.97, 0.86, 0.42, 0.58, 0.48, 100, 45, 12e9, 1.5e9, 0.90),
     WAIT: (0.93, 0.06, 0.02, 0.0, 0.03, 100, 2, 2e9, 0.3e9, 0.25),
@@ -30,8 +31,9 @@ TARGETS: dict[str, tuple[float, ...]] = {
     SPIN: (0.99, 0.04, 0.01, 0.0, 0.01, 100, 0, 0.0, 0.01e9, 0.17),  # NCCL kernel polling forever (a hang)
     IDLE: (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0.04),  # process alive, GPU not used (stuck on the host)
     NONE: (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0.0),  # no process
+    SAVE: (0.06, 0.02, 0.01, 0.0, 0.06, 12, 18, 0.0, 9e9, 0.10),
 }
-BUSY = frozenset({COMPUTE, WAIT, COMM, SPIN})
+BUSY = frozenset({COMPUTE, WAIT, COMM, SPIN, SAVE})
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Gpu:
         # Silicon lottery and airflow: stable per-GPU differences peers comparison must tolerate.
         self.power_scale = 1.0 + rng.gauss(0, 0.025)
         self.temp_offset = rng.gauss(0, 2.0)
+        self.ambient = 0.0  # the inlet air's drift from its mean (realism: over a simulated day)
         self.fb_base = 71200 + rng.randrange(-400, 400)
         # Start in training steady state (the job was running before the simulator started watching).
         compute, comm = TARGETS[COMPUTE], TARGETS[COMM]
@@ -100,7 +103,9 @@ class Gpu:
             power = F.POWER_LIMIT_W * 0.985 + rng.gauss(0, 1.5)
         power = max(power, IDLE_W * 0.9)
         # Failing cooling: the clocks throttle to hold the GPU at its slowdown temperature, whatever the power.
-        target_temp = 87.0 + 0.3 * self.temp_offset if self.thermal else 26 + 0.062 * power + self.temp_offset
+        target_temp = (
+            87.0 + 0.3 * self.temp_offset if self.thermal else 26 + 0.062 * power + self.temp_offset + self.ambient
+        )
         self.temp += (target_temp - self.temp) * (1.0 - math.exp(-TICK / (6.0 if self.thermal else 20.0)))
 
         if not busy:

@@ -141,6 +141,10 @@ class Host:
         mce_row = [label for label, _, _ in INTERRUPT_ROWS].index("MCE")
         if rng.random() < 0.2:
             self.irq_static[mce_row][rng.randrange(CPUS)] = 1
+        # Realism and the software fault: storage I/O the node waits on (0..1, a checkpoint save), and cores a
+        # runaway process keeps busy whatever the training does.
+        self.io_load = 0.0
+        self.hog: frozenset[int] = frozenset()
         self.edac_ce = [rng.choice((0, 0, 0, 0, 0, 0, 1, 4)) for _ in range(EDAC_CONTROLLERS)]
         self.edac_ue = [0] * EDAC_CONTROLLERS
         self.driver_loaded = True
@@ -175,11 +179,17 @@ class Host:
         cpu_some = (self.cpu_some_base * training + 0.05) * noise + 4.0 * p
         mem_some = p**1.5 * self.mem_stall * math.exp(rng.gauss(0, 0.1)) if p > 0 else 0.0
         io_some = (self.io_some_base * math.exp(rng.gauss(0, 0.4))) + p * self.io_stall
+        if self.io_load:
+            io_some += self.io_load * 6.0 * math.exp(rng.gauss(0, 0.2))
+        if self.hog:  # runnable tasks queue behind the hog on its cores
+            cpu_some += len(self.hog) / self.cpus * 60.0
         self.psi_cpu.step(dt, min(100.0, cpu_some), 0.0)  # system-wide cpu "full" is always 0
         self.psi_mem.step(dt, min(100.0, mem_some), min(100.0, mem_some * 0.45))
         self.psi_io.step(dt, min(100.0, io_some), min(100.0, io_some * 0.35))
         self.blocked = p * 40 * math.exp(rng.gauss(0, 0.2)) + (1 if rng.random() < 0.05 else 0)
         self.running = sum(self.busy) * training + 2 + rng.gauss(0, 1.5)
+        if self.hog:
+            self.running += len(self.hog)
         n = max(0.0, self.running + self.blocked)  # Linux load counts uninterruptible tasks
         self.load = tuple(
             a * math.exp(-dt / w) + n * (1 - math.exp(-dt / w)) for a, w in zip(self.load, (60, 300, 900), strict=True)
@@ -202,11 +212,16 @@ class Host:
     def _step_cpus(self, dt: float, training: float, p: float, rng: random.Random) -> None:
         ticks = USER_HZ * dt
         gauss = rng.gauss
+        hog, io_load = self.hog, self.io_load
         for c in range(CPUS):
             j = self.jiffies[c]
             busy = min(0.995, (self.busy[c] * training) * math.exp(gauss(0, 0.06)) + 0.004 + 0.004 * rng.random())
+            if hog and c in hog:
+                busy = 0.99
             io_core = c in self.io_cores
             iowait = (0.55 * p * rng.random() if io_core else 0.02 * p) + (0.002 * rng.random() if io_core else 0.0)
+            if io_load and io_core:  # a checkpoint's writes: a little iowait where the writers run
+                iowait += 0.04 * io_load
             system = busy * 0.1 + (0.08 * p if io_core else 0.0)  # direct reclaim runs in the kernel
             soft = 0.02 if c in self.irq_cores else 0.0005
             iowait = min(iowait, max(0.0, 1 - busy - soft - 0.0002))
@@ -241,7 +256,14 @@ class Host:
         self.mem_stall = 20.0 + 40.0 * rng.random()
         self.io_stall = 10.0 + 15.0 * rng.random()
 
+    def start_cpu_hog(self, cores: int, rng: random.Random) -> None:
+        """A runaway process (a data-loader worker spinning) takes `cores` otherwise idle cores."""
+        idle = [c for c in range(self.cpus) if self.busy[c] == 0.0]
+        self.hog = frozenset(rng.sample(idle, min(cores, len(idle))))
+
     def repair(self) -> None:
+        self.hog = frozenset()
+        self.io_load = 0.0
         self.pressure_target = self.pressure = 0.0
         self.swap_kib = self.healthy_swap
 

@@ -325,3 +325,62 @@ def simple_step(ts: datetime, rank: int, step: int, loss: float, grad_norm: floa
         f"{ts:%Y-%m-%d %H:%M:%S},{ts.microsecond // 1000:03d} INFO train.py:297 rank={rank} step={step} "
         f"loss={loss_s} grad_norm={gn_s} lr={lr:.4e} step_time={step_s:.3f}s"
     )
+
+
+# --- checkpoints, evaluation, restarts (Megatron-LM's print_rank_0 / print_rank_last lines: no timestamp) ---
+
+CHECKPOINT_DIR = "/checkpoints/llm"
+
+
+def megatron_saving(iteration: int, path: str = CHECKPOINT_DIR) -> str:
+    return f"saving checkpoint at iteration {iteration:7d} to {path} in torch_dist format"
+
+
+def megatron_saved(iteration: int, path: str = CHECKPOINT_DIR) -> str:
+    return f"  successfully saved checkpoint from iteration {iteration:7d} to {path} [ t 1/1, p 1/1 ]"
+
+
+def megatron_timer(name: str, low_ms: float, high_ms: float) -> list[str]:
+    """Megatron's timers after a save or an evaluation: min and max across ranks."""
+    return [
+        "(min, max) time across ranks (ms):",
+        f"    {name} {'.' * max(3, 48 - len(name))}: ({low_ms:.2f}, {high_ms:.2f})",
+    ]
+
+
+def megatron_loading(iteration: int, path: str = CHECKPOINT_DIR) -> list[str]:
+    return [
+        f" loading distributed checkpoint from {path} at iteration {iteration}",
+        f"  successfully loaded checkpoint from {path} [ t 1/1, p 1/1 ] at iteration {iteration}",
+    ]
+
+
+def megatron_validation(iteration: int, loss: float) -> list[str]:
+    """Megatron's evaluate_and_print_results: the validation loss between two rules of its length."""
+    ppl = math.exp(min(20.0, loss))
+    text = f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} | "
+    rule = "-" * (len(text) + 1)
+    return [rule, text, rule]
+
+
+def torchrun_death_signal(ts: datetime, agent_pid: int, pids: Sequence[int]) -> list[str]:
+    """torchrun told to stop (a preemption, a requeue): it passes SIGTERM on to its workers."""
+    where = "torch/distributed/elastic/agent/server/api.py:738"
+    out = [f"{glog('W', ts, agent_pid, where)} Received Signals.SIGTERM death signal, shutting down workers"]
+    out += [
+        f"{glog('W', ts, agent_pid, 'torch/distributed/elastic/multiprocessing/api.py:897')} "
+        f"Sending process {pid} closing signal SIGTERM"
+        for pid in pids
+    ]
+    return out
+
+
+def resuming(ts: datetime, rank: int, step: int) -> str:
+    return f"{ts:%Y-%m-%d %H:%M:%S},000 INFO train.py:141 rank={rank} resuming from checkpoint at step={step}"
+
+
+def nccl_async_event(host: str, pid: int, tid: int, dev: int, event: str) -> str:
+    """An IB async event NCCL reports as a warning and carries on through (transport/net_ib.cc)."""
+    return (
+        f"{host}:{pid}:{tid} [{dev}] transport/net_ib.cc:101 NCCL WARN NET/IB : mlx5_{dev}:1 Got async event : {event}"
+    )

@@ -17,12 +17,12 @@ import heapq
 import math
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from agents.sim import logformat as fmt
-from agents.sim.config import SimConfig
+from agents.sim.config import RealismParams, SimConfig
 from agents.sim.fabric import Fabric
 from agents.sim.faults import FaultInjection, FaultRecord
 from agents.sim.gpu import (
@@ -32,6 +32,7 @@ from agents.sim.gpu import (
     COMPUTE_SHARE,
     IDLE,
     NONE,
+    SAVE,
     SPIN,
     TARGETS,
     THROTTLE_RATIO,
@@ -41,7 +42,8 @@ from agents.sim.gpu import (
     GpuSample,
 )
 from agents.sim.host import Host
-from agents.sim.modes import CULPRIT_DATA, CULPRIT_SYNC, DEAD, NORMAL, TERMINATED, VICTIM
+from agents.sim.modes import CHECKPOINT, CULPRITS, DEAD, NORMAL, TERMINATED, VICTIMS
+from agents.sim.realism import AgentAction, RealLife, RealState
 from agents.sim.scenarios import SCENARIOS, FaultSpec
 
 COLLECTIVES_PER_STEP = 4  # NCCL SeqNum advances this much per step
@@ -73,14 +75,29 @@ class Job:
     nan: bool = False
     nan_iters: int = 0
     loss_drift: float = 0.0
+    # Pauses (agents/sim/realism.py): "" while training, else checkpoint | eval | restart | load.
+    pause: str = ""
+    pause_started: float = 0.0
+    pause_until: float = 0.0
+    stuck_rank: int | None = None  # the rank whose checkpoint save never returns
+    stall_rank: int | None = None  # the rank whose data loader is stalling
+    last_checkpoint: int = 0  # the iteration a restart resumes from
+    loss_spike: float = 0.0  # the loss's current excess over its trend, as a fraction
 
 
-class Cluster(FaultInjection):
+class Cluster(FaultInjection, RealLife):
     def __init__(self, config: SimConfig) -> None:
         config = config.resolved()
         if config.scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {config.scenario!r}; known: {', '.join(SCENARIOS)}")
         assert config.start is not None and config.seed is not None
+        scenario = SCENARIOS[config.scenario]
+        if scenario.realism and not config.realism:
+            config = replace(config, realism=True)
+        if config.realism and scenario.realism_overrides:  # where the config left a default, the scenario's value
+            defaults, params = RealismParams(), config.realism_params
+            mine = {k: v for k, v in scenario.realism_overrides if getattr(params, k) == getattr(defaults, k)}
+            config = replace(config, realism_params=replace(params, **mine))
         self.config = config
         self.start: datetime = config.start
         self.rng = random.Random(config.seed)
@@ -114,8 +131,17 @@ class Cluster(FaultInjection):
         self._failed_order: list[int] = []
         self._torn_down: set[int] = set()
         self._out: list[LogLine] = []
+        self.noise: list[dict[str, Any]] = []  # one-offs on healthy nodes (the transient scenario)
+        self.skew = [timedelta(0)] * config.nodes  # each node's clock offset (realism)
+        self.agent_actions: list[AgentAction] = []
+        self.loader_wait: dict[int, float] = {}  # node -> seconds its ranks wait for data each step
         self.job = Job(step=10000 + self.rng.randrange(40000), seq=0)
         self.job.seq = self.job.step * COLLECTIVES_PER_STEP + 17
+        self.real: RealState | None = None
+        if config.realism:
+            self.real = self._start_realism(config.realism_params)
+            self._fresh_job()
+        self.job.last_checkpoint = self.job.step
         self._plan_step()
         for n in range(config.nodes):
             boot = self.start - timedelta(hours=3 + self.rng.random() * 40)
@@ -139,6 +165,9 @@ class Cluster(FaultInjection):
         while (self.tick + 1) * TICK <= t + 1e-9:
             self.tick += 1
             self._run_due()
+            self._tick_pauses()
+            if self.real is not None:
+                self._realism_tick()
             self._advance_job()
             self._sample()
             self._chatter()
@@ -163,7 +192,7 @@ class Cluster(FaultInjection):
             self.pids[node * self.gpn + lr] = pid
 
     def ground_truth(self) -> dict[str, Any]:
-        return {
+        out = {
             "scenario": self.config.scenario,
             "job_id": self.config.job_id,
             "nodes": self.node_names,
@@ -173,6 +202,11 @@ class Cluster(FaultInjection):
             "started_at": self.start.isoformat(),
             "faults": [f.to_json() for f in self.faults],
         }
+        if self.real is not None or self.noise:
+            out["noise"] = self.noise
+        if self.real is not None:
+            out["realism"] = self.realism_truth()
+        return out
 
     # --- time and events ---
 
@@ -196,6 +230,7 @@ class Cluster(FaultInjection):
     # --- output helpers ---
 
     def _kern_at(self, node: int, ts: datetime, *messages: str) -> None:
+        ts += self.skew[node]  # the node's own clock
         self._out.append(LogLine(self.node_names[node], "kern", fmt.kern(ts, *messages)))
 
     def _kern(self, node: int, *messages: str) -> None:
@@ -231,7 +266,11 @@ class Cluster(FaultInjection):
             (THROTTLE_RATIO if self._gpu_of(r).thermal else 1.0) / self.hosts[r // self.gpn].slowdown
             for r in range(self.world)
         ]
+        if self.real is not None:  # machines a few percent apart, within normal variation
+            slow = [s * self.real.speed[r // self.gpn] for r, s in enumerate(slow)]
         job.compute = [base * COMPUTE_SHARE * (1.0 + self.rng.gauss(0, 0.012)) / slow[r] for r in range(self.world)]
+        if self.loader_wait:  # ranks waiting on their data first: their GPU idles, then computes
+            job.compute = [c + self.loader_wait.get(r // self.gpn, 0.0) for r, c in enumerate(job.compute)]
         job.compute_max = max(job.compute)
         job.duration = job.compute_max + base * (1 - COMPUTE_SHARE) * job.comm_factor * (1.0 + self.rng.gauss(0, 0.03))
 
@@ -240,7 +279,7 @@ class Cluster(FaultInjection):
 
     def _advance_job(self) -> None:
         job = self.job
-        if job.state != "running" or self.t < job.stall_until:
+        if job.state != "running" or self.t < job.stall_until or job.pause:
             return
         job.phase += TICK
         if job.phase >= job.duration - 1e-9:
@@ -248,6 +287,8 @@ class Cluster(FaultInjection):
             self._complete_step(self.t - overshoot)  # the exact end, between two ticks
             job.phase = overshoot
             self._plan_step()
+            if self.real is not None:
+                self._after_step()
 
     def _complete_step(self, end: float) -> None:
         job, rng = self.job, self.rng
@@ -265,17 +306,21 @@ class Cluster(FaultInjection):
             grad_norm = math.nan if rng.random() < 0.8 else math.inf
             job.nan_iters += 1
         lr = 1e-5 + (3e-4 - 1e-5) * 0.5 * (1 + math.cos(math.pi * job.step / TOTAL_ITERS))
+        if self.real is not None:
+            lr = self._learning_rate(job.step, lr)
+            loss, grad_norm = self._spiked(loss, grad_norm)
         ts = self.start + timedelta(seconds=end)
         tflops = 395.0 * self.config.step_seconds / max(took, 1e-3) * (1 + rng.gauss(0, 0.004))
         last = self.config.nodes - 1
         for n in range(self.config.nodes):
+            node_ts = ts + self.skew[n]
             if n == last:  # Megatron logs from the last rank
                 line = fmt.megatron_step(
-                    ts, job.step, TOTAL_ITERS, job.step * GLOBAL_BATCH, took * 1000, tflops, lr, GLOBAL_BATCH,
+                    node_ts, job.step, TOTAL_ITERS, job.step * GLOBAL_BATCH, took * 1000, tflops, lr, GLOBAL_BATCH,
                     loss, grad_norm, job.nan_iters,
                 )  # fmt: skip
             else:
-                line = fmt.simple_step(ts, n * self.gpn, job.step, loss, grad_norm, lr, took)
+                line = fmt.simple_step(node_ts, n * self.gpn, job.step, loss, grad_norm, lr, took)
             self._train(n, [line])
 
     def _activity(self, rank: int) -> str:
@@ -283,16 +328,20 @@ class Cluster(FaultInjection):
         if mode == NORMAL:
             if job.state != "running":
                 return NONE
+            if job.pause:
+                return self._pause_activity()
             if self.t < job.stall_until:
                 return SPIN
+            if self.loader_wait and job.phase < self.loader_wait.get(rank // self.gpn, 0.0):
+                return IDLE
             if job.phase < job.compute[rank]:
                 return COMPUTE
             return WAIT if job.phase < job.compute_max else COMM
-        if mode == VICTIM:
+        if mode in VICTIMS:
             return SPIN
-        if mode in (CULPRIT_DATA, CULPRIT_SYNC):
+        if mode in CULPRITS:
             return IDLE
-        return NONE
+        return SAVE if mode == CHECKPOINT else NONE
 
     def _sample(self) -> None:
         nvlink_scale = 1.0 / self.job.comm_factor
@@ -306,6 +355,7 @@ class Cluster(FaultInjection):
                     if activity in BUSY:
                         self._busy_sum[n] += 1
         if self.tick % NODE_TICKS == 0:
+            self._node_second()
             self._sample_nodes(NODE_TICKS * TICK)
 
     def _sample_nodes(self, dt: float) -> None:

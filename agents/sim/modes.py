@@ -13,3 +13,9 @@ NORMAL, VICTIM, CULPRIT_DATA, CULPRIT_SYNC, TERMINATED, ABORT = (
 )
 CRASH_ECC, CRASH_USER, CRASH_NCCL = "crash:ecc", "crash:user_bug", "crash:nccl"
 DEAD = frozenset({TERMINATED, ABORT, CRASH_ECC, CRASH_USER, CRASH_NCCL})
+
+# Checkpoints (agents/sim/realism.py): every rank saving; one stuck inside the save (its write never returns);
+# the ranks that finished saving, waiting for it in the barrier after the save.
+CHECKPOINT, CULPRIT_CKPT, VICTIM_BARRIER = "checkpoint", "hang_culprit:ckpt", "hang_victim:barrier"
+VICTIMS = frozenset({VICTIM, VICTIM_BARRIER})
+CULPRITS = frozenset({CULPRIT_DATA, CULPRIT_SYNC, CULPRIT_CKPT})

@@ -8,6 +8,11 @@ What it does is read from the node's control file (re-read every 0.5 s):
   hang_victim        block in all_reduce -> _wait_for_work (a collective whose peer never arrives)
   hang_culprit:data  block in the data loader (__next__ -> _next_data -> _get_data)
   hang_culprit:sync  block in a CUDA synchronize (a GPU that stopped answering)
+  checkpoint         save a checkpoint (save_checkpoint -> torch.save -> _save -> write_record) until told
+                     otherwise, then train on
+  hang_culprit:ckpt  the same save, stuck in the write (a storage mount that stopped answering)
+  hang_victim:barrier
+                     saved, now blocked in the barrier after the save (barrier -> _wait_for_work)
   crash:ecc | crash:user_bug | crash:nccl
                      raise the matching exception (traceback on stderr, exit code 1)
   abort              what the NCCL watchdog does: "terminate called ...", SIGABRT
@@ -179,9 +184,10 @@ def _wait_for_work(ctx: Context, share: float) -> None:
         mode = ctx.mode()
         if mode.startswith("crash:"):
             _raise_for(mode)
-        if mode != "hang_victim" and time.monotonic() >= deadline:
+        waiting = mode in ("hang_victim", "hang_victim:barrier")
+        if not waiting and time.monotonic() >= deadline:
             return
-        time.sleep(POLL if mode == "hang_victim" else max(0.0, min(POLL, deadline - time.monotonic())))
+        time.sleep(POLL if waiting else max(0.0, min(POLL, deadline - time.monotonic())))
 
 
 def optimizer_step(ctx: Context) -> None:
@@ -189,7 +195,33 @@ def optimizer_step(ctx: Context) -> None:
     ctx.run_kernels(0.05)
 
 
+def write_record(ctx: Context) -> None:
+    # The shard's bytes going to storage; a stuck mount never returns from here.
+    while ctx.mode() in ("checkpoint", "hang_culprit:ckpt"):
+        time.sleep(POLL)
+
+
+def _save(ctx: Context) -> None:
+    write_record(ctx)
+
+
+def save(ctx: Context) -> None:
+    """Named like torch.save."""
+    _save(ctx)
+
+
+def barrier(ctx: Context) -> None:
+    _wait_for_work(ctx, 0.0)
+
+
+def save_checkpoint(ctx: Context) -> None:
+    save(ctx)
+    barrier(ctx)
+
+
 def train_step(ctx: Context, loader: DataLoaderIter) -> None:
+    if ctx.mode() in ("checkpoint", "hang_culprit:ckpt", "hang_victim:barrier"):
+        save_checkpoint(ctx)
     batch = next(loader)
     loss = forward(ctx, batch)
     backward(ctx, loss)

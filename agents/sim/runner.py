@@ -33,7 +33,8 @@ from agents.sim.config import SimConfig
 from agents.sim.exporter import MetricsServer
 from agents.sim.kerneltree import NodeTree, TreeWriter
 from agents.sim.model import Cluster, LogLine
-from agents.sim.procs import spawn, stop_all
+from agents.sim.procs import signal_group, spawn, stop_all
+from agents.sim.realism import START, AgentAction
 
 LOOP_SECONDS = 0.2
 TREE_SECONDS = 1.0  # the kernel trees are brought up to date at most this often
@@ -43,6 +44,8 @@ SHM_PREFIX = "faultline-sim-"  # then the simulator's pid: a tree whose simulato
 TREE_BYTES_PER_NODE = 8 << 20
 _NODE_FILES = ("kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log")
 _TREE_ROOTS = ("sys", "proc")
+# Where the sitecustomize that skews an agent's wall clock lives (realism's clock skew).
+SKEW_CLOCK_DIR = Path(__file__).resolve().parent / "skewclock"
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -67,6 +70,8 @@ class SimRunner:
         self._control_version = -1
         self._faults_version = -1
         self._faults_reported = 0
+        self._noise_reported = 0
+        self._transients_reported = 0
         self._repairs_reported: set[int] = set()
         self._agents_reported: set[int] = set()
         self._first_step = 0
@@ -148,7 +153,7 @@ class SimRunner:
             )  # fmt: skip
             cluster.launcher_pids[n] = self.launchers[n].pid
         for n, name in enumerate(cluster.node_names):
-            if config.agents:
+            if config.agents and cluster.agent_delay(n) <= 0:  # a late node's agent starts when the model says
                 self._start_agent(n, name)
             agent = f", agent pid {self.agents[n].pid}" if n in self.agents else ""
             first = n * config.gpus_per_node
@@ -174,7 +179,13 @@ class SimRunner:
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.
-        self.agents[n] = spawn(command, env={**os.environ, "FAULTLINE_AGENT_TOKEN": str(config.token)}, stdout=log)
+        env = {**os.environ, "FAULTLINE_AGENT_TOKEN": str(config.token)}
+        skew = self.cluster.skew[n].total_seconds() if self.cluster else 0.0
+        if skew:  # the node's clock is off: so is its agent's
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SKEW_CLOCK_DIR), env.get("PYTHONPATH")) if p)
+            env["FAULTLINE_SIM_CLOCK_SKEW_S"] = str(skew)
+        self.agents[n] = spawn(command, env=env, stdout=log)
+        self._agents_reported.discard(n)
 
     def _loop(self) -> None:
         duration = self.config.duration
@@ -199,7 +210,31 @@ class SimRunner:
             self._faults_version = cluster.faults_version
             self._write_ground_truth()
             self._report_faults()
+        for action in cluster.take_agent_actions():
+            self._act_on_agent(action)
         self._check_agents()
+
+    def _act_on_agent(self, action: AgentAction) -> None:
+        """Realism: a late node's agent starts, or an agent is stopped (TERM or KILL) and later started again;
+        its spool folder stays, so what it had not shipped goes out after the restart."""
+        if not self.config.agents:
+            return
+        name = self.cluster.node_names[action.node] if self.cluster else str(action.node)
+        if action.action == START:
+            if action.node not in self.agents or self.agents[action.node].poll() is not None:
+                self._start_agent(action.node, name)
+                self._say(f"t={action.t:.1f}s agent of {name} started (pid {self.agents[action.node].pid})")
+            return
+        proc = self.agents.pop(action.node, None)
+        if proc is None:
+            return
+        signal_group(proc, signal.SIGKILL if action.signal == "KILL" else signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+        if proc.poll() is None:
+            signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=2.0)
+        self._say(f"t={action.t:.1f}s agent of {name} stopped with SIG{action.signal}")
 
     def _shutdown(self) -> None:
         # Agents first (they may want to flush), then the launchers with their ranks, in parallel within each.
@@ -319,6 +354,17 @@ class SimRunner:
                 self._repairs_reported.add(i)
                 self._say(f"repaired {fault.kind} on {', '.join(fault.nodes) or 'the job'}; job restarted")
         self._faults_reported = len(cluster.faults)
+        # Realism's job events (the agents' own are said as the runner acts on them).
+        events = cluster.real.events if cluster.real is not None else []
+        for event in events[self._noise_reported :]:
+            if not event["kind"].startswith("agent_"):
+                details = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("kind", "t", "at"))
+                self._say(f"t={event['t']:.1f}s noise: {event['kind']} ({details})")
+        self._noise_reported = len(events)
+        for noise in cluster.noise[self._transients_reported :]:
+            where = ", ".join(noise["nodes"])
+            self._say(f"noise: {noise['kind']} ({noise.get('variant', '')}) on {where}; nothing to find or evict")
+        self._transients_reported = len(cluster.noise)
 
     def _check_agents(self) -> None:
         for n, p in self.agents.items():

@@ -12,6 +12,12 @@ from dataclasses import dataclass
 from agents.sim.config import SimConfig
 
 GPU, NODE, JOB = "gpu", "node", "job"
+EVICT, DIAGNOSE, NO_ACTION = "evict", "diagnose", "none"
+# two_faults: the fatal Xid comes this long after the straggler started, time enough for the straggler to be
+# told by peer comparison (its continuity window is ~2 minutes) before the job dies.
+TWO_FAULTS_GAP_S = 180.0
+# intermittent_straggler: the GPU throttles this long, then runs normally this long, over and over.
+FLAP_ON_S, FLAP_OFF_S = 30.0, 90.0
 
 
 @dataclass(frozen=True)
@@ -23,10 +29,21 @@ class FaultKind:
     scope: str  # GPU: a faulty node and GPU; NODE: a faulty node as a whole; JOB: no faulty machine
     # Evicting the faulty node is acceptable but not required (the evidence points at it, not at hardware).
     eviction_optional: bool = False
+    # What the service should do: EVICT, DIAGNOSE (name the node, keep it) or NO_ACTION; "" derives it from
+    # expect_eviction (evict) and eviction_optional (diagnose).
+    expect_action: str = ""
+    # A one-off on a healthy node: recorded as noise in the ground truth, not as a fault (nothing to find).
+    noise: bool = False
 
     @property
     def on_gpu(self) -> bool:
         return self.scope == GPU
+
+    @property
+    def action(self) -> str:
+        if self.expect_action:
+            return self.expect_action
+        return EVICT if self.expect_eviction else DIAGNOSE if self.eviction_optional else NO_ACTION
 
 
 FAULT_KINDS: dict[str, FaultKind] = {
@@ -136,6 +153,50 @@ FAULT_KINDS: dict[str, FaultKind] = {
             True,
             GPU,
         ),
+        # Harder faults (issue 17).
+        FaultKind(
+            "fault_in_checkpoint",
+            "a GPU falls off the bus (Xid 79) while the job is saving a checkpoint (every rank paused, storage "
+            "busy); its rank never finishes the save, the others wait in the barrier until the watchdog",
+            "infrastructure",
+            True,
+            GPU,
+        ),
+        FaultKind(
+            "intermittent_straggler",
+            f"one GPU throttles (thermal) {FLAP_ON_S:.0f} s on, {FLAP_OFF_S:.0f} s off, over and over: every step "
+            "~40% slower while it does; no error line",
+            "infrastructure",
+            True,
+            GPU,
+        ),
+        FaultKind(
+            "hang_in_checkpoint",
+            "one rank hangs inside the checkpoint save (its stack in save_checkpoint, stuck writing to storage); "
+            "the others finish saving and wait in the barrier; silent until the (long) watchdog",
+            "infrastructure",
+            True,
+            GPU,
+        ),
+        FaultKind(
+            "software_slow",
+            "a runaway data-loader worker burns one node's CPUs: its GPUs wait on data every step, the job ~25% "
+            "slower, host CPU and load up; a software cause: diagnose the node, do not evict it",
+            "user_code",
+            False,
+            NODE,
+            expect_action=DIAGNOSE,
+        ),
+        FaultKind(
+            "transient",
+            "one healthy node shows a one-off that recovers (a burst of PCIe replays with an AER line, a short "
+            "data-loader stall, or one NCCL WARN that NCCL retries through): nothing to evict or diagnose",
+            "none",
+            False,
+            NODE,
+            expect_action=NO_ACTION,
+            noise=True,
+        ),
     )
 }
 
@@ -162,6 +223,10 @@ class Scenario:
     name: str
     description: str
     plan: Plan
+    # Real-life healthy noise on, whatever the config says (the fault is defined by it, or it is the point)...
+    realism: bool = False
+    # ...with these RealismParams fields set (denser noise, so a short run sees every kind of it).
+    realism_overrides: tuple[tuple[str, object], ...] = ()
 
 
 def _nothing(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
@@ -200,9 +265,45 @@ def _demo(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
         at += config.fault_every
 
 
+def _two_faults(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
+    # A straggler first, then a fatal Xid on another node of the same job once the straggler has had its time.
+    gpus = config.gpus_per_node
+    slow = rng.randrange(config.nodes)
+    lost = (slow + 1 + rng.randrange(config.nodes - 1)) % config.nodes if config.nodes > 1 else slow
+    yield FaultSpec(config.fault_after, "straggler", slow, rng.randrange(gpus))
+    yield FaultSpec(config.fault_after + TWO_FAULTS_GAP_S, "gpu_lost", lost, rng.randrange(gpus))
+
+
+# healthy_real's noise: an eval run watches a healthy cluster ~3 minutes, so every kind of noise comes sooner.
+DENSE_NOISE: tuple[tuple[str, object], ...] = (
+    ("checkpoint_every_s", 100.0),
+    ("eval_every_s", 130.0),
+    ("restart_every_s", 240.0),
+    ("first_restart_s", 120.0),
+    ("loader_stall_every_s", 60.0),
+    ("loss_spike_every_s", 90.0),
+    ("agent_restart_every_s", 240.0),
+    ("day_s", 1800.0),
+)
+_REALISTIC_KINDS = frozenset({"fault_in_checkpoint"})
+
 SCENARIOS: dict[str, Scenario] = {
     "healthy": Scenario("healthy", "nothing happens: a synchronous job training normally", _nothing),
-    **{k: Scenario(k, FAULT_KINDS[k].description, _one(k)) for k in FAULT_KINDS},
+    **{k: Scenario(k, FAULT_KINDS[k].description, _one(k), realism=k in _REALISTIC_KINDS) for k in FAULT_KINDS},
+    "two_faults": Scenario(
+        "two_faults",
+        f"two faults in one job: a straggler GPU on one node, then {TWO_FAULTS_GAP_S:.0f} s later a GPU falls off "
+        "the bus (Xid 79) on another; both nodes to be evicted",
+        _two_faults,
+    ),
+    "healthy_real": Scenario(
+        "healthy_real",
+        "healthy with real-life noise: checkpoints, evaluations, a restart, loader stalls, loss spikes, slow and "
+        "late nodes, agent restarts, clock skew; nothing may be evicted",
+        _nothing,
+        realism=True,
+        realism_overrides=DENSE_NOISE,
+    ),
     "demo": Scenario(
         "demo",
         f"healthy, then every --fault-every seconds a random fault ({', '.join(HARDWARE_FAULTS)}) on a random "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agents.sim.scenarios import FAULT_KINDS
+from agents.sim.scenarios import FLAP_OFF_S, FLAP_ON_S, SCENARIOS, TWO_FAULTS_GAP_S
 
 SIM = "sim"
 TORCH = "torch"
@@ -17,8 +17,15 @@ HANG_EXTRA_WAIT_S = 60.0
 # The port flaps are spread over about a minute: the last one comes ~50 s after the injection.
 FLAP_WAIT_S = 120.0
 # Faults only peer comparison over its continuity window (~2 minutes) can tell: as long as a straggler.
-SLOW_FAULTS = frozenset({"straggler", "ib_congestion", "pcie_downgrade", "host_mem_pressure"})
+SLOW_FAULTS = frozenset({"straggler", "ib_congestion", "pcie_downgrade", "host_mem_pressure", "software_slow"})
 FLAP_FAULTS = frozenset({"ib_port_flap", "ib_port_flap_nccl"})
+# Issue 17's harder faults. two_faults: the straggler is decided like one, then the Xid comes TWO_FAULTS_GAP_S
+# after it (the deadline counts from the first injection).
+TWO_FAULTS_WAIT_S = TWO_FAULTS_GAP_S + DEFAULT_WAIT_S
+# The flapping straggler is slow a quarter of the time: four of its cycles.
+INTERMITTENT_WAIT_S = 4 * (FLAP_ON_S + FLAP_OFF_S)
+# A hang inside a checkpoint shows only once the other ranks finish saving (the forced save lasts <= 35 s).
+CHECKPOINT_SAVE_S = 35.0
 
 
 @dataclass(frozen=True)
@@ -89,13 +96,23 @@ SIM_SCENARIOS = (
     "healthy", "gpu_lost", "ecc_dbe", "nvlink", "ib_flap", "straggler", "hang", "user_bug", "nan_loss",
     # Machine-level signals (issue 16): IB port counters, PCIe link, host memory, row remapping.
     "ib_port_flap", "ib_port_flap_nccl", "ib_congestion", "pcie_downgrade", "host_mem_pressure", "row_remap_pending",
+    # Real-life noise and harder faults (issue 17). transient and healthy_real are healthy runs (nothing to find).
+    "two_faults", "fault_in_checkpoint", "intermittent_straggler", "hang_in_checkpoint", "software_slow",
+    "transient", "healthy_real",
 )  # fmt: skip
+# Healthy runs with noise: watched like `healthy` (the ground truth has no fault; the transient is under "noise").
+HEALTHY_SIM = frozenset({"healthy", "transient", "healthy_real"})
 TORCH_SCENARIOS = tuple(TORCH_FAULTS)
 
 CATALOG: dict[str, Scenario] = {
     "healthy": Scenario("healthy", SIM, None, "simulated job training normally: nothing may be evicted"),
     **{
-        name: Scenario(name, SIM, name, f"simulated: {FAULT_KINDS[name].description}")
+        name: Scenario(
+            name,
+            SIM,
+            None if name in HEALTHY_SIM else name,
+            f"simulated: {SCENARIOS[name].description}" + ("; nothing may be evicted" if name in HEALTHY_SIM else ""),
+        )
         for name in SIM_SCENARIOS
         if name != "healthy"
     },
@@ -112,6 +129,12 @@ def wait_after_injection(fault: str | None, hang_timeout_s: float) -> float:
     """Seconds to watch for decisions after the fault is injected."""
     if fault == "hang":
         return hang_timeout_s + HANG_EXTRA_WAIT_S
+    if fault == "hang_in_checkpoint":
+        return CHECKPOINT_SAVE_S + hang_timeout_s + HANG_EXTRA_WAIT_S
+    if fault == "two_faults":
+        return TWO_FAULTS_WAIT_S
+    if fault == "intermittent_straggler":
+        return INTERMITTENT_WAIT_S
     if fault in SLOW_FAULTS:
         return STRAGGLER_WAIT_S
     if fault in FLAP_FAULTS:

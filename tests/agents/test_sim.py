@@ -398,6 +398,7 @@ def test_ground_truth() -> None:
         "blame": "infrastructure",
         "expect_eviction": True,
         "eviction_optional": False,
+        "expect_action": "evict",
     }
 
 
@@ -583,3 +584,83 @@ def test_real_run_agents_crash_and_sigkill(tmp_path: Path) -> None:
         sim.wait(timeout=10)
     wait_for(lambda: not alive(launcher) and not alive(agent), 5, "launcher and agent to die with the simulator")
     assert not processes_with("sim-e2e-kill")
+
+
+# --- realism: the runner's side (late and restarting agents, clock skew) ---
+
+
+def test_runner_starts_a_late_agent_and_restarts_agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agents.sim.realism import START as START_AGENT
+    from agents.sim.realism import STOP, AgentAction
+    from agents.sim.runner import SimRunner
+
+    runner = SimRunner(SimConfig(dir=tmp_path, server="http://127.0.0.1:1", token="t"))
+    started: list[int] = []
+
+    def fake_start(n: int, name: str) -> None:
+        started.append(n)
+        runner.agents[n] = subprocess.Popen(["sleep", "30"], start_new_session=True)
+
+    monkeypatch.setattr(runner, "_start_agent", fake_start)
+    runner._act_on_agent(AgentAction(30.0, 2, START_AGENT))
+    assert started == [2] and runner.agents[2].poll() is None
+    runner._act_on_agent(AgentAction(31.0, 2, START_AGENT))  # already running: nothing more
+    assert started == [2]
+    proc = runner.agents[2]
+    runner._act_on_agent(AgentAction(40.0, 2, STOP, "KILL"))
+    assert proc.returncode == -signal.SIGKILL and 2 not in runner.agents
+    runner._act_on_agent(AgentAction(45.0, 2, START_AGENT))
+    assert started == [2, 2]
+    proc = runner.agents[2]
+    runner._act_on_agent(AgentAction(50.0, 2, STOP, "TERM"))
+    assert proc.returncode == -signal.SIGTERM
+
+
+def test_runner_gives_a_skewed_nodes_agent_its_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from agents.sim import runner as runner_module
+    from agents.sim.config import RealismParams
+
+    config = SimConfig(
+        nodes=2, gpus_per_node=2, seed=3, dir=tmp_path, server="http://127.0.0.1:1", token="t", realism=True,
+        realism_params=RealismParams(clock_skew_sd_s=3.0),
+    )  # fmt: skip
+    (tmp_path / "node-000").mkdir()
+    runner = runner_module.SimRunner(config)
+    runner.cluster = Cluster(config)
+    runner.server = SimpleNamespace(url=lambda name: f"http://127.0.0.1:1/{name}/metrics")  # type: ignore[assignment]
+    runner.launchers = {0: SimpleNamespace(pid=1), 1: SimpleNamespace(pid=1)}  # type: ignore[dict-item]
+    envs: list[dict[str, str]] = []
+    monkeypatch.setattr(runner_module, "spawn", lambda command, env, stdout: envs.append(env) or SimpleNamespace(pid=9))
+    runner._start_agent(0, "node-000")
+    skew = runner.cluster.skew[0].total_seconds()
+    assert skew and envs[0]["FAULTLINE_SIM_CLOCK_SKEW_S"] == str(skew)
+    assert envs[0]["PYTHONPATH"].split(os.pathsep)[0] == str(runner_module.SKEW_CLOCK_DIR)
+    plain = runner_module.SimRunner(replace(config, realism=False))
+    plain.cluster, plain.server, plain.launchers = (
+        Cluster(replace(config, realism=False)),
+        runner.server,
+        runner.launchers,
+    )
+    plain._start_agent(0, "node-000")
+    assert "FAULTLINE_SIM_CLOCK_SKEW_S" not in envs[1]
+
+
+def test_skewed_clock_in_a_python_process() -> None:
+    from agents.sim.runner import SKEW_CLOCK_DIR
+
+    code = (
+        "import time, datetime as d\n"
+        "from datetime import UTC, datetime\n"
+        "print(time.time(), datetime.now(UTC).timestamp(), d.datetime.now().timestamp(), time.monotonic(),"
+        " isinstance(datetime.now(UTC), d.datetime))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SKEW_CLOCK_DIR), "FAULTLINE_SIM_CLOCK_SKEW_S": "-4.25"}
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=20, check=True)
+    after = time.time()
+    wall, aware, naive, _, isinstance_ok = out.stdout.split()
+    for value in (wall, aware, naive):
+        assert before - 4.25 - 0.01 <= float(value) <= after - 4.25 + 0.01
+    assert isinstance_ok == "True"

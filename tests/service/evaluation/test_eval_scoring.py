@@ -473,3 +473,27 @@ def test_a_node_slow_for_a_software_reason_must_be_diagnosed_not_evicted() -> No
     assert not silent.correct and silent.notes == ["no diagnose decision for node-001"]
     evicted = score_scenario(slow, [decision("evict", "node-001", 60), decision("diagnose", "node-001", 50)], [])
     assert not evicted.correct and evicted.fp == 1
+
+
+def test_issue_17_scenarios_in_the_catalog_and_their_ground_truth() -> None:
+    # Healthy runs with noise are watched like `healthy`: their ground truth has no fault (the transient is noise).
+    for name in ("transient", "healthy_real"):
+        assert CATALOG[name].fault is None and CATALOG[name].family == "sim"
+        cluster = Cluster(SimConfig(nodes=3, gpus_per_node=2, scenario=name, seed=5, fault_after=2))
+        cluster.advance(40)
+        gt = GroundTruth.from_json(json.loads(json.dumps(cluster.ground_truth())))
+        assert gt.healthy and gt.blame == "none" and not gt.expected_evictions
+    assert wait_after_injection("two_faults", 30) == 180 + 90
+    assert wait_after_injection("intermittent_straggler", 30) == 480
+    assert wait_after_injection("hang_in_checkpoint", 30) == 35 + 30 + 60
+    assert wait_after_injection("software_slow", 30) == wait_after_injection("fault_in_checkpoint", 30) + 150
+    # Both faults of two_faults are to be evicted; software_slow's node is to be diagnosed, not evicted.
+    cluster = Cluster(SimConfig(nodes=3, gpus_per_node=2, scenario="two_faults", seed=5, fault_after=2))
+    cluster.advance(190)
+    gt = GroundTruth.from_json(json.loads(json.dumps(cluster.ground_truth())))
+    assert gt.kinds == {"straggler", "gpu_lost"} and len(gt.expected_evictions) == 2
+    cluster = Cluster(SimConfig(nodes=3, gpus_per_node=2, scenario="software_slow", seed=5, fault_after=2))
+    cluster.advance(3)
+    raw = cluster.ground_truth()["faults"][0]
+    gt = GroundTruth.from_json(raw | {"faults": [raw]})
+    assert raw["expect_action"] == "diagnose" and not gt.expected_evictions and not gt.tolerated_evictions
