@@ -463,7 +463,9 @@ def targets(scores: Sequence[ScenarioScore], precision: float | None, recall: fl
     """The eval's targets, each PASS, FAIL or n/a (no scenario it applies to was run)."""
 
     def of_kind(*kinds: str) -> list[ScenarioScore]:
-        return [s for s in scores if set(s.kinds) & set(kinds)]
+        # Runs of one fault: a run's time to decision counts from its first injection, which says nothing
+        # about a second fault's (two_faults: a straggler, then an Xid three minutes later).
+        return [s for s in scores if set(s.kinds) & set(kinds) and s.faults <= 1]
 
     def hang_limit(run: ScenarioScore) -> float:
         return (run.hang_timeout_s if run.hang_timeout_s is not None else math.inf) + TARGET_HANG_EXTRA_S
