@@ -148,7 +148,7 @@ ENDS_COLUMNS = (
     "first_ts",
     "continuity_ts",
     "last_ts",
-    *(f"{end}_{c}" for c in LOOKBACK_RISES for end in ("first", "last")),
+    *(f"{end}_{c}" for c in LOOKBACK_RISES for end in ("first", "continuity", "last")),
     *(f"{end}_{c}" for c in CONGESTION for end in ("continuity", "last")),
     "down_lately",  # the port's state below ACTIVE in one of the last two windows
     PORT_STATE,  # the last window's
@@ -196,6 +196,7 @@ def ends(frame: pd.DataFrame) -> pd.DataFrame:
             out[f"{when}_ts"] = by_start.at[stamp, "last_ts"] if stamp in by_start.index else pd.NaT
         for c in LOOKBACK_RISES:
             out[f"first_{c}"], out[f"last_{c}"] = value("first", f"{c}_max"), value("last", f"{c}_max")
+            out[f"continuity_{c}"] = value("continuity", f"{c}_max")
         for c in CONGESTION:
             out[f"continuity_{c}"], out[f"last_{c}"] = value("continuity", f"{c}_max"), value("last", f"{c}_max")
         out["down_lately"] = bool(min(value("previous", PORT_STATE), value("last", PORT_STATE)) < PORT_ACTIVE)
@@ -216,7 +217,9 @@ def _value_at(by_start: pd.DataFrame, at: Mapping[str, datetime], when: str, col
 def _rise(first: pd.Series, last: pd.Series) -> pd.Series:
     """last - first; a counter that went down was reset, and what it holds now is its rise since."""
     first, last = pd.to_numeric(first, errors="coerce"), pd.to_numeric(last, errors="coerce")
-    return (last - first).where(last >= first, last).fillna(0.0)
+    # Unknown (NaN) where either end is: no window there yet, or a counter the driver lacks. Not the counter's
+    # whole value, which would read as a burst of errors on every machine that joined late.
+    return (last - first).where(last >= first, last).where(first.notna() & last.notna())
 
 
 def _seconds(first: pd.Series, last: pd.Series) -> pd.Series:
@@ -229,10 +232,14 @@ def aggregate_ends(table: pd.DataFrame) -> pd.DataFrame:
     if table is None or table.empty:
         return pd.DataFrame(columns=list(AGGREGATE_COLUMNS))
     out = table[["node", "subject"]].copy()
-    out["span_s"] = _seconds(table["first_ts"], table["last_ts"])
+    # A machine younger than the lookback (a new job, a late joiner) is judged from the continuity period on.
+    young = pd.to_datetime(table["first_ts"], utc=True, errors="coerce").isna()
+    first_ts = table["first_ts"].where(~young, table["continuity_ts"])
+    out["span_s"] = _seconds(first_ts, table["last_ts"])
     out["continuity_span_s"] = _seconds(table["continuity_ts"], table["last_ts"])
     for c in LOOKBACK_RISES:
-        out[f"rise_{c}"] = _rise(table[f"first_{c}"], table[f"last_{c}"])
+        first = table[f"first_{c}"].where(~young, table[f"continuity_{c}"])
+        out[f"rise_{c}"] = _rise(first, table[f"last_{c}"])
     for c in CONGESTION:
         out[f"rise_{c}"] = _rise(table[f"continuity_{c}"], table[f"last_{c}"])
     out["down_lately"] = table["down_lately"].fillna(False).astype(bool)

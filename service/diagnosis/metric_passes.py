@@ -234,8 +234,9 @@ def _at(when: str, column: str) -> str:
 
 
 def _rise(first: str, last: str) -> str:
-    """A counter's rise between two windows; one that went down was reset and holds its rise since."""
-    return f"coalesce(CASE WHEN {last} >= {first} THEN {last} - {first} ELSE {last} END, 0)"
+    """A counter's rise between two windows; one that went down was reset and holds its rise since. NULL where
+    either end is (no window there yet, a counter the driver lacks): unknown, left out of the peers' medians."""
+    return f"CASE WHEN {last} >= {first} THEN {last} - {first} WHEN {first} IS NOT NULL THEN {last} END"
 
 
 def _seconds(first: str, last: str) -> str:
@@ -262,7 +263,7 @@ _NODE_SQL = text(
     + ", ".join(
         [
             *(f"{_at(when, 'last_ts')} AS {when}_ts" for when in ("first", "continuity", "last")),
-            *(f"{_at(w, c + '_max')} AS {w}_{c}" for c in _NS.LOOKBACK_RISES for w in ("first", "last")),
+            *(f"{_at(w, c + '_max')} AS {w}_{c}" for c in _NS.LOOKBACK_RISES for w in ("first", "continuity", "last")),
             *(f"{_at(w, c + '_max')} AS {w}_{c}" for c in _NS.CONGESTION for w in ("continuity", "last")),
             "coalesce(bool_or(port_state < :active) FILTER (WHERE window_start >= :previous), false) AS down_lately",
             *(f"{_at('last', c)} AS {c}" for c in _GAUGES_AT_LAST),
@@ -275,9 +276,14 @@ _NODE_SQL = text(
     + ", ".join(
         [
             *_GAUGES_AT_LAST,
-            f"{_seconds('first_ts', 'last_ts')} AS span_s",
+            # A machine younger than the lookback (a new job, a late joiner): from the continuity period on.
+            f"{_seconds('coalesce(first_ts, continuity_ts)', 'last_ts')} AS span_s",
             f"{_seconds('continuity_ts', 'last_ts')} AS continuity_span_s",
-            *(f"{_rise('first_' + c, 'last_' + c)} AS rise_{c}" for c in _NS.LOOKBACK_RISES),
+            *(
+                f"{_rise(f'CASE WHEN first_ts IS NULL THEN continuity_{c} ELSE first_{c} END', 'last_' + c)} "
+                f"AS rise_{c}"
+                for c in _NS.LOOKBACK_RISES
+            ),
             *(f"{_rise('continuity_' + c, 'last_' + c)} AS rise_{c}" for c in _NS.CONGESTION),
         ]
     )
@@ -296,9 +302,9 @@ _NODE_SQL = text(
     f"a.rise_{node_metrics.LINK_DOWNED} > 0 OR a.down_lately "
     f"OR a.{node_metrics.PORT_RATE_GBPS} < :rate_drop * s.{node_metrics.PORT_RATE_GBPS} "
     "OR ("
-    + " + ".join(f"a.rise_{c}" for c in _NS.PORT_ERRORS)
+    + " + ".join(f"coalesce(a.rise_{c}, 0)" for c in _NS.PORT_ERRORS)
     + " >= :errors_min AND "
-    + " + ".join(f"a.rise_{c}" for c in _NS.PORT_ERRORS)
+    + " + ".join(f"coalesce(a.rise_{c}, 0)" for c in _NS.PORT_ERRORS)
     + " >= :errors_factor * greatest(("
     + " + ".join(f"coalesce(s.{c}, 0)" for c in _NS.PORT_ERRORS)
     + ") * a.span_s, 1)) OR "

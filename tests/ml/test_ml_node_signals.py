@@ -230,3 +230,18 @@ def test_a_machine_slowed_by_its_host_is_one_incident() -> None:
     by_cause = {p.root_cause: p for p in proposals}
     assert set(by_cause) == {"host", "straggler"}
     assert sorted(by_cause["host"].finding_ids) == [1, 2] and by_cause["straggler"].finding_ids == [3]
+
+
+def test_a_machine_that_joined_late_is_judged_from_when_it_joined() -> None:
+    """A late joiner's counters hold what they counted before this job: its first windows are missing, so its
+    rise is counted from the continuity period on, never as the counter's whole value."""
+
+    def late(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-005" and i == 0:
+            acc.update(port_xmit_wait=acc.get("port_xmit_wait", 0.0) + 5e11, symbol_error=4000.0, link_downed=7.0)
+
+    frame = _frame(late)
+    joined = frame[(frame["node"] != "node-005") | (frame["window_start"] >= START + timedelta(seconds=200))]
+    assert _detect(joined) == []
+    aggregates = node_signals.aggregate(node_signals._prepare(joined))
+    assert node_signals.worth_a_look(aggregates, node_signals.peer_summary(aggregates)) == []
