@@ -9,6 +9,7 @@ seconds time to deliver its samples; a sample that arrives later still than that
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,36 +30,22 @@ VERSION = 1
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # date_bin's origin: windows aligned on the epoch's 10 s marks
 
 
-def _rollup_sql() -> str:
-    means = [f"avg({c})" for c in METRIC_COLUMNS]
-    peaks = [f"max({c})" for c in WINDOW_MAX_COLUMNS]
-    columns = ", ".join([*METRIC_COLUMNS, *(f"{c}_max" for c in WINDOW_MAX_COLUMNS)])
+def _rollup_sql(source: str, target: str, unit: str, means: Collection[str], peaks: Collection[str]) -> str:
+    """INSERT ... SELECT of `source`'s rows into `target`'s windows, per job, node and `unit` (gpu, subject)."""
+    columns = ", ".join([*means, *(f"{c}_max" for c in peaks)])
+    aggregates = ", ".join([*(f"avg({c})" for c in means), *(f"max({c})" for c in peaks)])
     return (
-        f"INSERT INTO metric_windows (job_id, window_start, node_id, gpu, n, last_ts, {columns}) "
-        f"SELECT job_id, date_bin(make_interval(secs => {WINDOW_S}), ts, :origin) AS window_start, node_id, gpu, "
-        f"count(*), max(ts), {', '.join(means + peaks)} "
-        "FROM metric_samples WHERE job_id = :job AND ts >= :lo AND ts < :hi "
-        "GROUP BY job_id, window_start, node_id, gpu "
+        f"INSERT INTO {target} (job_id, window_start, node_id, {unit}, n, last_ts, {columns}) "
+        f"SELECT job_id, date_bin(make_interval(secs => {WINDOW_S}), ts, :origin) AS window_start, node_id, {unit}, "
+        f"count(*), max(ts), {aggregates} "
+        f"FROM {source} WHERE job_id = :job AND ts >= :lo AND ts < :hi "
+        f"GROUP BY job_id, window_start, node_id, {unit} "
         "ON CONFLICT DO NOTHING"
     )
 
 
-def _node_rollup_sql() -> str:
-    means = [f"avg({c})" for c in NODE_GAUGES]
-    peaks = [f"max({c})" for c in NODE_COUNTERS]
-    columns = ", ".join([*NODE_GAUGES, *(f"{c}_max" for c in NODE_COUNTERS)])
-    return (
-        f"INSERT INTO node_windows (job_id, window_start, node_id, subject, n, last_ts, {columns}) "
-        f"SELECT job_id, date_bin(make_interval(secs => {WINDOW_S}), ts, :origin) AS window_start, node_id, subject, "
-        f"count(*), max(ts), {', '.join(means + peaks)} "
-        "FROM node_samples WHERE job_id = :job AND ts >= :lo AND ts < :hi "
-        "GROUP BY job_id, window_start, node_id, subject "
-        "ON CONFLICT DO NOTHING"
-    )
-
-
-_ROLLUP = text(_rollup_sql())
-_NODE_ROLLUP = text(_node_rollup_sql())
+_ROLLUP = text(_rollup_sql("metric_samples", "metric_windows", "gpu", METRIC_COLUMNS, WINDOW_MAX_COLUMNS))
+_NODE_ROLLUP = text(_rollup_sql("node_samples", "node_windows", "subject", NODE_GAUGES, NODE_COUNTERS))
 
 
 def rollup(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
