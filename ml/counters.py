@@ -60,6 +60,21 @@ PCIE_HIGH_PER_MIN = 100.0
 PCIE_LINK_SAMPLES = 3
 PCIE_BUSY_UTIL = 50.0
 
+# GPU states that ask for the GPU to go, column -> (confidence, summary): no spare rows left (replace it), or
+# memory rows or pages the driver marked to retire at the next GPU reset (the repair is not active until then).
+STATES: dict[str, tuple[float, str]] = {
+    ROW_REMAP_FAILURE: (0.95, "row remapping failed on {node} GPU {gpu}: no spare memory rows left"),
+    ROW_REMAP_PENDING: (
+        0.85,
+        "memory rows marked for remapping on {node} GPU {gpu}: the GPU needs a reset to activate the repair",
+    ),
+    RETIRED_PAGES_PENDING: (
+        0.85,
+        "memory pages marked for retirement on {node} GPU {gpu}: the GPU needs a reset to activate the repair",
+    ),
+}
+PENDING = (ROW_REMAP_PENDING, RETIRED_PAGES_PENDING)
+
 # A lost GPU: silent for this many of its node's sampling intervals (and this long), while the node reports.
 LOST_INTERVALS = 3
 LOST_MIN_S = 10.0
@@ -244,28 +259,28 @@ def _uncorrectable(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mappi
     return findings
 
 
-def _row_remap_failure(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
-    """The GPU has no spare rows left (a state, not a counter): it needs replacing."""
-    values = _numeric(df, ROW_REMAP_FAILURE)
-    if values is None:
-        return []
-    failing = df[values > 0]
+def _states(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+    """GPU states (not counters) that ask for the GPU to go: no spare rows left, or a repair waiting for a reset."""
     findings = []
-    for (node, gpu), rows in failing.groupby(_KEYS, sort=True):
-        first = rows["ts"].min()
-        findings.append(
-            _gpu_finding(
-                node,
-                [int(gpu)],
-                key=f"row_remap_failure:{node}/{gpu}:{_stamp(first)}",
-                category="gpu_hardware",
-                confidence=0.95,
-                summary=f"row remapping failed on {node} GPU {gpu}: no spare memory rows left",
-                observed_at=_dt(first),
-                action="evict",
-                signals=[_signal(node, int(gpu), ROW_REMAP_FAILURE, first, after=1)],
+    for column, (confidence, words) in STATES.items():
+        values = _numeric(df, column)
+        if values is None:
+            continue
+        for (node, gpu), rows in df[values > 0].groupby(_KEYS, sort=True):
+            first = rows["ts"].min()
+            findings.append(
+                _gpu_finding(
+                    node,
+                    [int(gpu)],
+                    key=f"{column}:{node}/{gpu}:{_stamp(first)}",
+                    category="gpu_hardware",
+                    confidence=confidence,
+                    summary=words.format(node=node, gpu=gpu),
+                    observed_at=_dt(first),
+                    action="evict",
+                    signals=[_signal(node, int(gpu), column, first, after=1)],
+                )
             )
-        )
     return findings
 
 
@@ -480,38 +495,6 @@ def _lost_gpus(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[s
     return findings
 
 
-# Pending repairs (a state): the driver has marked memory rows or pages to retire at the next GPU reset.
-PENDING: dict[str, str] = {
-    ROW_REMAP_PENDING: "memory rows marked for remapping",
-    RETIRED_PAGES_PENDING: "memory pages marked for retirement",
-}
-
-
-def _pending_repairs(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
-    """Rows or pages waiting for a GPU reset: the memory had errors, and the repair is not active until then."""
-    findings = []
-    for column, words in PENDING.items():
-        values = _numeric(df, column)
-        if values is None:
-            continue
-        for (node, gpu), rows in df[values > 0].groupby(_KEYS, sort=True):
-            first = rows["ts"].min()
-            findings.append(
-                _gpu_finding(
-                    node,
-                    [int(gpu)],
-                    key=f"{column}:{node}/{gpu}:{_stamp(first)}",
-                    category="gpu_hardware",
-                    confidence=0.85,
-                    summary=f"{words} on {node} GPU {gpu}: the GPU needs a reset to activate the repair",
-                    observed_at=_dt(first),
-                    action="evict",
-                    signals=[_signal(node, int(gpu), column, first, after=1)],
-                )
-            )
-    return findings
-
-
 def _at(df: pd.DataFrame, index: Any, column: str) -> float | None:
     return _num(df.at[index, column]) if column in df.columns else None
 
@@ -561,8 +544,7 @@ def _pcie_link(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[s
 
 _RULES = (
     _uncorrectable,
-    _row_remap_failure,
-    _pending_repairs,
+    _states,
     _xid_counter,
     _nvlink,
     _pcie,
