@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, func, select, text, update
+from sqlalchemy import Row, Table, func, select, text, update
 from sqlalchemy.dialects.postgresql import distinct_on, insert
 from sqlalchemy.orm import Session
 
@@ -129,13 +129,19 @@ def states_and_jobs(session: Session) -> Sequence[Row[str, str, bool, str | None
 
 def latest_gpu_samples(session: Session, *, name: str, since: datetime, columns: Sequence[str]) -> Sequence[Row[Any]]:
     """The node's latest metric sample of each GPU since `since` (gpu, ts and `columns`): one DISTINCT ON query."""
-    ms = metric_samples.c
+    return _latest_of_each(session, metric_samples, "gpu", name=name, since=since, columns=columns)
+
+
+def _latest_of_each(
+    session: Session, table: Table, unit: str, *, name: str, since: datetime, columns: Sequence[str]
+) -> Sequence[Row[Any]]:
+    c = table.c
     node_id = select(Node.id).where(Node.name == name).scalar_subquery()
     return session.execute(
-        select(ms.gpu, ms.ts, *(ms[c] for c in columns))
-        .ext(distinct_on(ms.gpu))
-        .where(ms.node_id == node_id, ms.ts >= since)
-        .order_by(ms.gpu, ms.ts.desc())
+        select(c[unit], c.ts, *(c[col] for col in columns))
+        .ext(distinct_on(c[unit]))
+        .where(c.node_id == node_id, c.ts >= since)
+        .order_by(c[unit], c.ts.desc())
     ).all()
 
 
@@ -307,11 +313,4 @@ def subject_against_peers(
 
 def latest_node_samples(session: Session, *, name: str, since: datetime, columns: Sequence[str]) -> Sequence[Row[Any]]:
     """The node's latest machine-level reading of each subject since `since` (subject, ts and `columns`)."""
-    ns = node_samples.c
-    node_id = select(Node.id).where(Node.name == name).scalar_subquery()
-    return session.execute(
-        select(ns.subject, ns.ts, *(ns[c] for c in columns))
-        .ext(distinct_on(ns.subject))
-        .where(ns.node_id == node_id, ns.ts >= since)
-        .order_by(ns.subject, ns.ts.desc())
-    ).all()
+    return _latest_of_each(session, node_samples, "subject", name=name, since=since, columns=columns)
