@@ -254,9 +254,11 @@ _FAKE_NVML_AGENT = (
 
 
 def _gpu_source(gpu_source: str, gpus: int, url: str) -> tuple[list[str], list[str], dict[str, str]]:
-    """(how to start the agent, its GPU flags, its environment) for dcgm-exporter or the fake NVML."""
+    """(how to start the agent, its GPU flags, its environment) for dcgm-exporter, the real NVML or the fake."""
     if gpu_source == "dcgm":
         return [sys.executable, "-m", "faultline"], ["--dcgm-url", url + "/metrics"], dict(os.environ)
+    if gpu_source == "nvml":  # this host's GPUs through the driver: the agent's default without --dcgm-url
+        return [sys.executable, "-m", "faultline"], [], dict(os.environ)
     repo = Path(__file__).resolve().parents[1]
     if not (repo / "tests" / "fakes" / "nvml.py").exists():
         raise SystemExit("--gpu-source nvml-fake needs a source checkout (tests/fakes/nvml.py)")
@@ -264,43 +266,55 @@ def _gpu_source(gpu_source: str, gpus: int, url: str) -> tuple[list[str], list[s
     return [sys.executable, "-c", _FAKE_NVML_AGENT.format(gpus=int(gpus))], [], env
 
 
-def nvml_source_cost(*, gpus: int, sample_interval: float, seconds: float = 60.0) -> dict[str, Any]:
-    """The NVML reader's own cost over `seconds` of agent time on the fake: calls and CPU per read, share of a core.
+def nvml_source_cost(*, gpus: int, sample_interval: float, seconds: float = 60.0, real: bool = False) -> dict[str, Any]:
+    """The NVML reader's own cost over `seconds` of agent time: calls (fake only) and CPU per read, share of a core.
 
     Reads back to back, the clock advanced by `sample_interval` per read, so the slow readings (agents/nvml.py
     SLOW_PERIOD_S) come in the proportion they do in a real run. The fake answers in microseconds of Python; a
-    driver call costs more (an ioctl), so the calls per second are the figure to carry to real hardware."""
+    driver call costs more (an ioctl), so with the fake the calls per second are the figure to carry to real
+    hardware, and with `real` (this host's driver, every GPU it has) the CPU and wall time are the figures."""
     from agents.nvml import Nvml
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.fakes.nvml import FakeNvml  # a source checkout only, like the agent started above
+    if real:
+        import pynvml
 
-    fake = FakeNvml(gpus)
-    fake.nvmlInit()
-    reader = Nvml(fake, gpus)
+        driver: Any = pynvml
+        driver.nvmlInit()
+        gpus = driver.nvmlDeviceGetCount()
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.fakes.nvml import FakeNvml  # a source checkout only, like the agent started above
+
+        driver = FakeNvml(gpus)
+        driver.nvmlInit()
+    reader = Nvml(driver, gpus)
     reads = max(1, round(seconds / sample_interval))
     clock = [time.monotonic()]
     reader.clock = lambda: clock[0]
     try:
         reader.read()  # the first read takes everything once; the steady state is what counts
-        fake.calls.clear()
-        cpu0 = time.thread_time()
+        if not real:
+            driver.calls.clear()
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
         fields = 0
         for _ in range(reads):
             clock[0] += sample_interval
             fields += sum(len(r.fields) for r in reader.read())
-        cpu = time.thread_time() - cpu0
+        cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
     finally:
         reader.close()
     per_read_ms = 1000 * cpu / reads
+    calls = None if real else round(driver.total_calls() / reads, 1)
     return {
+        "driver": "real" if real else "fake",
         "gpus": gpus,
         "sample_interval_s": sample_interval,
         "reads": reads,
-        "nvml_calls_per_read": round(fake.total_calls() / reads, 1),
-        "nvml_calls_per_s": round(fake.total_calls() / reads / sample_interval, 1),
+        "nvml_calls_per_read": calls,
+        "nvml_calls_per_s": None if calls is None else round(calls / sample_interval, 1),
         "fields_per_read": round(fields / reads, 1),
         "cpu_ms_per_read": round(per_read_ms, 3),
+        "wall_ms_per_read": round(1000 * wall / reads, 3),
         "cpu_pct_of_one_core": round(per_read_ms / 10 / sample_interval, 3),
         "share_of_agent_budget_pct": round(100 * per_read_ms / 10 / sample_interval / CPU_TARGET_PCT, 1),
     }
@@ -326,10 +340,11 @@ def add_parser(bench_sub: Any) -> None:
     agent.add_argument("--json", type=Path, help="also write the figures to this file")
     agent.add_argument(
         "--gpu-source",
-        choices=["dcgm", "nvml-fake"],
+        choices=["dcgm", "nvml", "nvml-fake"],
         default="dcgm",
-        help="GPU counters from a dcgm-exporter page (default), or through NVML with a fake driver of --gpus "
-        "H100s (tests/fakes/nvml.py; a source checkout), whose reader's own share is printed too",
+        help="GPU counters from a dcgm-exporter page of --gpus GPUs (default), through NVML from this host's own "
+        "GPUs (--gpus is then what the driver has), or through NVML with a fake driver of --gpus H100s "
+        "(tests/fakes/nvml.py; a source checkout); with NVML the reader's own share is printed too",
     )
 
 
@@ -344,6 +359,9 @@ def _print_table(runs: dict[str, dict[str, Any]]) -> None:
         print(f"{key:<{width}}  {cells}")
 
 
+_SOURCES = {"dcgm": "dcgm-exporter page", "nvml": "NVML, this host's driver", "nvml-fake": "NVML, fake driver"}
+
+
 def _print_budget(runs: dict[str, dict[str, Any]]) -> None:
     """Each run against the agent's budget, with the load it carried."""
     print(f"\nbudget: {CPU_TARGET_PCT:g}% of one core, {RSS_TARGET_MB:g} MB RSS; every collector on")
@@ -354,8 +372,9 @@ def _print_budget(runs: dict[str, dict[str, Any]]) -> None:
             f"peak RSS {rss:.1f} MB {'PASS' if run['rss_target_met'] else 'FAIL'}"
         )
     first = next(iter(runs.values()))
+    source = _SOURCES[first["gpu_source"]]
     print(
-        f"  load: {first['gpus']} GPUs sampled every {first['sample_interval_s']:g} s (dcgm-exporter page), "
+        f"  load: {first['gpus']} GPUs sampled every {first['sample_interval_s']:g} s ({source}), "
         f"{first['followed_logs']} logs at {first['log_lines_per_s']:g} lines/s in all, 8 training processes "
         f"scanned; {NodeLoad.describe()}"
     )
@@ -365,15 +384,21 @@ def run(args: argparse.Namespace) -> int:
     settings = {"duration": args.duration, "warmup": args.warmup, "gpus": args.gpus, "logs": args.logs}
     settings["rate"] = args.lines_per_second
     settings["gpu_source"] = args.gpu_source
+    if args.gpu_source == "nvml":  # the agent reads every GPU the driver has; the figures say how many
+        import pynvml
+
+        pynvml.nvmlInit()
+        settings["gpus"] = pynvml.nvmlDeviceGetCount()
     label = f"sample {args.sample_interval:g}s/ship {args.ship_interval:g}s"
     runs = {label: run_bench(sample_interval=args.sample_interval, ship_interval=args.ship_interval, **settings)}
     if not args.no_baseline and (args.sample_interval, args.ship_interval) != (1.0, 1.0):
         runs["ship every 1s"] = run_bench(sample_interval=1.0, ship_interval=1.0, **settings)
     _print_table(runs)
     _print_budget(runs)
-    if args.gpu_source == "nvml-fake":
-        runs["nvml source"] = nvml_source_cost(gpus=args.gpus, sample_interval=args.sample_interval)
-        print("\nthe NVML reader alone (fake driver):")
+    if args.gpu_source in ("nvml", "nvml-fake"):
+        real = args.gpu_source == "nvml"
+        runs["nvml source"] = nvml_source_cost(gpus=args.gpus, sample_interval=args.sample_interval, real=real)
+        print(f"\nthe NVML reader alone ({'this host' if real else 'fake'} driver):")
         _print_table({"nvml source": runs["nvml source"]})
     if args.json:
         args.json.write_text(orjson.dumps(runs, option=orjson.OPT_INDENT_2).decode())

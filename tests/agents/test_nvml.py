@@ -264,7 +264,9 @@ def test_reading_cost_per_sample_on_eight_gpus(monkeypatch: pytest.MonkeyPatch) 
     reader.read()
     fake.calls.clear()
     reader.read()  # a read between slow periods: what every second costs
-    assert fake.total_calls() == 8 * 13
+    assert fake.total_calls() == 8 * 11
+    # The two counters that cost milliseconds a call on a real H200 are not among them.
+    assert not {"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPcieReplayCounter"} & set(fake.calls)
     reader.close()
 
 
@@ -438,6 +440,6 @@ def test_dry_run_once_prints_the_nvml_fields(tmp_path: Path) -> None:
 
 def test_the_benchmark_counts_the_reader_s_calls_per_second() -> None:
     cost = bench.nvml_source_cost(gpus=8, sample_interval=1.0, seconds=600)
-    # 13 calls per GPU every second; every 10 s per GPU 13 slow calls and 18 links x (state + 4 counters).
-    assert cost["nvml_calls_per_s"] == pytest.approx(8 * 13 + 8 * (13 + 18 * 5) / 10, rel=0.03)
+    # 11 calls per GPU every second; every 10 s per GPU 15 slow calls and 18 links x (state + 4 counters).
+    assert cost["nvml_calls_per_s"] == pytest.approx(8 * 11 + 8 * (15 + 18 * 5) / 10, rel=0.03)
     assert cost["cpu_ms_per_read"] > 0

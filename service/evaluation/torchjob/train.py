@@ -14,6 +14,8 @@ Faults, each named after what it looks like from outside:
 - `--slow-rank R --slow-factor F [--slow-at-step S]`: rank R's per-step work takes F times longer (from step
   S on), so the step time of every rank rises (synchronous training waits for the slowest rank).
 - `--nan-at-step S`: the inputs of step S are NaN on every rank, so loss and grad_norm become NaN.
+- `--device cuda`: the model, its batches and the per-step work on this host's GPU (real matrix products for
+  --step-time seconds), the collectives still through gloo, so several ranks can share one GPU.
 - `--user-bug-at-step S`: a bug in the training code: from step S every rank's batch goes through a broken
   feature transform, so the forward raises the same RuntimeError (a shape mismatch) on every rank.
 """
@@ -51,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
     parser.add_argument("--timeout", type=float, default=300.0, help="collective timeout in seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model and the work run")
     parser.add_argument("--hang-rank", type=int)
     parser.add_argument("--hang-at-step", type=int, default=5)
     parser.add_argument("--crash-rank", type=int)
@@ -79,9 +82,17 @@ def _select_features(inputs: torch.Tensor) -> torch.Tensor:
     return inputs[:, 1:]
 
 
-def _simulate_compute(seconds: float) -> None:
-    # Sleep rather than burn CPU: the test machine may have 2 cores for 4 ranks plus 2 launchers.
-    time.sleep(seconds)
+def _simulate_compute(seconds: float, device: torch.device) -> None:
+    if device.type == "cpu":
+        # Sleep rather than burn CPU: the test machine may have 2 cores for 4 ranks plus 2 launchers.
+        time.sleep(seconds)
+        return
+    # Real GPU work (kernels the GPU's counters and a stack dump see), for as long as asked.
+    a = torch.randn(2048, 2048, device=device)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        a = torch.tanh(a @ a)
+        torch.cuda.synchronize(device)
 
 
 def _batches(dataset: TensorDataset, args: argparse.Namespace, rank: int) -> Iterator[list[torch.Tensor]]:
@@ -111,13 +122,14 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
 
+    device = torch.device(args.device)
     torch.manual_seed(args.seed)  # the same data and initial weights on every rank
     x = torch.randn(args.batch_size * 16, FEATURES)
     y = x @ torch.randn(FEATURES, 1) + 0.1 * torch.randn(x.shape[0], 1)
     batches = _batches(TensorDataset(x, y), args, rank)
 
     model = DistributedDataParallel(
-        nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1))
+        nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device)
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.MSELoss()
@@ -126,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         if rank == args.hang_rank and step == args.hang_at_step:
             _stuck_in_data_loading(rank, step)
-        inputs, targets = next(batches)
+        inputs, targets = (t.to(device) for t in next(batches))
         # The global batch size, counted across ranks before the forward as LLM trainers count tokens to
         # normalize the loss: a collective at the start of every step, where the peers of a stuck rank wait.
         global_batch = torch.tensor(float(len(inputs)))
@@ -134,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         work = args.step_time
         if rank == args.slow_rank and step >= args.slow_at_step:
             work *= args.slow_factor
-        _simulate_compute(work)
+        _simulate_compute(work, device)
         if rank == args.crash_rank and step == args.crash_at_step:
             _injected_crash(rank, step)
         if step == args.nan_at_step:
@@ -148,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
         optimizer.step()
         # Log the mean loss over all samples of all ranks, as real jobs do (one more collective per step).
-        mean_loss = loss.detach().clone()
+        mean_loss = loss.detach().to("cpu", copy=True)
         dist.all_reduce(mean_loss)
         mean_loss *= len(inputs) / global_batch
 
