@@ -50,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
         help="ranks that log step lines, spread over the nodes (default %(default)s: trainers such as Megatron log "
         "from one rank or one per pipeline stage; give the node count for a step line per node)",
     )
+    parser.add_argument(
+        "--every-column",
+        action="store_true",
+        help="record no reported columns for the job, so windows roll up every metric column (as for rows that "
+        "did not come through ingest); by default the generated columns are recorded, as ingest records an "
+        "agent's",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--data-dir", type=Path, help="embedded PostgreSQL and Redis there (default: a temp dir)")
     return parser
@@ -73,7 +80,8 @@ def main(argv: list[str]) -> int:
         os.environ["FAULTLINE_REDIS_URL"] = backend.redis_url
         say(f"database: {backend.kind}; applying migrations ...")
         migrate.upgrade(backend.database_url)
-        figures = {"sizes": [_size(gpus, args) for gpus in sizes]}
+        columns = "every metric column" if args.every_column else "the generated (reported) columns"
+        figures = {"columns": columns, "sizes": [_size(gpus, args) for gpus in sizes]}
     print(format_report(figures))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
@@ -93,6 +101,8 @@ def _size(gpus: int, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     with session_scope() as session:
         job, node_ids = _create_job(session, job_id=job_id, nodes=nodes)
+        if not args.every_column:
+            _record_columns(session, job_id=job.id)
         start = now - timedelta(seconds=args.history)
         rows = _signals(session, job=job, node_ids=node_ids, start=start, end=now, step_streams=args.step_streams)
     say(f"{gpus} GPUs ({nodes} nodes): generated {rows:,} rows of history in {time.perf_counter() - started:.1f} s")
@@ -238,6 +248,17 @@ WHERE extract(epoch FROM t.ts)::bigint % 5 = 0
 """
 
 
+def _record_columns(session: Session, *, job_id: int) -> None:
+    """job_columns for the columns generated below, as ingest records those of the agents' batches."""
+    for source, sql in (("gpu", _METRICS), ("node", _NODE_SIGNALS)):
+        listed = sql.split("(", 1)[1].split(")", 1)[0]
+        columns = [name.strip() for name in listed.split(",")][4:]  # after ts, node_id and the job and unit keys
+        session.execute(
+            text("INSERT INTO job_columns (job_id, source, name) SELECT :job, :source, unnest(CAST(:names AS text[]))"),
+            {"job": job_id, "source": source, "names": columns},
+        )
+
+
 def _signals(
     session: Session, *, job: Any, node_ids: list[int], start: datetime, end: datetime, step_streams: int
 ) -> int:
@@ -256,7 +277,8 @@ def format_report(figures: dict[str, Any]) -> str:
     lines = [
         "diagnosis passes of one job (every detector; 1 s GPU samples, a process snapshot per rank every 5 s, "
         "8 IB ports and the host per node every 5 s, "
-        f"{figures['sizes'][0]['step_streams']} step-logging ranks; steady passes 5 s apart; this machine):",
+        f"{figures['sizes'][0]['step_streams']} step-logging ranks; windows of {figures['columns']}; steady passes "
+        "5 s apart; this machine):",
         f"{'GPUs':>6} {'nodes':>6} {'cold s':>7} {'p50 s':>6} {'p95 s':>6} {'max s':>6} {'target':>7} "
         f"{'RSS MB':>7}  slowest stages (median s)",
     ]

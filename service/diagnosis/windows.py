@@ -9,6 +9,7 @@ seconds time to deliver its samples; a sample that arrives later still than that
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,7 +22,7 @@ from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS, WINDOW_S
 from ml.node_metrics import NODE_COUNTERS, NODE_GAUGES
 from ml.windows import floor_time
 from service.diagnosis import frames, state
-from service.models import Job, Node
+from service.models import Job, Node, job_columns
 
 DETECTOR = "windows"
 NODE_DETECTOR = "node_windows"
@@ -32,26 +33,46 @@ _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # date_bin's origin: windows aligned
 
 def _rollup_sql(source: str, target: str, unit: str, means: Collection[str], peaks: Collection[str]) -> str:
     """INSERT ... SELECT of `source`'s rows into `target`'s windows, per job, node and `unit` (gpu, subject)."""
-    columns = ", ".join([*means, *(f"{c}_max" for c in peaks)])
-    aggregates = ", ".join([*(f"avg({c})" for c in means), *(f"max({c})" for c in peaks)])
+    columns = "".join(f", {c}" for c in [*means, *(f"{c}_max" for c in peaks)])
+    aggregates = "".join(f", {a}" for a in [*(f"avg({c})" for c in means), *(f"max({c})" for c in peaks)])
     return (
-        f"INSERT INTO {target} (job_id, window_start, node_id, {unit}, n, last_ts, {columns}) "
+        f"INSERT INTO {target} (job_id, window_start, node_id, {unit}, n, last_ts{columns}) "
         f"SELECT job_id, date_bin(make_interval(secs => {WINDOW_S}), ts, :origin) AS window_start, node_id, {unit}, "
-        f"count(*), max(ts), {aggregates} "
+        f"count(*), max(ts){aggregates} "
         f"FROM {source} WHERE job_id = :job AND ts >= :lo AND ts < :hi "
         f"GROUP BY job_id, window_start, node_id, {unit} "
         "ON CONFLICT DO NOTHING"
     )
 
 
-_ROLLUP = text(_rollup_sql("metric_samples", "metric_windows", "gpu", METRIC_COLUMNS, WINDOW_MAX_COLUMNS))
-_NODE_ROLLUP = text(_rollup_sql("node_samples", "node_windows", "subject", NODE_GAUGES, NODE_COUNTERS))
+# source (job_columns) -> (samples table, windows table, unit, mean columns, maximum columns)
+_ROLLUPS: dict[str, tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = {
+    "gpu": ("metric_samples", "metric_windows", "gpu", tuple(METRIC_COLUMNS), WINDOW_MAX_COLUMNS),
+    "node": ("node_samples", "node_windows", "subject", tuple(NODE_GAUGES), tuple(NODE_COUNTERS)),
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _statement(source: str, reported: frozenset[str]) -> Any:
+    """The rollup of the columns a job's agents report; of every column where none is recorded (rows written
+    by something other than ingest, or before job_columns existed). The others stay NULL, as they would."""
+    samples, target, unit, means, peaks = _ROLLUPS[source]
+    if reported:
+        means = tuple(c for c in means if c in reported)
+        peaks = tuple(c for c in peaks if c in reported)
+    return text(_rollup_sql(samples, target, unit, means, peaks))
+
+
+def reported_columns(session: Session, *, job_id: int, source: str) -> frozenset[str]:
+    """The columns of `source` ("gpu", "node") that the job's agents have reported (ingest records them)."""
+    query = select(job_columns.c.name).where(job_columns.c.job_id == job_id, job_columns.c.source == source)
+    return frozenset(session.scalars(query))
 
 
 def rollup(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
     """Build the job's GPU windows that closed since its cursor (at most `lookback_s` back); returns the end of
     the closed windows, up to which detectors may read."""
-    return _rollup(session, _ROLLUP, DETECTOR, job=job, now=now, grace_s=grace_s, lookback_s=lookback_s)
+    return _rollup(session, "gpu", DETECTOR, job=job, now=now, grace_s=grace_s, lookback_s=lookback_s)
 
 
 def rollup_nodes(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
@@ -59,11 +80,11 @@ def rollup_nodes(session: Session, *, job: Job, now: datetime, grace_s: float, l
     passes come every 5 s and windows every 10 s, so the GPU windows' pass and the node windows' pass
     alternate instead of one pass doing both."""
     lagged = grace_s + NODE_LAG_S
-    return _rollup(session, _NODE_ROLLUP, NODE_DETECTOR, job=job, now=now, grace_s=lagged, lookback_s=lookback_s)
+    return _rollup(session, "node", NODE_DETECTOR, job=job, now=now, grace_s=lagged, lookback_s=lookback_s)
 
 
 def _rollup(
-    session: Session, statement: Any, detector: str, *, job: Job, now: datetime, grace_s: float, lookback_s: float
+    session: Session, source: str, detector: str, *, job: Job, now: datetime, grace_s: float, lookback_s: float
 ) -> datetime:
     closed = floor_time(now - timedelta(seconds=grace_s))
     cursor, _ = state.load(session, job_id=job.id, detector=detector, version=VERSION)
@@ -71,6 +92,7 @@ def _rollup(
     if cursor is not None and cursor > start:
         start = cursor
     if start < closed:
+        statement = _statement(source, reported_columns(session, job_id=job.id, source=source))
         session.execute(statement, {"job": job.id, "lo": start, "hi": closed, "origin": _ORIGIN})
         state.save(session, job_id=job.id, detector=detector, version=VERSION, cursor=closed, state={}, now=now)
     return closed

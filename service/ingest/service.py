@@ -117,6 +117,7 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
         _copy_processes(conn, fresh, keys)
         _upsert_ranks(conn, fresh, keys, cache)
         _upsert_gpus(conn, fresh, keys, cache)
+        _record_columns(conn, fresh, keys, cache)  # last, in key order: the lock order above holds
     return outcomes
 
 
@@ -317,6 +318,33 @@ def _copy_node_metrics(conn: psycopg.Connection[Any], batches: list[IngestBatch]
     ]
     if rows:
         copy_rows(conn, "node_samples", NODE_SAMPLE_COLUMNS, NODE_COPY_TYPES, rows)
+
+
+def _record_columns(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys, cache: UpsertCache) -> None:
+    """The metric columns each job's samples carry (job_columns), each written once a cache period: the window
+    rollup aggregates only these (service/diagnosis/windows.py)."""
+    names: dict[tuple[int, str], set[str]] = {}
+    for batch in batches:
+        job_id = keys.job_of(batch, None)
+        for source, samples in (("gpu", batch.metrics), ("node", batch.node_metrics)):
+            for sample in samples:
+                job = keys.jobs.get(sample.job_id) if sample.job_id else job_id
+                if job is not None:
+                    names.setdefault((job, source), set()).update(sample.fields)
+    rows = []
+    for (job, source), fields in names.items():
+        known = FIELD_TO_COLUMN if source == "gpu" else _NODE_INDEX
+        for column in {FIELD_TO_COLUMN[f] if source == "gpu" else f for f in fields if f in known}:
+            key = ("column", job, source, column)
+            if cache.needs_write(key, (), partial=True):
+                cache.stage(key, ())
+                rows.append((job, source, column))
+    if rows:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO job_columns (job_id, source, name) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                sorted(rows),
+            )
 
 
 def _json(value: Any) -> Jsonb | None:

@@ -20,7 +20,7 @@ from service.models.signals import (
     node_samples,
 )
 from service.models.silences import Silence
-from service.models.windows import DetectorState, metric_windows, node_windows
+from service.models.windows import DetectorState, job_columns, metric_windows, node_windows
 
 __all__ = [
     "METRIC_COPY_TYPES",
@@ -48,6 +48,7 @@ __all__ = [
     "StackDump",
     "UiSession",
     "metric_samples",
+    "job_columns",
     "metric_windows",
     "node_samples",
     "node_windows",

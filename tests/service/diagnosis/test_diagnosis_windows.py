@@ -16,7 +16,7 @@ from ml.metrics import METRIC_COLUMNS
 from ml.windows import floor_time, from_samples
 from service.config import get_settings
 from service.diagnosis import metric_passes, service, state, windows
-from service.models import DetectorState, Finding, Job, Node, Rank, metric_samples, metric_windows
+from service.models import DetectorState, Finding, Job, Node, Rank, job_columns, metric_samples, metric_windows
 from tests.simdata import SimRun
 
 
@@ -184,3 +184,27 @@ def test_only_a_big_jobs_step_lines_and_snapshots_are_thinned() -> None:
     assert thinning_s(Job(world_size=8), 300) == 0
     assert thinning_s(Job(world_size=None), 300) == 0
     assert thinning_s(Job(world_size=16_384), 300) == STEP_BUCKET_S
+
+
+def test_windows_roll_up_only_the_columns_the_jobs_agents_reported(session: Session) -> None:
+    run = _straggler()
+    job = _load(session, run)
+    # Ingest recorded sm_clock and power_usage (and a counter), not gpu_temp, though the rows hold it.
+    reported = ["sm_clock", "power_usage", "total_energy"]
+    session.execute(insert(job_columns), [{"job_id": job.id, "source": "gpu", "name": c} for c in reported])
+    assert windows.reported_columns(session, job_id=job.id, source="gpu") == frozenset(reported)
+    windows.rollup(session, job=job, now=run.at(120), grace_s=6, lookback_s=300)
+    rows = session.execute(select(metric_windows).where(metric_windows.c.job_id == job.id)).mappings().all()
+    assert rows
+    assert all(r["sm_clock"] is not None and r["power_usage"] is not None for r in rows)
+    assert all(r["total_energy_max"] is not None for r in rows)
+    assert all(r["gpu_temp"] is None for r in rows)  # not reported: not aggregated
+    assert all(r["n"] > 0 for r in rows)
+
+
+def test_a_job_with_no_reported_columns_rolls_up_every_column(session: Session) -> None:
+    run = _straggler()
+    job = _load(session, run)  # rows written directly, as a benchmark or an import would: nothing recorded
+    windows.rollup(session, job=job, now=run.at(120), grace_s=6, lookback_s=300)
+    rows = session.execute(select(metric_windows).where(metric_windows.c.job_id == job.id)).mappings().all()
+    assert rows and all(r["gpu_temp"] is not None and r["sm_clock"] is not None for r in rows)

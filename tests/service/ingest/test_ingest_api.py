@@ -236,3 +236,29 @@ def test_restarted_ranks_update_placement_despite_the_upsert_cache(client, sessi
         text("SELECT r.rank, n.name, r.pid FROM ranks r JOIN nodes n ON n.id = r.node_id ORDER BY 1")
     )
     assert [tuple(r) for r in rows] == [(0, "node-b", 5000), (1, "node-b", 5001)]
+
+
+def test_the_columns_a_jobs_agents_report_are_recorded_for_its_window_rollup(client, session, agent):
+    payload = batch(gpus=2)
+    payload["metrics"][1]["fields"]["DCGM_FI_DEV_GPU_TEMP"] = 61  # on one GPU only: still a reported column
+    payload["metrics"][0]["fields"]["SOMETHING_ELSE"] = 1  # kept in `extra`, not a column
+    payload["node_metrics"] = [
+        {"ts": payload["sent_at"], "subject": "ib:mlx5_0/1", "fields": {"port_state": 4, "link_downed": 2}}
+    ]
+    assert client.post("/api/v1/ingest", json=payload, headers=agent).status_code == 200
+    job = session.execute(text("SELECT id FROM jobs WHERE external_id='job-1'")).scalar_one()
+    rows = session.execute(text("SELECT source, name FROM job_columns WHERE job_id=:j ORDER BY 1, 2"), {"j": job})
+    assert [tuple(r) for r in rows] == [
+        ("gpu", "gpu_temp"),
+        ("gpu", "gpu_util"),
+        ("gpu", "power_usage"),
+        ("gpu", "sm_clock"),
+        ("gpu", "total_energy"),
+        ("node", "link_downed"),
+        ("node", "port_state"),
+    ]
+    # A second batch with the same fields writes nothing new (and a new field is added).
+    again = batch(gpus=1)
+    again["metrics"][0]["fields"]["DCGM_FI_DEV_FB_USED"] = 1000
+    assert client.post("/api/v1/ingest", json=again, headers=agent).status_code == 200
+    assert count(session, "job_columns") == 8
