@@ -27,7 +27,7 @@ PATH = "/api/v1/ingest"
 _ACCEPTED = INGEST_BATCHES.labels("accepted")
 _DUPLICATE = INGEST_BATCHES.labels("duplicate")
 _SHED = INGEST_BATCHES.labels("shed")
-_ITEMS = {kind: INGEST_ITEMS.labels(kind) for kind in ("metrics", "logs", "stacks", "processes")}
+_ITEMS = {kind: INGEST_ITEMS.labels(kind) for kind in ("metrics", "node_metrics", "logs", "stacks", "processes")}
 
 
 async def ingest(request: Request) -> Response:
