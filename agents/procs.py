@@ -83,6 +83,19 @@ def _int(env: dict[str, str], key: str) -> int | None:
         return None
 
 
+def physical_gpu(visible: str, local_rank: int | None) -> int | None:
+    """The node's GPU index a worker uses: a torchrun worker takes device `local_rank` among the visible ones
+    (`cuda:LOCAL_RANK`), so with CUDA_VISIBLE_DEVICES="4,5,6,7" local rank 1 is GPU 5; one visible device is
+    that GPU whatever the rank. Devices named by UUID or MIG name cannot be placed without NVML: the local
+    rank is the best guess then, as with no variable at all."""
+    devices = [d.strip() for d in visible.split(",") if d.strip()]
+    if len(devices) == 1 and devices[0].isdigit():
+        return int(devices[0])
+    if local_rank is not None and 0 <= local_rank < len(devices) and devices[local_rank].isdigit():
+        return int(devices[local_rank])
+    return local_rank
+
+
 @dataclass(slots=True)
 class Worker:
     """One training process and what the agent reports about it."""
@@ -100,9 +113,7 @@ class Worker:
 
     def snapshot(self, ts: datetime) -> dict[str, Any]:
         local_rank = _int(self.env, "LOCAL_RANK")
-        visible = self.env.get("CUDA_VISIBLE_DEVICES", "")
-        # One visible device is that GPU; otherwise a torchrun worker uses the GPU of its local rank.
-        gpu = int(visible) if visible.isdigit() else local_rank
+        gpu = physical_gpu(self.env.get("CUDA_VISIBLE_DEVICES", ""), local_rank)
         out: dict[str, Any] = {
             "ts": ts.isoformat(),
             "pid": self.pid,

@@ -22,6 +22,7 @@ replay them into the service.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -246,7 +247,9 @@ def job(out: Path) -> None:
         }
         print("agent on the job:", json.dumps(summary, default=str)[:3000])
     finally:
-        os.killpg(launcher.pid, signal.SIGKILL)
+        for pid in [*_ranks(launcher.pid).values(), launcher.pid]:  # workers may sit in sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         launcher.wait()
 
 
