@@ -116,14 +116,9 @@ def diagnose_job(
     with _timed(timings, "rollup"):
         # GPU metrics: the windows that closed since the last pass are built once, then read compactly.
         closed = windows.rollup(session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback)
-        closed_nodes = windows.rollup_nodes(
-            session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback
-        )
-    # The peer comparison and the node signals read windows a pass or two old (windows.PEER_LAG_S).
-    peers_closed = min(closed, windows.closed_at(now, grace_s=settings.window_grace_s, lag_s=windows.PEER_LAG_S))
-    nodes_judged = min(
-        closed_nodes, windows.closed_at(now, grace_s=settings.window_grace_s, lag_s=windows.NODE_SIGNALS_LAG_S)
-    )
+        windows.rollup_nodes(session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback)
+    # The peer comparison and the node signals judge windows one pass old (windows.JUDGE_LAG_S).
+    judged = min(closed, windows.closed_at(now, grace_s=settings.window_grace_s, lag_s=windows.JUDGE_LAG_S))
     with _timed(timings, "activity"):
         activity = metric_passes.job_activity(session, job=job, closed=closed, lookback_s=lookback, now=now)
     job_signals = JobSignals(job=info, steps=steps, events=events, processes=processes, now=now, activity=activity)
@@ -140,14 +135,12 @@ def diagnose_job(
             ),
             (
                 "peers",
-                lambda: metric_passes.peer_findings(
-                    session, job=job, info=info, closed=peers_closed, names=names, now=now
-                ),
+                lambda: metric_passes.peer_findings(session, job=job, info=info, closed=judged, names=names, now=now),
             ),
             (
                 "node_signals",
                 lambda: metric_passes.node_findings(
-                    session, job=job, info=info, closed=nodes_judged, lookback_s=lookback, names=names, now=now
+                    session, job=job, info=info, closed=judged, lookback_s=lookback, names=names, now=now
                 ),
             ),
         ],

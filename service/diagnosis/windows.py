@@ -27,12 +27,10 @@ from service.models import Job, Node, job_columns
 DETECTOR = "windows"
 NODE_DETECTOR = "node_windows"
 # Passes come every 5 s (the beat) and windows close every 10 s, so each window is met by two passes. The heavy
-# stages are spread over both: the GPU rollup and the node signals on one, the node rollup and the peer
-# comparison on the next (each pair takes about a second at 16,384 GPUs; one pass doing three of the four went
-# over the 2 s budget). Each stage reads what closed `lag` seconds before the GPU windows do.
-NODE_LAG_S = 5.0
-PEER_LAG_S = 5.0
-NODE_SIGNALS_LAG_S = 10.0
+# stages are spread over both: the first builds the GPU and the node windows, the next compares peers and judges
+# the machines' ports and hosts on them (each pair takes about a second at 16,384 GPUs; one pass doing three of
+# the four went over the 2 s budget). The judging stages read what closed JUDGE_LAG_S before.
+JUDGE_LAG_S = 5.0
 VERSION = 1
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # date_bin's origin: windows aligned on the epoch's 10 s marks
 
@@ -82,11 +80,8 @@ def rollup(session: Session, *, job: Job, now: datetime, grace_s: float, lookbac
 
 
 def rollup_nodes(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
-    """The same for the node windows (ports, hosts, volumes), which close NODE_LAG_S later than the GPU ones:
-    passes come every 5 s and windows every 10 s, so the GPU windows' pass and the node windows' pass
-    alternate instead of one pass doing both."""
-    lagged = grace_s + NODE_LAG_S
-    return _rollup(session, "node", NODE_DETECTOR, job=job, now=now, grace_s=lagged, lookback_s=lookback_s)
+    """The same for the node windows (ports, hosts, volumes)."""
+    return _rollup(session, "node", NODE_DETECTOR, job=job, now=now, grace_s=grace_s, lookback_s=lookback_s)
 
 
 def closed_at(now: datetime, *, grace_s: float, lag_s: float = 0.0) -> datetime:
