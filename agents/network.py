@@ -52,6 +52,7 @@ HW_COUNTERS: tuple[str, ...] = ("np_cnp_sent", "rp_cnp_handled", "out_of_buffer"
 # /sys/class/net/<netdev>/statistics: unsigned 64-bit (struct rtnl_link_stats64).
 NET_STATISTICS: tuple[str, ...] = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped")
 ARPHRD_ETHER = 1
+IB_PORT_DOWN = 1  # the lowest state a port reports (include/rdma/ib_verbs.h enum ib_port_state; 0 is NOP)
 
 
 @dataclass
@@ -179,7 +180,7 @@ class NetworkCollector:
         state = read_text(os.path.join(port.path, "state"))
         if state is None:
             return None
-        fields: dict[str, float | int | None] = {"port_state": _leading_int(state)}
+        fields: dict[str, float | int | None] = {"port_state": _port_state(state)}
         phys = read_text(os.path.join(port.path, "phys_state"))
         fields["port_phys_state"] = _leading_int(phys) if phys else None
         rate = read_text(os.path.join(port.path, "rate"))
@@ -249,6 +250,13 @@ class NetworkCollector:
         for direction, value in (totals or {}).items():
             name = f"pause_{direction}_frames"
             fields[name] = _num(self.tracker.wrapping(subject, name, value, 64))
+
+
+def _port_state(text: str) -> int | None:
+    """The port's state, or None where it is unknown: 0 is the kernel's NOP ("0: NOP", nothing reported yet),
+    not DOWN. Shipped as a number it would pull the window's mean below ACTIVE and read as a flap."""
+    state = _leading_int(text)
+    return state if state is not None and state >= IB_PORT_DOWN else None
 
 
 def _leading_int(text: str) -> int | None:

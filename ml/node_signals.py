@@ -65,6 +65,7 @@ PORT_ERRORS = (
 )
 CONGESTION = (PORT_XMIT_WAIT, PAUSE_TX_FRAMES, PAUSE_RX_FRAMES)
 
+PORT_DOWN = 1.0  # the lowest IB port state; a lower one (0, NOP) says nothing about the link
 FLAP_CONFIDENCE = 0.85
 PERSIST_WINDOWS = 3  # a dead or slow link, or host pressure, must be seen this many windows in a row
 PEER_SHARE = 0.75  # ... while at least this share of the job's other machines show the port healthy
@@ -380,8 +381,13 @@ def _flaps(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str,
     found: list[Finding] = []
     for (node, subject), rows in _ports(frame).groupby(["node", "subject"]):
         downed = _col(rows, f"{LINK_DOWNED}_max")
-        state = _col(rows, PORT_STATE)
-        rose = downed.diff() > 0
+        # A state below DOWN (0, NOP) is unknown, not down.
+        state = _col(rows, PORT_STATE).where(lambda s: s >= PORT_DOWN)
+        # A counter that dips for a window and comes back to exactly where it was (a misread, a reader restarting
+        # without its last value) did not rise: only a clear followed by a new count (5, 0, 1) is a flap.
+        before_dip = downed.shift(2)
+        dip_back = (downed.shift(1) < before_dip) & (downed == before_dip)
+        rose = (downed.diff() > 0) & ~dip_back
         # A state drop the counter missed (a driver without link_downed, or a counter at its 8-bit ceiling):
         # down for a window or more between two windows up, with no counter rise next to it.
         was_up = (state >= PORT_ACTIVE).cummax().shift(fill_value=False)

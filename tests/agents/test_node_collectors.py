@@ -189,6 +189,16 @@ def test_absent_counters_are_skipped_quietly_and_remembered(sysfs: Path, caplog:
     ]
 
 
+def test_a_port_state_of_nop_is_shipped_as_unknown_not_down(sysfs: Path) -> None:
+    """`0: NOP` (the kernel has no state for the port yet) is no state: a 0 would pull the window's mean port
+    state below ACTIVE between two windows up, which the service reads as a flap."""
+    collector = NetworkCollector(sysfs)
+    (sysfs / IB3 / "state").write_text("0: NOP\n")
+    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_state"] is None
+    (sysfs / IB3 / "state").write_text("1: DOWN\n")
+    assert _by_subject(collector.read(TS))["ib:mlx5_3/1"]["port_state"] == 1
+
+
 def test_a_port_removed_mid_run_is_skipped_without_a_crash(sysfs: Path) -> None:
     collector = NetworkCollector(sysfs)
     assert "ib:mlx5_2/1" in _by_subject(collector.read(TS))

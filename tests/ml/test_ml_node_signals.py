@@ -98,6 +98,36 @@ def test_a_state_drop_without_the_counter_is_a_flap_too() -> None:
     assert found[0].node == "node-001"
 
 
+def test_a_counter_that_dips_and_comes_back_is_no_flap() -> None:
+    """A healthy port whose link_downed (1 since before the job) reads lower for one window and then 1 again,
+    as around an agent restart: the counter never rose, nobody is accused."""
+
+    def dip(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if subject != "host" and i == 0:
+            acc["link_downed"] = 1.0
+        if node == "node-001" and subject in PORTS:
+            acc["link_downed"] = 0.0 if i == 12 else 1.0
+
+    assert _detect(_frame(dip)) == []
+
+
+def test_a_cleared_counter_that_counts_again_is_still_a_flap() -> None:
+    def cleared(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-003" and subject == PORTS[0]:
+            acc["link_downed"] = 5.0 if i < 10 else 0.0 if i < 20 else 1.0  # cleared, then one flap
+
+    found = _detect(_frame(cleared))
+    assert [(f.node, f.evidence["rule"]) for f in found] == [("node-003", "flap")]
+
+
+def test_a_port_whose_state_is_unknown_is_not_down() -> None:
+    def unknown(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-005" and subject == PORTS[1] and i == 14:
+            row["port_state"] = 0.0  # NOP: the kernel had nothing to report
+
+    assert _detect(_frame(unknown)) == []
+
+
 def test_a_port_down_while_its_peers_are_up() -> None:
     def dead(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
         if node == "node-004" and subject == "ib:mlx5_0/1":
