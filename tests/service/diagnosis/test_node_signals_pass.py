@@ -146,15 +146,17 @@ def test_the_incident_page_plots_the_port_against_its_peers(session: Session) ->
     assert page.incident.root_cause == "network"
 
 
-def test_node_windows_close_on_the_pass_after_the_gpu_windows(session: Session) -> None:
-    """Passes come every 5 s and windows every 10 s: the GPU windows' pass and the node windows' pass alternate."""
+def test_windows_are_built_on_one_pass_and_judged_on_the_next(session: Session) -> None:
+    """Passes come every 5 s and windows every 10 s: the pass that builds a window's GPU and node rows is not the
+    one that compares peers and judges the machines on them (windows.JUDGE_LAG_S)."""
     job, _ = _job(session, nodes=1)
     boundary = floor_time(datetime.now(UTC))
-    for offset, gpu_closed, node_closed in ((7, 0, -10), (12, 0, 0), (17, 10, 0), (22, 10, 10)):
+    for offset, built, judged in ((7, 0, -10), (12, 0, 0), (17, 10, 0), (22, 10, 10)):
         now = boundary + timedelta(seconds=offset)
         assert windows.rollup(session, job=job, now=now, grace_s=6, lookback_s=300) == boundary + timedelta(
-            seconds=gpu_closed
+            seconds=built
         )
         assert windows.rollup_nodes(session, job=job, now=now, grace_s=6, lookback_s=300) == boundary + timedelta(
-            seconds=node_closed
+            seconds=built
         )
+        assert windows.closed_at(now, grace_s=6, lag_s=windows.JUDGE_LAG_S) == boundary + timedelta(seconds=judged)
