@@ -180,8 +180,20 @@ class PeerSupport(TypedDict, total=False):
     z: list[float]  # latest first
 
 
+class PeerEpisode(TypedDict, total=False):
+    """One stretch of spans where a recurrent straggler stood apart (ml/recurrence.py)."""
+
+    start: str
+    end: str
+    metric: str
+    direction: str
+    z: float  # its farthest span's
+    spans: int
+
+
 class PeerEvidence(TypedDict, total=False):
-    """peers (ml/peers.py): a GPU that stayed its peers' outlier through the continuity period."""
+    """peers (ml/peers.py): a GPU that stayed its peers' outlier through the continuity period, or (rule
+    "recurrence", ml/recurrence.py) one that was, again and again, in separate episodes over the horizon."""
 
     signals: list[SignalRef]
     unit: str  # "node/gpu"
@@ -190,6 +202,9 @@ class PeerEvidence(TypedDict, total=False):
     continuity_s: float
     metrics: list[PeerMetric]
     supporting: list[PeerSupport]
+    rule: str  # "recurrence"; absent: continuity
+    horizon_s: float
+    episodes: list[PeerEpisode]
 
 
 class ProgressEvidence(TypedDict, total=False):

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ml import windows
+from ml import recurrence, windows
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
 from ml.metrics import WINDOW_S
 from ml.peer_spans import DEFAULT_PRIORITY, SPAN_S, SUPPORT_Z, Z_MIN, _spec, _utc, summarize_span
@@ -41,13 +41,15 @@ def detect(
     now: datetime,
     window_s: float = SPAN_S,
     continuity_s: float = 120,
+    horizon_s: float = recurrence.HORIZON_S,
     metrics_priority: Sequence[str] = DEFAULT_PRIORITY,
 ) -> list[Finding]:
-    """GPUs that are their peers' outlier on a metric in every sub-window of the continuity period, from raw
-    samples: the same spans a service computes one at a time from stored windows (`summarize_span`)."""
+    """GPUs that are their peers' outlier on a metric in every sub-window of the continuity period, or again
+    and again over the recurrence horizon, from raw samples: the same spans a service computes one at a time
+    from stored windows (`summarize_span`), back to back here where the service has one per window."""
     try:
         now = _utc(now)
-        n_total = max(1, round(continuity_s / window_s)) * HISTORY_FACTOR
+        n_total = max(max(1, round(continuity_s / window_s)) * HISTORY_FACTOR, math.ceil(horizon_s / window_s))
         latest_end = windows.floor_time(now)
         since = latest_end - timedelta(seconds=n_total * window_s + WINDOW_S)
         frame = metrics[pd.to_datetime(metrics["ts"], utc=True, errors="coerce", format="mixed") >= since]
@@ -58,7 +60,9 @@ def detect(
             spans[end.isoformat()] = summarize_span(
                 job, rolled, end=end, span_s=window_s, metrics_priority=metrics_priority
             )
-        return from_spans(job, spans, latest_end=latest_end, span_s=window_s, continuity_s=continuity_s)
+        return from_spans(
+            job, spans, latest_end=latest_end, span_s=window_s, continuity_s=continuity_s, horizon_s=horizon_s
+        )
     except (LookupError, ValueError, TypeError, AttributeError, ArithmeticError):
         return []  # unreadable input: nothing to claim
 
@@ -70,9 +74,20 @@ def from_spans(
     latest_end: datetime,
     span_s: float = SPAN_S,
     continuity_s: float = 120,
+    horizon_s: float = recurrence.HORIZON_S,
 ) -> list[Finding]:
     """Findings from span summaries keyed by their end (ISO): the GPUs flagged in every span of the continuity
-    period, back to back from `latest_end`. A span that is missing or quiet ends the comparison."""
+    period, back to back from `latest_end` (a span that is missing or quiet ends the comparison); then the GPUs
+    flagged in separate episodes over the horizon (ml/recurrence.py) that the continuity rule did not name."""
+    findings = _continuity(job, spans, latest_end=latest_end, span_s=span_s, continuity_s=continuity_s)
+    named = {(f.subject, f.category) for f in findings}
+    recurrent = recurrence.detect(job, spans, latest_end=latest_end, span_s=span_s, horizon_s=horizon_s)
+    return findings + [f for f in recurrent if (f.subject, f.category) not in named]
+
+
+def _continuity(
+    job: JobInfo, spans: dict[str, dict[str, Any]], *, latest_end: datetime, span_s: float, continuity_s: float
+) -> list[Finding]:
     n_cont = max(1, round(continuity_s / span_s))
     latest_end = _utc(latest_end)
     chain = []

@@ -2,7 +2,8 @@
 
 - peers: one span summary (ml.peers.summarize_span) per window that closed since the job's last pass, kept
   in the detector's state; the continuity check then runs on the kept summaries (sparse: only the GPUs far
-  from their peers), so a pass reads a few windows however long the job has run.
+  from their peers), so a pass reads a few windows however long the job has run. The recurrence check
+  (ml.recurrence) reads the outliers of the spans kept over its longer horizon.
 - progress's GPU activity: the job's median GPU per window, computed in SQL as windows close, kept in state.
 - counters: one aggregate over the lookback per GPU in SQL (how much each error counter rose, when the GPU
   last reported), then the exact rules of ml.counters on the windows of the few nodes worth a look.
@@ -18,7 +19,7 @@ import pandas as pd
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ml import counters, node_metrics, node_signals, peers, progress
+from ml import counters, node_metrics, node_signals, peers, progress, recurrence
 from ml.findings import Finding, JobInfo
 from ml.metrics import (
     GPU_UTIL,
@@ -46,6 +47,16 @@ CONTINUITY_S = 120.0
 _PEER_SPANS = round(CONTINUITY_S / peers.SPAN_S) * peers.HISTORY_FACTOR
 # How many windows a cold start (no state) summarizes at most: the spans the continuity check looks at.
 _PEER_HISTORY_S = _PEER_SPANS * peers.SPAN_S
+# How long kept spans stay: the recurrence rule's horizon. Beyond the continuity history only its outliers are
+# kept (no per-GPU distances, which only the continuity check's support reads): a few entries per span.
+_PEER_KEEP_S = max(_PEER_HISTORY_S, recurrence.HORIZON_S)
+
+
+def _outliers_only(span: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "active": span.get("active", False),
+        "metrics": {m: {"out": v["out"]} for m, v in span.get("metrics", {}).items() if v.get("out")},
+    }
 
 
 def _peer_columns() -> list[str]:
@@ -78,7 +89,12 @@ def peer_findings(
         )
         for end in ends:
             spans[end.isoformat()] = peers.summarize_span(info, rolled, end=end, span_s=peers.SPAN_S)
-    spans = {k: v for k, v in spans.items() if datetime.fromisoformat(k) > oldest}
+    keep_from = closed - timedelta(seconds=_PEER_KEEP_S)
+    spans = {
+        k: v if end > oldest else _outliers_only(v)
+        for k, v in spans.items()
+        if (end := datetime.fromisoformat(k)) > keep_from
+    }
     if cursor is None or closed > cursor:
         state.save(
             session,
@@ -89,7 +105,9 @@ def peer_findings(
             state={"spans": spans},
             now=now,
         )
-    return peers.from_spans(info, spans, latest_end=closed, span_s=peers.SPAN_S, continuity_s=CONTINUITY_S)
+    return peers.from_spans(
+        info, spans, latest_end=closed, span_s=peers.SPAN_S, continuity_s=CONTINUITY_S, horizon_s=recurrence.HORIZON_S
+    )
 
 
 _ACTIVITY_SQL = text(

@@ -11,8 +11,8 @@ import pandas as pd
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
-from ml import peers
-from ml.metrics import METRIC_COLUMNS
+from ml import peers, recurrence
+from ml.metrics import METRIC_COLUMNS, WINDOW_S
 from ml.windows import floor_time, from_samples
 from service.config import get_settings
 from service.diagnosis import metric_passes, service, state, windows
@@ -111,12 +111,24 @@ def test_passes_every_five_seconds_find_the_straggler_as_the_raw_detector_does(s
     # The raw-sample detector at the same moment names the same GPU.
     raw = peers.detect(run.job, run.metrics(until=found_at, lookback=300), now=run.at(found_at - 6))
     assert {f.subject for f in raw} == {f"{node}/{gpu}"}
-    # The peers state holds one span per window boundary, sparse: only the GPUs far from their peers.
+    # The peers state holds one span per window boundary over the recurrence horizon, sparse: only the GPUs far
+    # from their peers, and beyond the continuity history only the outliers.
     _, kept = state.load(session, job_id=job.id, detector="peers", version=metric_passes.PEERS_VERSION)
     spans = kept["spans"]
-    assert 8 <= len(spans) <= 24
+    assert 8 <= len(spans) <= recurrence.HORIZON_S / WINDOW_S
     latest = spans[max(spans)]
     assert all(len(m["z"]) <= 8 for m in latest["metrics"].values())
+
+    # Beyond the continuity history a span keeps only what the recurrence reads: its outliers.
+    out = {"n/1": {"z": -6.0, "score": 6.0}}
+    span = {
+        "active": True,
+        "metrics": {
+            "power_usage": {"z": {"n/1": -6.0, "n/2": 2.5}, "out": out},
+            "sm_clock": {"z": {"n/3": 2.1}, "out": {}},
+        },
+    }
+    assert metric_passes._outliers_only(span) == {"active": True, "metrics": {"power_usage": {"out": out}}}
 
 
 def test_state_of_another_version_is_ignored(session: Session) -> None:

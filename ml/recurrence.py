@@ -1,0 +1,236 @@
+"""Recurrence: the GPU that is its peers' outlier again and again, with normal stretches in between.
+
+The continuity rule (ml/peers.py) wants an outlier in every span of its 120 s period; a fail-slow GPU that comes
+and goes (thermal cycling, a flaky fan, power capping on and off) never satisfies it. This rule reads the same
+span summaries (ml/peer_spans.py) over a longer horizon and groups each GPU's outlier spans, per metric and
+direction, into episodes: flagged spans that follow each other, or are only apart for spans overlapping the last
+flagged one. A clean span (the job working, the GPU not flagged) lying wholly after an episode's last flagged span
+ends it. Spans where the job was not working (a checkpoint, a hang) are skipped: they neither count nor end one.
+
+A GPU with MIN_EPISODES separate episodes in the horizon on a metric is a recurrent straggler, unless a GPU of
+another machine recurs nearly as often (then the job, not a machine, comes and goes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+from ml.evidence import PeerEpisode
+from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
+from ml.peer_spans import Z_MIN, _spec, _utc
+
+DETECTOR = "peers"
+# Ten minutes: three episodes of a cycle up to ~4 min (on + off), well inside the 20 min a fail-slow GPU costs
+# a job before someone looks; short enough that a GPU's one-offs of a long day do not add up.
+HORIZON_S = 600.0
+# One episode is a transient, two can be chance (a stall, then a spike); three separate ones are a pattern.
+MIN_EPISODES = 3
+# Confidence kept for 3, 4, 5+ episodes: a third episode is a pattern, each one after it makes it surer.
+EPISODE_FACTOR = (0.9, 0.95, 1.0)
+MAX_CONFIDENCE = 0.95  # as ml/peers.py: a metric comparison is never certain
+
+
+@dataclass(slots=True)
+class Episode:
+    """One stretch of spans where a GPU stood apart on a metric, on one side; `peak` is its farthest span's record."""
+
+    metric: str
+    direction: str  # "high" | "low"
+    start: datetime  # the first flagged span's start
+    last_end: datetime  # the last flagged span's end
+    spans: int
+    peak: dict[str, Any]
+    peak_end: datetime
+
+
+def episodes(
+    spans: dict[str, dict[str, Any]], *, latest_end: datetime, span_s: float, horizon_s: float = HORIZON_S
+) -> dict[str, list[Episode]]:
+    """Per unit, its episodes (every metric and side) in the horizon ending at `latest_end`, oldest first."""
+    latest_end = _utc(latest_end)
+    oldest = latest_end - timedelta(seconds=horizon_s)
+    timeline = []
+    for key, span in spans.items():
+        end = _utc(datetime.fromisoformat(key))
+        if oldest < end <= latest_end and span.get("active"):
+            timeline.append((end, span))
+    timeline.sort(key=lambda item: item[0])
+    open_: dict[tuple[str, str, str], Episode] = {}
+    done: dict[str, list[Episode]] = {}
+    for end, span in timeline:
+        flagged = set()
+        for metric, entry in span.get("metrics", {}).items():
+            for unit, rec in entry.get("out", {}).items():
+                side = "high" if rec["z"] > 0 else "low"
+                key = (unit, metric, side)
+                flagged.add(key)
+                ep = open_.get(key)
+                if ep is None:
+                    open_[key] = Episode(metric, side, end - timedelta(seconds=span_s), end, 1, rec, end)
+                    continue
+                ep.last_end, ep.spans = end, ep.spans + 1
+                if abs(rec["z"]) > abs(ep.peak["z"]):
+                    ep.peak, ep.peak_end = rec, end
+        # A clean span starting at or after an episode's last flagged end: the GPU was back among its peers.
+        for key in [
+            k for k, ep in open_.items() if k not in flagged and end - timedelta(seconds=span_s) >= ep.last_end
+        ]:
+            done.setdefault(key[0], []).append(open_.pop(key))
+    for key, ep in open_.items():
+        done.setdefault(key[0], []).append(ep)
+    for eps in done.values():
+        eps.sort(key=lambda ep: ep.start)
+    return done
+
+
+def detect(
+    job: JobInfo,
+    spans: dict[str, dict[str, Any]],
+    *,
+    latest_end: datetime,
+    span_s: float,
+    horizon_s: float = HORIZON_S,
+) -> list[Finding]:
+    """Recurrent stragglers from span summaries keyed by their end (ISO): one finding per GPU and category."""
+    latest_end = _utc(latest_end)
+    per_unit = episodes(spans, latest_end=latest_end, span_s=span_s, horizon_s=horizon_s)
+    # Per unit and category: each (metric, side)'s episodes; how often the unit recurs is its most frequent one.
+    grouped: dict[tuple[str, str], dict[tuple[str, str], list[Episode]]] = {}
+    for unit, eps in per_unit.items():
+        for ep in eps:
+            key = (unit, _spec(ep.metric).category)
+            grouped.setdefault(key, {}).setdefault((ep.metric, ep.direction), []).append(ep)
+    often = {key: max(len(v) for v in by_metric.values()) for key, by_metric in grouped.items()}
+    findings = []
+    for (unit, category), by_metric in grouped.items():
+        n = often[(unit, category)]
+        if n < MIN_EPISODES:
+            continue
+        node = unit.rpartition("/")[0]
+        rivals = [
+            m
+            for (other, cat), m in often.items()
+            if cat == category and other != unit and other.rpartition("/")[0] != node
+        ]
+        # Another machine's GPU recurring nearly as often: the job comes and goes, not this GPU (a GPU of the same
+        # machine is no rival: a fan or power supply cycling takes several of its GPUs, the machine is still bad).
+        if rivals and max(rivals) >= max(2, n - 1):
+            continue
+        recurring = {k: v for k, v in by_metric.items() if len(v) >= MIN_EPISODES}
+        findings.append(_finding(job, unit, category, recurring, n, latest_end, span_s, horizon_s))
+    return findings
+
+
+def _finding(
+    job: JobInfo,
+    unit: str,
+    category: str,
+    recurring: dict[tuple[str, str], list[Episode]],
+    n: int,
+    latest_end: datetime,
+    span_s: float,
+    horizon_s: float,
+) -> Finding:
+    node, _, gpu = unit.rpartition("/")
+    # Weighted as the continuity rule weighs its metrics; a third episode keeps 90% of it, a fifth all of it.
+    ordered = sorted(recurring.items(), key=lambda item: (-len(item[1]), -_spec(item[0][0]).weight))
+    remaining = 1.0
+    metrics: list[PeerMetric] = []
+    for (metric, direction), eps in ordered:
+        score = float(np.median([ep.peak.get("score", abs(ep.peak["z"])) for ep in eps]))
+        strength = 0.7 + 0.3 * min(1.0, max(0.0, (score - Z_MIN) / (2 * Z_MIN)))
+        remaining *= 1.0 - _spec(metric).weight * strength
+        metrics.append(
+            {
+                "metric": metric,
+                "direction": direction,
+                "score": round(score, 3),
+                "windows_flagged": sum(ep.spans for ep in eps),
+                "windows": [_window(ep, span_s) for ep in reversed(eps)],  # latest first, each episode's peak
+            }
+        )
+    factor = EPISODE_FACTOR[min(n - MIN_EPISODES, len(EPISODE_FACTOR) - 1)]
+    confidence = round(min(MAX_CONFIDENCE, (1.0 - remaining) * factor), 3)
+    lead_metric, lead_direction = ordered[0][0]
+    lead = ordered[0][1]
+    episode_list: list[PeerEpisode] = [
+        {
+            "start": ep.start.isoformat(),
+            "end": ep.last_end.isoformat(),
+            "metric": ep.metric,
+            "direction": ep.direction,
+            "z": round(float(ep.peak["z"]), 3),
+            "spans": ep.spans,
+        }
+        for _, eps in ordered
+        for ep in eps
+    ]
+    evidence: PeerEvidence = {
+        "signals": [
+            {
+                "type": "metric",
+                "node": node,
+                "gpu": int(gpu) if gpu.isdigit() else gpu,
+                "metric": lead_metric,
+                "from": ep.start.isoformat(),
+                "to": ep.last_end.isoformat(),
+            }
+            for ep in lead
+        ],
+        "unit": unit,
+        "job_id": job.job_id,
+        "window_s": span_s,
+        "rule": "recurrence",
+        "horizon_s": horizon_s,
+        "episodes": episode_list,
+        "metrics": metrics,
+        "supporting": [],
+    }
+    peak = max(lead, key=lambda ep: abs(ep.peak["z"])).peak
+    gaps = [(b.start - a.last_end).total_seconds() for a, b in itertools.pairwise(lead)]
+    names = ", ".join(m["metric"] for m in metrics)
+    return Finding(
+        detector=DETECTOR,
+        category=category,
+        subject_kind="gpu",
+        subject=unit,
+        confidence=confidence,
+        summary=(
+            f"{node} GPU {gpu} comes and goes as its peers' outlier: {len(lead)} episodes in {horizon_s / 60:.0f} min "
+            f"({lead_direction} {lead_metric}: {_num(peak.get('value'))} vs peers {_num(peak.get('peer_median'))}), "
+            f"normal for ~{_median_s(gaps)} between; metrics: {names}"
+        ),
+        observed_at=lead[0].start,
+        node=node,
+        blame="infrastructure",
+        role="cause",
+        action="evict",
+        # By episodes and recurring metrics: a pass that sees more (a surer claim) stores a new finding, the same
+        # claim again stores nothing (the first of a key is kept, so a key fixed at the first, weak pass would
+        # hold a partial span's low confidence for good).
+        key=f"{unit}:{category}:recurrent:{n}:{len(recurring)}",
+        evidence=evidence,
+    )
+
+
+def _window(ep: Episode, span_s: float) -> PeerWindow:
+    start = ep.peak_end - timedelta(seconds=span_s)
+    return {
+        "start": start.isoformat(),
+        "end": ep.peak_end.isoformat(),
+        **{k: round(v, 6) if isinstance(v, float) else v for k, v in ep.peak.items()},
+    }
+
+
+def _num(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, int | float) and math.isfinite(value) else "?"
+
+
+def _median_s(gaps: list[float]) -> str:
+    return f"{float(np.median(gaps)):.0f} s" if gaps else "a while"

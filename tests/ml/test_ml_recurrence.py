@@ -1,0 +1,116 @@
+"""Recurrence (ml.recurrence via ml.peers): a GPU that is its peers' outlier again and again, and the look-alikes
+of healthy jobs that must not be accused. Spans are summarized every window boundary and judged pass by pass,
+as the service does (service/diagnosis/metric_passes.py)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pandas as pd
+
+from ml import peers, recurrence, windows
+from ml.findings import Finding, JobInfo
+from ml.metrics import WINDOW_S
+from tests.stored import check_evidence
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+JOB = JobInfo(job_id="j1", world_size=8, rank_nodes={r: f"n{r // 2}" for r in range(8)})
+BASE = {"power_usage": 520.0, "sm_clock": 1980.0, "tensor_active": 0.4, "sm_active": 0.7}
+IDLE = {"power_usage": 70.0, "sm_clock": 1980.0, "tensor_active": 0.0, "sm_active": 0.0}
+# A thermally throttled GPU, as the simulator's (agents/sim): its clock and power drop, and it is busy for longer
+# each step while the healthy ones wait for it in the collectives.
+THROTTLED = {"power_usage": 0.65, "sm_clock": 0.7, "sm_active": 1.35, "tensor_active": 1.35}
+SECONDS = 600
+
+# (unit, t) -> per-metric factors; (t) -> whether the whole job pauses (a checkpoint: every GPU idle).
+Factors = Callable[[int, int], dict[str, float]]
+
+
+def samples(bad: Factors, paused: Callable[[int], bool] = lambda t: False, seed: int = 0) -> pd.DataFrame:
+    """1 s samples of 8 GPUs (two per node) over SECONDS, with stable per-GPU offsets and noise."""
+    rng = random.Random(seed)
+    offsets = {u: {m: 1 + rng.gauss(0, 0.02) for m in BASE} for u in range(8)}
+    rows = []
+    for t in range(SECONDS):
+        for u in range(8):
+            row: dict[str, object] = {"ts": T0 + timedelta(seconds=t), "node": f"n{u // 2}", "gpu": u % 2}
+            for m, v in (IDLE if paused(t) else BASE).items():
+                row[m] = v * offsets[u][m] * bad(u, t).get(m, 1.0) * (1 + rng.gauss(0, 0.03))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def passes(data: pd.DataFrame, start: int = 60) -> list[tuple[int, list[Finding]]]:
+    """A span per window boundary (as the service keeps them), then the peers' findings at each boundary."""
+    rolled = windows.from_samples(data)
+    spans: dict[str, dict[str, object]] = {}
+    out = []
+    for t in range(int(peers.SPAN_S), SECONDS + 1, int(WINDOW_S)):
+        end = T0 + timedelta(seconds=t)
+        spans[end.isoformat()] = peers.summarize_span(JOB, rolled, end=end)
+        if t >= start:
+            out.append((t, peers.from_spans(JOB, spans, latest_end=end)))
+    return out
+
+
+def on_off(unit: int, first: int, on: int = 30, off: int = 90) -> Factors:
+    return lambda u, t: THROTTLED if u == unit and t >= first and (t - first) % (on + off) < on else {}
+
+
+def test_a_gpu_throttling_30_s_every_2_minutes_is_found_from_its_third_episode() -> None:
+    history = passes(samples(on_off(5, first=30)))  # episodes at 30, 150, 270, 390, 510 s
+    hits = [(t, f) for t, fs in history for f in fs]
+    assert hits, "a recurrent straggler must be found"
+    assert {f.subject for _, f in hits} == {"n2/1"}, "on its GPU and nowhere else"
+    t_first, first = hits[0]
+    assert 270 < t_first <= 300, "not before its third episode, and as soon as it shows"
+    assert first.node == "n2" and first.category == "straggler" and first.action == "evict"
+    assert first.blame == "infrastructure" and "comes and goes" in first.summary
+    check_evidence([first])
+    ev = first.evidence
+    assert ev["rule"] == "recurrence" and ev["unit"] == "n2/1"
+    lead = [e for e in ev["episodes"] if e["metric"] == ev["metrics"][0]["metric"]]
+    assert len({e["start"] for e in lead}) == recurrence.MIN_EPISODES
+    assert len({e["direction"] for e in lead}) == 1 and all(abs(e["z"]) >= 4 for e in lead)
+    # Before the fourth episode (390 s) it is sure enough for the policy to evict (>= 0.8 by default), on a
+    # clock lower than its peers' among others.
+    sure = max((f for t, f in hits if t < 390), key=lambda f: f.confidence)
+    assert sure.confidence >= 0.8 > first.confidence
+    clock = [e for e in sure.evidence["episodes"] if e["metric"] == "sm_clock"]
+    assert len(clock) == 3 and all(e["direction"] == "low" for e in clock)
+    # The continuity rule never names it (30 s on, 90 s off): only the recurrence does.
+    assert all(f.evidence.get("rule") == "recurrence" for _, f in hits)
+    # The raw-sample detector (back-to-back spans) names the same GPU at the end.
+    raw = samples(on_off(5, first=30))
+    assert [f.subject for f in peers.detect(JOB, raw, now=T0 + timedelta(seconds=SECONDS))] == ["n2/1"]
+
+
+def test_a_one_off_outlier_and_a_job_wide_pause_accuse_no_one() -> None:
+    # GPU 3 lags for 60 s once, then the job checkpoints twice (everyone idle; GPU 3 idles warmer than the rest).
+    def paused(t: int) -> bool:
+        return 280 <= t < 330 or 430 <= t < 480
+
+    def bad(u: int, t: int) -> dict[str, float]:
+        if u != 3:
+            return {}
+        return THROTTLED if 100 <= t < 160 else {"power_usage": 1.6} if paused(t) else {}
+
+    history = passes(samples(bad, paused))
+    assert [(t, f.subject) for t, fs in history for f in fs] == []
+    # The same GPU lagging in three separate stretches is found: the quiet above is the rule's, not blindness.
+    thrice = passes(samples(lambda u, t: THROTTLED if u == 3 and t >= 100 and (t - 100) % 150 < 60 else {}))
+    assert {f.subject for _, fs in thrice for f in fs} == {"n1/1"}
+
+
+def test_outlier_episodes_moving_between_gpus_accuse_no_one() -> None:
+    # 30 s episodes every 2 minutes, on n0/0, n2/0, n0/0, n2/0, n0/0: n0/0 has three, but n2/0 nearly as many.
+    order = [0, 4, 0, 4, 0]
+
+    def bad(u: int, t: int) -> dict[str, float]:
+        k, phase = divmod(t - 30, 120)
+        return THROTTLED if t >= 30 and phase < 30 and k < len(order) and order[k] == u else {}
+
+    history = passes(samples(bad))
+    assert [(t, f.subject) for t, fs in history for f in fs] == []
