@@ -195,6 +195,12 @@ def _pipeline_stages(job: JobInfo, units: Any) -> dict[str, int]:
     return {u: int(s) for u, s in zip(placed, stage, strict=True)}
 
 
+def strength(score: float) -> float:
+    """How much of a metric's weight an outlier score earns: 0.7 at the threshold Z_MIN, all of it at 3 x Z_MIN
+    (the continuity and recurrence rules weigh their metrics alike)."""
+    return 0.7 + 0.3 * min(1.0, max(0.0, (score - Z_MIN) / (2 * Z_MIN)))
+
+
 def _spec(metric: str) -> MetricSpec:
     """The spec of a known metric; a guess from the name for one the service added later."""
     if metric in SPECS:

@@ -25,7 +25,7 @@ import pandas as pd
 from ml import recurrence, windows
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
 from ml.metrics import WINDOW_S
-from ml.peer_spans import DEFAULT_PRIORITY, SPAN_S, SUPPORT_Z, Z_MIN, _spec, _utc, summarize_span
+from ml.peer_spans import DEFAULT_PRIORITY, SPAN_S, SUPPORT_Z, Z_MIN, _spec, _utc, strength, summarize_span
 from ml.peer_spans import SPECS as SPECS  # re-exported: the service reads peers.SPECS
 
 DETECTOR = "peers"
@@ -188,8 +188,7 @@ def _findings(
             run = rec["run"]
             onset_w = max(onset_w, run[-1][0])
             score = float(np.median([r["score"] for _, r in run[:n_cont]]))
-            strength = 0.7 + 0.3 * min(1.0, max(0.0, (score - Z_MIN) / (2 * Z_MIN)))
-            confidence *= 1.0 - rec["weight"] * strength
+            confidence *= 1.0 - rec["weight"] * strength(score)
             evidence_metrics.append(_metric_evidence(rec, now, window_s, score))
         supporting = [r for r in support if r["category"] == category]
         for rec in supporting:

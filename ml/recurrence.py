@@ -23,7 +23,7 @@ import numpy as np
 
 from ml.evidence import PeerEpisode
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
-from ml.peer_spans import Z_MIN, _spec, _utc
+from ml.peer_spans import _spec, _utc, strength
 
 DETECTOR = "peers"
 # Ten minutes: three episodes of a cycle up to ~4 min (on + off), well inside the 20 min a fail-slow GPU costs
@@ -144,8 +144,7 @@ def _finding(
     metrics: list[PeerMetric] = []
     for (metric, direction), eps in ordered:
         score = float(np.median([ep.peak.get("score", abs(ep.peak["z"])) for ep in eps]))
-        strength = 0.7 + 0.3 * min(1.0, max(0.0, (score - Z_MIN) / (2 * Z_MIN)))
-        remaining *= 1.0 - _spec(metric).weight * strength
+        remaining *= 1.0 - _spec(metric).weight * strength(score)
         metrics.append(
             {
                 "metric": metric,

@@ -27,6 +27,8 @@ _EXTRA_INDEX = _METRIC_INDEX["extra"]
 _FIELD_INDEX = {field: _METRIC_INDEX[column] for field, column in FIELD_TO_COLUMN.items()}
 # node_metrics field name -> position in a node_samples row (names the service does not know are dropped).
 _NODE_INDEX = {name: i for i, name in enumerate(NODE_SAMPLE_COLUMNS) if i >= 4}
+# A batch field -> the column job_columns records for it, by source (node fields are named as their columns).
+_REPORTED_COLUMN: dict[str, dict[str, str]] = {"gpu": FIELD_TO_COLUMN, "node": {name: name for name in _NODE_INDEX}}
 
 
 @dataclass
@@ -333,8 +335,8 @@ def _record_columns(conn: psycopg.Connection[Any], batches: list[IngestBatch], k
                     names.setdefault((job, source), set()).update(sample.fields)
     rows = []
     for (job, source), fields in names.items():
-        known = FIELD_TO_COLUMN if source == "gpu" else _NODE_INDEX
-        for column in {FIELD_TO_COLUMN[f] if source == "gpu" else f for f in fields if f in known}:
+        columns = _REPORTED_COLUMN[source]
+        for column in {columns[f] for f in fields if f in columns}:
             key = ("column", job, source, column)
             if cache.needs_write(key, (), partial=True):
                 cache.stage(key, ())
