@@ -299,7 +299,7 @@ SCENARIOS: dict[str, Scenario] = {
     "healthy_real": Scenario(
         "healthy_real",
         "healthy with real-life noise: checkpoints, evaluations, a restart, loader stalls, loss spikes, slow and "
-        "late nodes, agent restarts, clock skew; nothing may be evicted",
+        "late nodes, agent restarts, clock skew",
         _nothing,
         realism=True,
         realism_overrides=DENSE_NOISE,

@@ -223,8 +223,9 @@ class TestSummary:
     def test_targets(self) -> None:
         s = summarize(self.runs())
         status = {t.name: t.status for t in s.targets}
-        assert status["precision >= 0.95"] == FAIL and status["recall >= 0.95"] == FAIL
+        assert status["precision >= 0.97"] == FAIL and status["recall >= 0.97"] == FAIL
         assert status["decision <= 10 s after a fatal Xid"] == FAIL  # seed 2 took 14 s
+        assert status["fatal Xid decided, p95 <= 5 s"] == FAIL  # p95 of 3 and 14 s
         assert status["hang decided within hang timeout + 30 s"] == FAIL  # never decided
         assert status["straggler decided <= 180 s"] == NA  # none run
         assert status["no eviction on healthy runs"] == FAIL
@@ -233,7 +234,7 @@ class TestSummary:
 
     def test_all_met(self) -> None:
         runs = [
-            score_scenario(truth("ecc_dbe", "ecc_dbe", ["node-001"]), [decision("evict", "node-001", 6)], []),
+            score_scenario(truth("ecc_dbe", "ecc_dbe", ["node-001"]), [decision("evict", "node-001", 4)], []),
             score_scenario(
                 truth("hang", "hang", ["node-003"]), [decision("evict", "node-003", 55)], [], hang_timeout_s=30
             ),
@@ -243,6 +244,21 @@ class TestSummary:
         s = summarize(runs)
         assert s.precision == 1.0 and s.recall == 1.0 and s.f1 == 1.0
         assert all(t.status in (PASS, NA) for t in s.targets) and s.passed
+
+    def test_xid_p95_forgives_one_slow_run_in_many_but_not_a_missing_decision(self) -> None:
+        gt = truth("gpu_lost", "gpu_lost", ["node-002"])
+        name = "fatal Xid decided, p95 <= 5 s"
+
+        def status(times: list[float | None]) -> str:
+            runs = [
+                score_scenario(gt, [decision("evict", "node-002", t)] if t is not None else [], [], seed=i)
+                for i, t in enumerate(times)
+            ]
+            return {t.name: t.status for t in summarize(runs).targets}[name]
+
+        assert status([1.0] * 39 + [9.0]) == PASS  # p95 interpolates to 1.4 s; every run still within 10 s
+        assert status([1.0] * 10 + [9.0] * 2) == FAIL
+        assert status([1.0] * 39 + [None]) == FAIL
 
     def test_hang_limit_is_the_runs_own_timeout(self) -> None:
         gt = truth("hang", "hang", ["node-003"])
@@ -256,7 +272,7 @@ class TestSummary:
         s = summarize([score_scenario(truth("gpu_lost", "gpu_lost", ["node-002"]), [], [])])
         assert s.precision is None and s.recall == 0.0 and s.f1 is None
         status = {t.name: t.status for t in s.targets}
-        assert status["precision >= 0.95"] == NA and status["recall >= 0.95"] == FAIL
+        assert status["precision >= 0.97"] == NA and status["recall >= 0.97"] == FAIL
 
     def test_report_prints_a_row_per_run_and_the_targets(self) -> None:
         runs = self.runs()
