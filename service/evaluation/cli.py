@@ -31,6 +31,7 @@ from service.config import Settings
 from service.evaluation import calibration, spread
 from service.evaluation.report import format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH, parse_selection
+from service.evaluation.soak import DEFAULT_JOBS_SPEC
 from service.evaluation.scoring import FAIL, PASS, GroundTruth, Target, summarize
 
 DEFAULT_DATA_DIR = Path(".faultline/eval")
@@ -81,6 +82,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=0, help="API port (default: any free port)")
     p.add_argument("--keep", action="store_true", help="keep every scenario's folder (default: only failed ones)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.add_argument(
+        "--soak",
+        metavar="DURATION",
+        help="instead of the scenarios: healthy jobs with real-life noise for DURATION of simulated time (e.g. 24h), "
+        "in accelerated time; reports every finding, incident and decision (see README)",
+    )
+    p.add_argument(
+        "--soak-jobs",
+        default=DEFAULT_JOBS_SPEC,
+        help=f"the soak's jobs, run at once: NODESxGPUS[:tpTppP],... (default {DEFAULT_JOBS_SPEC})",
+    )
+    p.add_argument(
+        "--soak-processes",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        help="processes the soak's jobs are spread over (default: one per CPU)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     )
     try:
-        return _run(args)
+        return _soak(args) if args.soak else _run(args)
     except SetupError as exc:
         say(f"error: {exc}")
         return 2
@@ -245,6 +263,48 @@ def _run(args: argparse.Namespace) -> int:
         say(f"error: {evaluation.broken}")
         return 2
     return 0 if summary.passed else 1
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from service.config import get_settings
+    from service.demo import Services
+    from service.embedded import free_port
+    from service.evaluation import soak
+
+    try:
+        duration = soak.parse_duration(args.soak)
+        jobs = soak.parse_jobs(args.soak_jobs)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+    if duration > soak.MAX_SIMULATED_S:
+        raise SetupError(f"--soak is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days of data)")
+    data_dir: Path = args.data_dir.resolve()
+    (data_dir / "logs").mkdir(parents=True, exist_ok=True)
+    services = Services(logs=data_dir / "logs", say=say)
+    database_url = os.environ.get("FAULTLINE_DATABASE_URL")
+    try:
+        if database_url:
+            say("using the database of FAULTLINE_DATABASE_URL")
+            services.use(
+                database_url=database_url,
+                redis_url=os.environ.get("FAULTLINE_REDIS_URL", "redis://unused"),
+                port=0,
+                embedded=False,
+            )
+        else:
+            services.start_embedded(data_dir, port=free_port())
+        services.migrate()
+        config = soak.SoakConfig(
+            duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
+        )
+        report = soak.run_soak(config, get_settings(), say=say, processes=args.soak_processes)
+    finally:
+        services.stop()
+    print(soak.format_report(report), flush=True)
+    out = args.json or data_dir / "soak.json"
+    soak.write_report(report, out)
+    say(f"results in {out}")
+    return 0 if soak.passed(report) else 1
 
 
 class Harness:
