@@ -31,8 +31,8 @@ from service.config import Settings
 from service.evaluation import calibration, spread
 from service.evaluation.report import format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH, parse_selection
-from service.evaluation.soak import DEFAULT_JOBS_SPEC
 from service.evaluation.scoring import FAIL, PASS, GroundTruth, Target, summarize
+from service.evaluation.soak import DEFAULT_JOBS_SPEC
 
 DEFAULT_DATA_DIR = Path(".faultline/eval")
 
