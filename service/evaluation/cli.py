@@ -29,7 +29,7 @@ from typing import Any
 from service.arguments import positive, positive_int
 from service.config import Settings
 from service.evaluation import calibration, spread
-from service.evaluation.report import format_summary, format_table
+from service.evaluation.report import concurrent_faults, format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH, parse_selection
 from service.evaluation.scoring import FAIL, PASS, GroundTruth, Target, summarize
 from service.evaluation.soak import DEFAULT_JOBS_SPEC
@@ -240,13 +240,22 @@ def _run(args: argparse.Namespace) -> int:
         print(calibration.format_report(bins, levels))
     print()
     print(format_summary(summary), flush=True)
+    run_json = [r.to_json() for r in results]
+    together = concurrent_faults(run_json)
+    if config.parallel > 1:
+        print(
+            f"faults in two jobs at once: {len(together)} of {sum(1 for s in scores if s.faults)} fault runs had "
+            "their fault while another job's was undecided",
+            flush=True,
+        )
     out = args.json or data_dir / "eval.json"
     report = {
         "started_at": wall.isoformat(),
         "duration_s": round(time.monotonic() - started, 1),
         "config": {**asdict(config), "data_dir": str(data_dir)},
         "api": harness.url,
-        "runs": [r.to_json() for r in results],
+        "runs": run_json,
+        "concurrent_faults": together,
         "summary": summary.to_json(),
         "per_scenario": [row.to_json() for row in per_scenario],
         "calibration": {

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
 
 from service.evaluation.scoring import FAIL, ScenarioScore, Summary
 
@@ -86,3 +88,24 @@ def format_summary(summary: Summary) -> str:
     failed = sum(t.status == FAIL for t in s.targets)
     lines += ["", "all targets met" if s.passed else f"{failed} target(s) not met"]
     return "\n".join(lines)
+
+
+def concurrent_faults(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The runs (`scenario/sSEED`) whose fault came while another job's fault was still undecided: faults in
+    two jobs at once on one service (`--parallel 2`). A fault is open from its first injection to the run's
+    first decision, or to the run's end when nothing was decided. Takes RunResult.to_json() dicts, so it also
+    reads a saved eval.json."""
+    spans: list[tuple[str, datetime, datetime]] = []
+    for run in runs:
+        faults = run["ground_truth"].get("faults") or []
+        if not faults or not run.get("ended_at"):
+            continue
+        start = min(datetime.fromisoformat(f["injected_at"]) for f in faults)
+        took = run["score"].get("time_to_decision_s")
+        end = start + timedelta(seconds=took) if took is not None else datetime.fromisoformat(run["ended_at"])
+        spans.append((f"{run['score']['scenario']}/s{run['score']['seed']}", start, end))
+    return [
+        name
+        for i, (name, start, end) in enumerate(spans)
+        if any(j != i and start < e and s < end for j, (_, s, e) in enumerate(spans))
+    ]

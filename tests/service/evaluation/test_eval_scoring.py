@@ -13,7 +13,7 @@ from agents.sim.config import SimConfig
 from agents.sim.model import Cluster
 from service.evaluation import calibration
 from service.evaluation.api import Api, ApiError, EndpointMissing
-from service.evaluation.report import format_summary, format_table
+from service.evaluation.report import concurrent_faults, format_summary, format_table
 from service.evaluation.scenarios import CATALOG, TORCH_FAULTS, parse_selection, wait_after_injection
 from service.evaluation.scoring import (
     FAIL,
@@ -513,3 +513,22 @@ def test_issue_17_scenarios_in_the_catalog_and_their_ground_truth() -> None:
     raw = cluster.ground_truth()["faults"][0]
     gt = GroundTruth.from_json(raw | {"faults": [raw]})
     assert raw["expect_action"] == "diagnose" and not gt.expected_evictions and not gt.tolerated_evictions
+
+
+def test_concurrent_faults_are_runs_whose_open_faults_overlap() -> None:
+    def run(name: str, injected: str, took: float | None, ended: str) -> dict[str, Any]:
+        day = "2026-11-26T10:"
+        return {
+            "score": {"scenario": name, "seed": 1, "time_to_decision_s": took},
+            "ground_truth": {"faults": [{"injected_at": f"{day}{injected}+00:00"}] if injected else []},
+            "ended_at": f"{day}{ended}+00:00",
+        }
+
+    runs = [
+        run("gpu_lost", "00:30", 2.0, "01:00"),  # open 00:30-00:32
+        run("straggler", "00:31", 90.0, "03:00"),  # open 00:31-02:01: overlaps both others
+        run("hang", "01:40", None, "02:40"),  # never decided: open until its end
+        run("healthy", "", None, "03:00"),  # no fault
+        run("ecc_dbe", "05:00", 1.0, "05:30"),  # alone
+    ]
+    assert concurrent_faults(runs) == ["gpu_lost/s1", "straggler/s1", "hang/s1"]
