@@ -12,12 +12,18 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from service.evaluation.scenarios import TORCH_FAULT_STEP, TORCH_FAULTS
+from service.evaluation.scenarios import (
+    TORCH_FAULT_STEP,
+    TORCH_FAULTS,
+    TORCH_REAL_LIFE_FLAGS,
+    TORCH_RESTART_AFTER_S,
+)
 from service.evaluation.scoring import Fault, GroundTruth
 from service.processes import spawn, stop
 
@@ -183,7 +189,10 @@ class _LogWatch:
 
 
 class TorchRun:
-    """A real torchrun job (4 virtual nodes x 2 ranks, gloo) with one real `faultline agent` per virtual node."""
+    """A real torchrun job (4 virtual nodes x 2 ranks, gloo) with one real `faultline agent` per virtual node.
+
+    Without a fault (torch_healthy_real) the job has real-life behaviour instead, and is restarted once from its
+    last checkpoint, TORCH_RESTART_AFTER_S after it came up."""
 
     def __init__(
         self,
@@ -200,11 +209,15 @@ class TorchRun:
         self.scenario, self.seed, self.job_id, self.node_prefix = scenario, seed, job_id, node_prefix
         self.workdir = workdir
         self.world_size = TORCH_NODES * TORCH_PROCS
-        self.fault = TORCH_FAULTS[scenario]
+        self.fault = TORCH_FAULTS.get(scenario)
         rng = random.Random(f"{scenario}-{seed}")
-        self.rank = rng.randrange(self.world_size) if self.fault.on_rank else None
-        self.step = TORCH_FAULT_STEP[scenario]
-        self._marker = self.fault.pattern(self.rank, self.step)
+        self.rank = rng.randrange(self.world_size) if self.fault and self.fault.on_rank else None
+        self.step = TORCH_FAULT_STEP.get(scenario, 0)
+        self._marker = self.fault.pattern(self.rank, self.step) if self.fault else None
+        self._restart: threading.Thread | None = None
+        self._restarting = threading.Event()
+        self._stopping = threading.Event()
+        self.noise: list[dict[str, Any]] = []  # the restart, as the ground truth's noise
         self.url, self._env = url, {**env, "FAULTLINE_AGENT_TOKEN": agent_token}
         self.node_names = [f"{node_prefix}-vnode-{k}" for k in range(TORCH_NODES)]
         self.cluster: Any = None
@@ -213,32 +226,79 @@ class TorchRun:
         self._injected: datetime | None = None
 
     def flags(self) -> list[str]:
+        if self.fault is None:
+            return [*TORCH_REAL_LIFE_FLAGS, f"--checkpoint-dir={self.workdir / 'checkpoints'}"]
         values = {"rank": self.rank, "step": self.step}
         return [flag.format(**values) for flag in self.fault.flags]
 
     def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._launch([])
+        self._watches = [_LogWatch(p) for p in self.cluster.log_paths]
+        if self.fault is None:
+            self._restart = threading.Thread(target=self._restart_later, name=f"restart-{self.job_id}", daemon=True)
+            self._restart.start()
+
+    def _launch(self, more: list[str]) -> None:
+        """The launchers, then an agent per virtual node watching its launcher's tree."""
         from service.evaluation.torchjob.cluster import launch
 
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.cluster = launch(
             TORCH_NODES,
             TORCH_PROCS,
             job_id=self.job_id,
             log_dir=self.workdir / "job",
-            extra_args=["--workers=0", f"--seed={self.seed}", *self.flags()],
+            extra_args=["--workers=0", f"--seed={self.seed}", *self.flags(), *more],
         )
-        self._watches = [_LogWatch(p) for p in self.cluster.log_paths]
+        self.agents = []
         for node in range(TORCH_NODES):
             args = self.cluster.agent_args(
                 node, server=self.url, node_name=self.node_names[node], spool_dir=self.workdir / f"spool-{node}"
             )
             self.agents.append(spawn(args, env=self._env, log=self.workdir / f"agent-{node}.log"))
 
+    def _restart_later(self) -> None:
+        """A scheduler's preemption and requeue: SIGTERM to the launchers (torchrun passes it on), the agents
+        stopped with them, then everything started again from the last checkpoint."""
+        if not wait_until(self.ready, timeout=TORCH_RESTART_AFTER_S * 4, cancel=self._stopping):
+            return
+        if self._stopping.wait(TORCH_RESTART_AFTER_S):
+            return
+        self._restarting.set()
+        try:
+            at = _now()
+            for launcher in self.cluster.launchers:
+                with contextlib.suppress(OSError):
+                    launcher.send_signal(signal.SIGTERM)
+            for launcher in self.cluster.launchers:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    launcher.wait(timeout=30)
+            self._stop_agents()
+            self.cluster.stop()
+            if self._stopping.is_set():
+                return
+            self._launch(["--resume"])
+            self.noise.append(
+                {"kind": "restart", "at": at.isoformat(), "down_s": round((_now() - at).total_seconds(), 1)}
+            )
+        finally:
+            self._restarting.clear()
+
+    def _stop_agents(self) -> list[Any]:
+        """SIGTERM (they flush), then wait; returns their process trees as they were."""
+        procs = [p for a in self.agents for p in _tree(a.pid)]
+        for agent in self.agents:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+        for agent in self.agents:
+            stop(agent, timeout=10)
+        return procs
+
     def ready(self) -> bool:
         return self.cluster is not None and bool(self.cluster.last_steps())
 
     def injected_at(self) -> datetime | None:
-        if self._injected is None:
+        if self._injected is None and self._marker is not None:
             for watch in self._watches:
                 if any(self._marker.search(line) for line in watch.new_lines()):
                     self._injected = _now()  # seen within one poll of it happening
@@ -246,13 +306,15 @@ class TorchRun:
         return self._injected
 
     def failure(self) -> str | None:
-        if self.cluster is None or self._injected is not None:
+        if self.cluster is None or self._injected is not None or self._restarting.is_set():
             return None  # after the fault the job may well end: that is the fault
         if all(p.poll() is not None for p in self.cluster.launchers):
             return f"the torchrun job ended before its fault; see {self.workdir / 'job'}"
         return None
 
     def ground_truth(self) -> GroundTruth:
+        if self.fault is None:
+            return GroundTruth(self.scenario, self.job_id, tuple(self.node_names), (), noise=tuple(self.noise))
         node = [self.node_names[self.rank // TORCH_PROCS]] if self.rank is not None else []
         fault = Fault(
             kind=self.fault.kind,
@@ -267,13 +329,10 @@ class TorchRun:
 
     def stop(self) -> list[str]:
         """Agents first (SIGTERM, they flush), then every process of the job (SIGKILL); then check."""
-        procs = [p for a in self.agents for p in _tree(a.pid)]
-        for agent in self.agents:
-            if agent.poll() is None:
-                agent.send_signal(signal.SIGTERM)
-        for agent in self.agents:
-            stop(agent, timeout=10)
-        left = reap(procs)
+        self._stopping.set()
+        if self._restart is not None:
+            self._restart.join(timeout=60)
+        left = reap(self._stop_agents())
         if self.cluster is not None:
             self.cluster.stop()
             left += [_describe(p) for p in self.cluster.processes()]

@@ -89,6 +89,21 @@ TORCH_FAULTS: dict[str, TorchFault] = {
     ),
 }
 
+# A healthy torchrun job with real-life behaviour (issue 17): LR warmup, a checkpoint every 40 steps (every rank
+# pauses 8 s: no step lines), an evaluation every 25 steps, a data-loader stall on a different rank every 15
+# steps, and a restart from the last checkpoint TORCH_RESTART_AFTER_S into the run (the launchers get SIGTERM
+# as from a scheduler's preemption, the agents are restarted with them, the steps since the checkpoint repeat).
+TORCH_REAL_LIFE_FLAGS = (
+    "--warmup-steps=30",
+    "--checkpoint-every=40",
+    "--checkpoint-seconds=8",
+    "--eval-every=25",
+    "--eval-iters=5",
+    "--stall-every=15",
+    "--stall-seconds=2.5",
+)
+TORCH_RESTART_AFTER_S = 75.0
+
 # The step each torchrun fault fires at: enough steps before it for the service to know normal progress.
 TORCH_FAULT_STEP = {"torch_hang": 60, "torch_crash": 60, "torch_slow": 60, "torch_user_bug": 60}
 
@@ -102,7 +117,8 @@ SIM_SCENARIOS = (
 )  # fmt: skip
 # Healthy runs with noise: watched like `healthy` (the ground truth has no fault; the transient is under "noise").
 HEALTHY_SIM = frozenset({"healthy", "transient", "healthy_real"})
-TORCH_SCENARIOS = tuple(TORCH_FAULTS)
+TORCH_HEALTHY = frozenset({"torch_healthy_real"})
+TORCH_SCENARIOS = (*TORCH_FAULTS, *TORCH_HEALTHY)
 
 CATALOG: dict[str, Scenario] = {
     "healthy": Scenario("healthy", SIM, None, "simulated job training normally: nothing may be evicted"),
@@ -121,6 +137,13 @@ CATALOG: dict[str, Scenario] = {
     "torch_slow": Scenario("torch_slow", TORCH, "straggler", "real torchrun: one rank 4x slower, every step slows"),
     "torch_user_bug": Scenario(
         "torch_user_bug", TORCH, "user_bug", "real torchrun: the same exception on every rank (a user's bug)"
+    ),
+    "torch_healthy_real": Scenario(
+        "torch_healthy_real",
+        TORCH,
+        None,
+        "real torchrun, healthy with real-life behaviour: warmup, checkpoints, evaluations, data-loader stalls, a "
+        "restart from the last checkpoint; nothing may be evicted",
     ),
 }
 

@@ -94,6 +94,8 @@ class GroundTruth:
     job_id: str
     nodes: tuple[str, ...]
     faults: tuple[Fault, ...] = ()
+    # Healthy things that happened on the way (a restart, a transient): nothing to find, kept for the report.
+    noise: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GroundTruth:
@@ -102,15 +104,19 @@ class GroundTruth:
             job_id=str(data.get("job_id", "")),
             nodes=tuple(str(n) for n in data.get("nodes") or ()),
             faults=tuple(Fault.from_json(f) for f in data.get("faults") or () if isinstance(f, Mapping)),
+            noise=tuple(n for n in data.get("noise") or () if isinstance(n, Mapping)),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "scenario": self.scenario,
             "job_id": self.job_id,
             "nodes": list(self.nodes),
             "faults": [f.to_json() for f in self.faults],
         }
+        if self.noise:
+            out["noise"] = [dict(n) for n in self.noise]
+        return out
 
     @property
     def expected_evictions(self) -> frozenset[str]:

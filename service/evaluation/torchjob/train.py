@@ -18,6 +18,19 @@ Faults, each named after what it looks like from outside:
   --step-time seconds), the collectives still through gloo, so several ranks can share one GPU.
 - `--user-bug-at-step S`: a bug in the training code: from step S every rank's batch goes through a broken
   feature transform, so the forward raises the same RuntimeError (a shape mismatch) on every rank.
+
+Real-life healthy behaviour (issue 17), each off by default:
+- `--warmup-steps N`: the learning rate ramps up linearly over the first N steps.
+- `--checkpoint-every N`: every N steps every rank saves (rank 0 writes the model with torch.save into
+  `--checkpoint-dir`; every rank spends `--checkpoint-seconds` writing its shard to slow storage), with
+  Megatron's lines (`saving checkpoint at iteration N to D`, `successfully saved checkpoint from iteration N
+  to D`), then the ranks meet in a barrier: no step line for that long.
+- `--eval-every N`: `--eval-iters` forward-only steps in their own rhythm, then Megatron's `validation loss at
+  iteration N | lm loss value: X |`.
+- `--stall-every N`: every N steps one rank (a different one each time) waits `--stall-seconds` for data, then
+  goes on; the others wait for it in the step's first collective.
+- `--resume`: start from the newest checkpoint in `--checkpoint-dir` (a job restarted by its scheduler): the
+  steps after it are trained again.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -63,6 +77,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-at-step", type=int, default=1)
     parser.add_argument("--nan-at-step", type=int)
     parser.add_argument("--user-bug-at-step", type=int)
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=int)
+    parser.add_argument("--checkpoint-dir", default="checkpoints")
+    parser.add_argument("--checkpoint-seconds", type=float, default=5.0)
+    parser.add_argument("--eval-every", type=int)
+    parser.add_argument("--eval-iters", type=int, default=5)
+    parser.add_argument("--stall-every", type=int)
+    parser.add_argument("--stall-seconds", type=float, default=3.0)
+    parser.add_argument("--resume", action="store_true", help="start from the newest checkpoint in --checkpoint-dir")
     return parser.parse_args(argv)
 
 
@@ -110,6 +133,54 @@ def _batches(dataset: TensorDataset, args: argparse.Namespace, rank: int) -> Ite
         yield from loader
 
 
+def _save_checkpoint(model: nn.Module, step: int, args: argparse.Namespace, rank: int) -> None:
+    """Every rank pauses while the state is written; rank 0 prints Megatron's lines around it."""
+    folder = Path(args.checkpoint_dir)
+    if rank == 0:
+        print(f"saving checkpoint at iteration {step:7d} to {folder} in torch_dist format", flush=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"iter_{step:07d}.pt.tmp"
+        torch.save({"step": step, "model": model.state_dict()}, tmp)
+        tmp.replace(folder / f"iter_{step:07d}.pt")  # a restart never reads half a file
+    time.sleep(args.checkpoint_seconds)  # this rank's shard going to slow storage
+    dist.barrier()
+    if rank == 0:
+        print(f"  successfully saved checkpoint from iteration {step:7d} to {folder} [ t 1/1, p 1/1 ]", flush=True)
+
+
+def _load_checkpoint(model: nn.Module, args: argparse.Namespace, rank: int) -> int:
+    """The newest checkpoint's step (0: none) after loading it, as a restarted job does."""
+    saved = sorted(Path(args.checkpoint_dir).glob("iter_*.pt"))
+    if not saved:
+        return 0
+    state = torch.load(saved[-1], weights_only=True)
+    model.load_state_dict(state["model"])
+    step = int(state["step"])
+    if rank == 0:
+        print(f" loading distributed checkpoint from {args.checkpoint_dir} at iteration {step}", flush=True)
+        print(
+            f"  successfully loaded checkpoint from {args.checkpoint_dir} [ t 1/1, p 1/1 ] at iteration {step}",
+            flush=True,
+        )
+    return step
+
+
+def _evaluate(model: nn.Module, batches: Iterator[list[torch.Tensor]], step: int, args: argparse.Namespace) -> None:
+    """Forward-only steps (a different rhythm from training's), then the validation line on rank 0."""
+    device = next(model.parameters()).device
+    total = torch.zeros(1)
+    with torch.no_grad():
+        for _ in range(args.eval_iters):
+            inputs, targets = (t.to(device) for t in next(batches))
+            _simulate_compute(args.step_time * 0.4, device)
+            total += nn.functional.mse_loss(model(inputs), targets).to("cpu")
+    dist.all_reduce(total)
+    loss = total.item() / (args.eval_iters * dist.get_world_size())
+    if dist.get_rank() == 0:
+        text = f" validation loss at iteration {step} | lm loss value: {loss:.6E} | "
+        print("-" * (len(text) + 1), text, "-" * (len(text) + 1), sep="\n", flush=True)
+
+
 @record  # so torchrun's ChildFailedError summary carries this rank's traceback
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
@@ -132,12 +203,17 @@ def main(argv: list[str] | None = None) -> None:
         nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device)
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    warmup = max(1, args.warmup_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
     loss_fn = nn.MSELoss()
+    first = _load_checkpoint(model.module, args, rank) + 1 if args.resume else 1
 
-    for step in range(1, args.steps + 1):
+    for step in range(first, args.steps + 1):
         started = time.perf_counter()
         if rank == args.hang_rank and step == args.hang_at_step:
             _stuck_in_data_loading(rank, step)
+        if args.stall_every and step % args.stall_every == 0 and rank == (step // args.stall_every) % world:
+            time.sleep(args.stall_seconds)  # a data-loader stall that recovers
         inputs, targets = (t.to(device) for t in next(batches))
         # The global batch size, counted across ranks before the forward as LLM trainers count tokens to
         # normalize the loss: a collective at the start of every step, where the peers of a stuck rank wait.
@@ -159,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         loss.backward()  # DDP all-reduces the gradients here
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
         optimizer.step()
+        schedule.step()
         # Log the mean loss over all samples of all ranks, as real jobs do (one more collective per step).
         mean_loss = loss.detach().to("cpu", copy=True)
         dist.all_reduce(mean_loss)
@@ -169,6 +246,10 @@ def main(argv: list[str] | None = None) -> None:
             f"step={step} loss={mean_loss.item():.4f} grad_norm={grad_norm.item():.4f} elapsed_ms={elapsed_ms:.1f}",
             flush=True,
         )
+        if args.eval_every and step % args.eval_every == 0:
+            _evaluate(model, batches, step, args)
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            _save_checkpoint(model.module, step, args, rank)
 
     dist.destroy_process_group()
 

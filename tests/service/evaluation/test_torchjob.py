@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -227,3 +228,35 @@ def test_user_bug_raises_the_same_exception_on_every_rank(new_job: Any) -> None:
         # Every rank's own traceback ends in the same exception: the signature of a bug in the code, not a machine.
         assert f"[rank{rank}]:[rank{rank}]: {message}" in cluster.log_text(rank // PROCS), cluster.logs()
     assert max(cluster.last_steps().values()) == 4
+
+
+def test_real_life_behaviour_checkpoints_evaluates_stalls_and_resumes(new_job: Any, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    common = ["--step-time=0.05", "--checkpoint-every=5", "--checkpoint-seconds=1.5", f"--checkpoint-dir={ckpt}"]
+    cluster: TorchCluster = new_job(
+        "--steps=12",
+        *common,
+        "--eval-every=7",
+        "--eval-iters=2",
+        "--stall-every=4",
+        "--stall-seconds=1",
+        "--warmup-steps=5",
+    )
+    assert cluster.wait_exited(timeout=90) == [0] * NODES, cluster.logs()
+    log = cluster.log_text(0)
+    # Megatron's checkpoint lines from rank 0, and no rank steps while the state is saved.
+    assert (
+        "saving checkpoint at iteration       5 to" in log
+        and "successfully saved checkpoint from iteration      10" in log
+    )
+    assert sorted(p.name for p in ckpt.glob("iter_*.pt")) == ["iter_0000005.pt", "iter_0000010.pt"]
+    assert "validation loss at iteration 7 | lm loss value:" in log
+    # The stall of step 8 is on rank (8 // 4) % 4 = 2: every rank's step 8 waits for it.
+    assert all(s.elapsed_ms >= 900 for s in cluster.steps() if s.step == 8), cluster.logs()
+
+    resumed: TorchCluster = new_job("--steps=13", *common, "--resume")
+    assert resumed.wait_exited(timeout=90) == [0] * NODES, resumed.logs()
+    # Both jobs log to the same files: what follows the load is the restarted job's.
+    _, loaded, after = resumed.log_text(0).partition("successfully loaded checkpoint from")
+    assert loaded and after.split("\n", 1)[0].endswith("at iteration 10"), resumed.logs()
+    assert re.findall(r"^\[rank0\]:step=(\d+) ", after, re.M) == ["11", "12", "13"]  # 11 and 12 trained again
