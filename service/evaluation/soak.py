@@ -15,11 +15,14 @@ The simulated day ends shortly before the wall clock's now, so every time stored
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing
+import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from collections import Counter
@@ -149,6 +152,7 @@ class Soak:
         self.cache = UpsertCache()
         self.jobs: list[JobRun] = []
         self.wall_s = 0.0
+        self.covered_s = 0.0  # simulated seconds run so far
 
     # -- set-up --
 
@@ -230,9 +234,13 @@ class Soak:
                         self._pass(run, now, fast=False)
                 if k % maint_every == 0:
                     self._maintenance(now)
+                self.covered_s = t
                 if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
                     self._progress(t, started)
+        except KeyboardInterrupt:
+            # Ctrl-C: the time covered so far is reported like a shorter soak.
+            self.say(f"soak: interrupted after {_hms(self.covered_s)} of simulated time; reporting that")
         finally:
             shutil.rmtree(self.tree_dir, ignore_errors=True)
         self.wall_s = time.monotonic() - started
@@ -367,7 +375,8 @@ class Soak:
                 return round((at - self.start).total_seconds(), 1)
 
             report = {
-                "simulated_s": self.config.duration_s,
+                "simulated_s": self.covered_s,
+                "interrupted": self.covered_s < self.config.duration_s,
                 "started_at": self.start.isoformat(),
                 "wall_s": round(self.wall_s, 1),
                 "seed": self.config.seed,
@@ -421,8 +430,28 @@ def run_soak(config: SoakConfig, settings: Settings, *, say: Callable[[str], Non
         return Soak(config, settings, say=say).run()
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine or pool inherited
     with ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
-        parts = list(pool.map(_run_group, [(config, settings, say, g) for g in groups]))
-    merged = {**parts[0], "wall_s": max(p["wall_s"] for p in parts)}
+        futures = [pool.submit(_run_group, (config, settings, say, g)) for g in groups]
+        workers = list(getattr(pool, "_processes", {}).values())
+
+        def forward(signum: int, frame: object) -> None:
+            for worker in workers:
+                with contextlib.suppress(OSError):
+                    os.kill(worker.pid, signal.SIGTERM)
+
+        # Ctrl-C reaches the workers too (one process group) and SIGTERM is passed on to them: each stops and
+        # reports what it covered, which this process waits for instead of dying first.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, forward)
+        try:
+            parts = [f.result() for f in futures]
+        finally:
+            signal.signal(signal.SIGINT, previous[0])
+            signal.signal(signal.SIGTERM, previous[1])
+    merged = {
+        **parts[0],
+        "wall_s": max(p["wall_s"] for p in parts),
+        "simulated_s": min(p["simulated_s"] for p in parts),
+        "interrupted": any(p["interrupted"] for p in parts),
+    }
     for key in ("jobs", "findings", "incidents", "decisions"):
         merged[key] = [item for p in parts for item in p[key]]
     merged["jobs"].sort(key=lambda j: j["job_id"])
@@ -432,7 +461,14 @@ def run_soak(config: SoakConfig, settings: Settings, *, say: Callable[[str], Non
 
 def _run_group(args: tuple[SoakConfig, Settings, Callable[[str], None], list[int]]) -> dict[str, Any]:
     config, settings, say, indices = args
+    # Whatever this worker inherited (a background shell ignores SIGINT), Ctrl-C and SIGTERM end its soak early.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupted)
     return Soak(config, settings, say=say, indices=indices).run()
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, str]]:
@@ -457,7 +493,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, str]]:
 def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"soak: {_hms(report['simulated_s'])} of simulated time (h:mm:ss) in {report['wall_s'] / 60:.1f} min of "
-        f"wall time (seed {report['seed']}, from {report['started_at']})",
+        f"wall time (seed {report['seed']}, from {report['started_at']})"
+        + (" -- interrupted: the targets cover this time only" if report.get("interrupted") else ""),
         "",
         f"{'job':<18} {'shape':<16} {'steps':>7} {'passes':>7} {'ms/pass':>8} {'findings':>8} {'incidents':>9} "
         f"{'diagnose':>8} {'evict':>5} {'stacks':>6}  noise",
