@@ -15,7 +15,7 @@ from typing import Any
 
 from service.evaluation.api import Api, ApiError, EndpointMissing
 from service.evaluation.runs import Cancelled, ScenarioRun, SimRun, TorchRun, wait_until
-from service.evaluation.scenarios import CATALOG, SIM, wait_after_injection
+from service.evaluation.scenarios import CATALOG, MULTI_FAULT, SIM, wait_after_injection
 from service.evaluation.scoring import (
     CONCLUSIVE_KINDS,
     ScenarioScore,
@@ -259,12 +259,21 @@ class Evaluation:
                 + f", waiting for a decision (deadline {wait_s:.0f} s)"
             )  # fmt: skip
         deadline = since + timedelta(seconds=wait_s)
-        self._poll(run, tag, since if fault else None, deadline, errors)
+        self._poll(run, tag, since if fault else None, deadline, errors, settle=fault not in MULTI_FAULT)
         return self._collect(run.job_id, errors)
 
     def _poll(
-        self, run: ScenarioRun, tag: str, injected: datetime | None, deadline: datetime, errors: list[str]
+        self,
+        run: ScenarioRun,
+        tag: str,
+        injected: datetime | None,
+        deadline: datetime,
+        errors: list[str],
+        *,
+        settle: bool = True,
     ) -> None:
+        """Announce decisions as they come until the deadline; with `settle`, stop `settle_s` after the first
+        conclusive one."""
         settle_at: datetime | None = None
         announced: set[int] = set()
         short = _shortener(run.node_prefix)
@@ -290,7 +299,11 @@ class Evaluation:
                     after = f" {(d.created_at - injected).total_seconds():.1f} s after the fault"
                 node = short(d.node) if d.node else "the job"
                 self.say(f"{tag}: decision{after}: {d.kind} {node} ({d.state}, confidence {d.confidence:.2f})")
-            if settle_at is None and any(d.kind in CONCLUSIVE_KINDS for d in answering_decisions(parsed, injected)):
+            if (
+                settle
+                and settle_at is None
+                and any(d.kind in CONCLUSIVE_KINDS for d in answering_decisions(parsed, injected))
+            ):
                 settle_at = _now() + timedelta(seconds=self.config.settle_s)
             if not warned and (failure := run.failure()) is not None:
                 warned = True

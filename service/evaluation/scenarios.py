@@ -22,6 +22,8 @@ FLAP_FAULTS = frozenset({"ib_port_flap", "ib_port_flap_nccl"})
 # Issue 17's harder faults. two_faults: the straggler is decided like one, then the Xid comes TWO_FAULTS_GAP_S
 # after it (the deadline counts from the first injection).
 TWO_FAULTS_WAIT_S = TWO_FAULTS_GAP_S + DEFAULT_WAIT_S
+# Scenarios with a fault still to come after the first decision: watched to their deadline, never settled early.
+MULTI_FAULT = frozenset({"two_faults"})
 # The flapping straggler is slow a quarter of the time: four of its cycles.
 INTERMITTENT_WAIT_S = 4 * (FLAP_ON_S + FLAP_OFF_S)
 # A hang inside a checkpoint shows only once the other ranks finish saving (the forced save lasts <= 35 s).
