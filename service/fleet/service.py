@@ -1,7 +1,8 @@
 """Repair times of incidents and spare-capacity advice, read from the stored incidents and node histories.
 
 The arithmetic is pure (ml/repair_times.py, ml/spares.py); this module only reads the rows it needs, in a fixed
-number of queries whatever the window holds.
+number of queries whatever the window holds. It imports no other domain: incidents, decisions and nodes call its
+stage hooks (stages.py), so importing them back would make a cycle.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from ml import repair_times, spares
 from ml.repair_times import BACK, DecisionRow, IncidentTimes
 from service.errors import Conflict, NotFound
 from service.fleet.stages import OUT_OF_SERVICE, TAKEN_OUT
-from service.jobs import service as jobs
-from service.models import Decision, Finding, Incident, Node, NodeEvent, Rank
+from service.models import Decision, Finding, Incident, Job, Node, NodeEvent, Rank
 
 
 def _counted(since: datetime, now: datetime) -> Select[tuple[int]]:
@@ -157,8 +157,10 @@ def spares_for(
 
 def job_nodes(session: Session, *, job_id: str) -> int:
     """How many nodes the job's ranks are placed on (404 for an unknown job)."""
-    job = jobs.get_by_external_id(session, job_id=job_id)
-    return int(session.scalar(select(func.count(distinct(Rank.node_id))).where(Rank.job_id == job.id)) or 0)
+    job = session.scalar(select(Job.id).where(Job.external_id == job_id))
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    return int(session.scalar(select(func.count(distinct(Rank.node_id))).where(Rank.job_id == job)) or 0)
 
 
 def job_spares(

@@ -209,3 +209,15 @@ def test_metrics_observe_detect_when_an_incident_opens_and_decide_at_its_first_d
     # Deciding again stores nothing new and is no first decision.
     decide_incident(session, job=job, incident=incident, proposal=proposal, now=now, settings=settings)
     assert _count(client, "decide") == decides + 1
+
+
+def test_metrics_show_the_last_day_s_repair_times_read_from_the_database(client, session) -> None:
+    assert "faultline_repair_window_samples" in client.get("/metrics").text
+    history.build(session)
+    client.app.state.repair_gauges.clear()  # the gauges are cached for a few seconds
+    text = client.get("/metrics").text
+    # The same hand-computed values as the API's (all three incidents opened within the last day).
+    assert 'faultline_repair_window_seconds{quantile="0.5",stage="detect"} 12.0' in text
+    assert 'faultline_repair_window_seconds{quantile="0.9",stage="act"} 54.0' in text
+    assert 'faultline_repair_window_seconds{quantile="0.5",stage="return"} 1200.0' in text
+    assert 'faultline_repair_window_samples{stage="return"} 2.0' in text
