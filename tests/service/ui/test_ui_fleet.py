@@ -51,3 +51,17 @@ def test_the_job_page_shows_warm_standbys_or_why_not(ui, session) -> None:
     empty = rows.job(session)
     page = ui.get(f"/jobs/{empty.external_id}")
     assert "no rank placed on a node yet" in page.text.split('id="job-spares">', 1)[1].split("</dd>", 1)[0]
+
+
+def test_the_fleet_page_sends_the_same_queries_for_3_or_23_incidents(ui, session, count_queries) -> None:
+    h = history.build(session)
+    with count_queries() as q:
+        assert ui.get("/fleet").status_code == 200
+    few = q.count
+    for _ in range(20):
+        incident = rows.incident(session, job=h.job, suspects=["n2"], state="resolved")
+        rows.decision(session, incident=incident, node=h.nodes["n2"], state="done")
+    with count_queries() as q:
+        page = ui.get("/fleet")
+    assert q.count == few
+    assert "23 incidents in the last 7d" in page.text
