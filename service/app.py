@@ -24,6 +24,7 @@ from service.diagnosis.trigger import DiagnosisTrigger
 from service.directives import routes as directives_routes
 from service.directives.cache import DirectiveCache
 from service.errors import FaultlineError, InvalidInput, NotFound, error_response
+from service.fleet import routes as fleet_routes
 from service.incidents import routes as incidents_routes
 from service.ingest import routes as ingest_routes
 from service.ingest.writer import IngestWriter
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     small = settings.api_max_body_bytes
     for routes in (jobs_routes, directives_routes, incidents_routes, decisions_routes, nodes_routes):
         app.include_router(routes.router, max_body_size=small)
-    for routes in (notify_routes, silences_routes, tokens_routes):
+    for routes in (notify_routes, silences_routes, tokens_routes, fleet_routes):
         app.include_router(routes.router, max_body_size=small)
     ui_router.install(app, max_body_size=small)
     _install_error_handlers(app)

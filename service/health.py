@@ -11,6 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from service.fleet import collector as repair_gauges
+
 router = APIRouter(tags=["health"])
 
 
@@ -58,9 +60,16 @@ async def healthz(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics() -> Response:
+def metrics(request: Request) -> Response:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        body = generate_latest(registry)
+    else:
+        body = generate_latest()
+    # Fleet repair times from the database, whichever process completed each stage (service/fleet/collector.py).
+    state = request.app.state
+    if not hasattr(state, "repair_gauges"):
+        state.repair_gauges = {}
+    body += repair_gauges.exposition(state.sessionmaker, state.repair_gauges)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

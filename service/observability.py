@@ -14,3 +14,10 @@ INGEST_FLUSH_SECONDS = Histogram(
 INGEST_FLUSH_SIZE = Histogram(
     "faultline_ingest_flush_batches", "Batches per group commit", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
 )
+# Issue 18: time of each repair stage of an incident (ml/repair_times.py); labelled by stage only.
+REPAIR_SECONDS = Histogram(
+    "faultline_repair_seconds",
+    "Time of each repair stage: detect (evidence to incident), decide, act (to the scheduler's ack), return",
+    ["stage"],
+    buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 86_400, 3 * 86_400, 7 * 86_400),
+)

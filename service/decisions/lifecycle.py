@@ -12,6 +12,7 @@ from service.config import Settings
 from service.decisions import service
 from service.decisions.schemas import DecisionOut
 from service.errors import Conflict, NotFound
+from service.fleet import stages as repair_stages
 from service.models import Decision, Node
 from service.nodes import lifecycle as nodes
 
@@ -186,6 +187,7 @@ def _finish(
     decision.outcome_message = message
     decision.acked_at = now
     decision.actor = actor
+    repair_stages.decision_acted(session, decision=decision, now=now)
     if decision.node_id is not None:
         node = session.scalar(select(Node).where(Node.id == decision.node_id).with_for_update())
         if node is not None:

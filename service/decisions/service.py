@@ -16,6 +16,7 @@ from service.config import Settings
 from service.decisions.policy import DecisionPlan, PolicyContext, decide
 from service.decisions.schemas import DecisionOut, DecisionPage
 from service.errors import NotFound
+from service.fleet import stages as repair_stages
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Incident, Job, Node
 from service.pagination import decode_cursor, encode_cursor
@@ -51,6 +52,7 @@ def decide_incident(
         session.execute(select(Node.name, Node.id).where(Node.name.in_({p.node for p in plans if p.node}))).all()
     )
     chain = _evidence_chain(session, plans)
+    first = not repair_stages.has_decision(session, incident_id=incident.id)
     stored: list[Decision] = []
     for plan in plans:
         values = {
@@ -73,6 +75,8 @@ def decide_incident(
         decision_id = session.scalar(insert(Decision).values(**values).on_conflict_do_nothing().returning(Decision.id))
         if decision_id is not None:
             stored.append(session.get_one(Decision, decision_id))
+    if stored and first:
+        repair_stages.incident_decided(incident, now=now)
     if stored and incident.state == "open":
         incident.state = "mitigating"
     return stored

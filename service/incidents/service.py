@@ -14,6 +14,7 @@ from ml.demarcation import IncidentProposal
 from service.decisions import lifecycle as decision_lifecycle
 from service.decisions import service as decisions
 from service.errors import NotFound
+from service.fleet import stages as repair_stages
 from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Incident, Job, Node
@@ -63,6 +64,7 @@ def apply_proposals(session: Session, *, job: Job, proposals: Sequence[IncidentP
         incident, new = open_incident(session, job=job, root_cause=proposal.root_cause)
         if new:
             created.add(incident.id)
+            repair_stages.incident_opened(session, finding_ids=proposal.finding_ids, now=now)
         incident.blame = proposal.blame
         incident.confidence = proposal.confidence
         incident.severity = proposal.severity

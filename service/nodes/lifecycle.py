@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.errors import Conflict
+from service.fleet import stages as repair_stages
 from service.models import Decision, Incident, Node, NodeEvent
 
 SYSTEM_ACTOR = "faultline"
@@ -225,6 +226,7 @@ def return_to_service(
         if (node.lemon or settings.node_return_requires_diagnostics) and diagnostics is None:
             why = "it is a lemon" if node.lemon else "this service requires it"
             raise Conflict(f"node {node.name} needs a passing diagnostics report to return ({why})")
+    repair_stages.node_returning(session, node=node, now=now)
     record(
         session,
         node=node,

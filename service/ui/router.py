@@ -9,6 +9,7 @@ from service.ui.render import STATIC_DIR
 from service.ui.routes import (
     channels,
     decisions,
+    fleet,
     incident_list,
     incidents,
     jobs,
@@ -23,4 +24,5 @@ from service.ui.routes import (
 def install(app: FastAPI, *, max_body_size: int) -> None:
     for module in (signin, overview, decisions, incident_list, silences, channels, tokens, incidents, nodes, jobs):
         app.include_router(module.router, max_body_size=max_body_size)
+    app.include_router(fleet.router, max_body_size=max_body_size)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -13,6 +13,7 @@ from service.errors import InvalidInput
 from service.models.jobs import JOB_STATES
 from service.ui.auth import ViewerDep
 from service.ui.render import page
+from service.ui.views import fleet as fleet_view
 from service.ui.views import jobs as view
 
 router = APIRouter(include_in_schema=False)
@@ -44,4 +45,6 @@ def job_list(
 # `:path`: a scheduler's job id may hold a slash (an array job, a namespace/name).
 @router.get("/jobs/{job_id:path}")
 def job_detail(request: Request, job_id: str, session: DbSession, _: ViewerDep) -> Response:
-    return page(request, "job.html", {"v": view.job_view(session, job_id=job_id, now=datetime.now(UTC))})
+    now = datetime.now(UTC)
+    v = view.job_view(session, job_id=job_id, now=now)
+    return page(request, "job.html", {"v": v, "spares": fleet_view.job_spares(session, job_id=job_id, now=now)})
