@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 INGEST_BATCHES = Counter("faultline_ingest_batches_total", "Agent batches received", ["status"])
 INGEST_ITEMS = Counter("faultline_ingest_items_total", "Items stored from agent batches", ["kind"])
@@ -13,4 +13,11 @@ INGEST_FLUSH_SECONDS = Histogram(
 )
 INGEST_FLUSH_SIZE = Histogram(
     "faultline_ingest_flush_batches", "Batches per group commit", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
+)
+# Set when a job's ETTR is computed (API, job page); at most service/jobs/ettr.py MAX_GAUGE_JOBS jobs at once.
+JOB_ETTR = Gauge(
+    "faultline_job_ettr_ratio",
+    "Effective training time ratio of a job from its step progress (span: total since its start, or 1h)",
+    ["job", "span"],
+    multiprocess_mode="mostrecent",  # with several API processes: the latest computation, not one per pid
 )
