@@ -15,13 +15,13 @@ from sqlalchemy.orm import Session
 
 from ml import ettr
 from service.errors import InvalidInput
-from service.incidents import service as incidents
 from service.jobs.schemas import EttrOut, EttrPointOut, EttrSpanOut, IncidentLossOut, RestartOut
-from service.models import Job, LogEvent
+from service.models import Incident, Job, LogEvent
 from service.observability import JOB_ETTR
 
-# Step lines of one stream read back, the newest: a day of one step a second fits.
-MAX_STEPS = 200_000
+# Step lines of one stream read back, the newest: a day of a step a second fits.
+MAX_STEPS = 100_000
+STREAM_SAMPLE = 10_000  # newest step lines of the job that choose its stream
 MAX_CHECKPOINTS = 10_000
 MIN_WINDOW = timedelta(minutes=1)
 MAX_WINDOW = timedelta(days=30)
@@ -52,15 +52,23 @@ def _step_number(value: Any) -> int | None:
 
 
 def step_stream(session: Session, *, job: Job) -> int | None:
-    """The rank whose step lines the ETTR follows: the one that logged the most (ties: the lowest rank).
+    """The rank whose step lines the ETTR follows: the one with the most of the newest STREAM_SAMPLE step lines
+    (ties: the lowest rank; lines without a rank are a stream too).
 
-    One stream, because ranks log the same steps a little apart: merged, their skew would read as restarts.
+    One stream, because ranks log the same steps a little apart: merged, their skew would read as restarts. A
+    sample of the newest lines, not all of them: a big job's step lines are millions.
     """
-    row = session.execute(
+    newest = (
         select(LogEvent.rank)
         .where(LogEvent.job_id == job.id, LogEvent.kind == "step")
-        .group_by(LogEvent.rank)
-        .order_by(func.count().desc(), LogEvent.rank.asc().nulls_last())
+        .order_by(LogEvent.ts.desc())
+        .limit(STREAM_SAMPLE)
+        .subquery()
+    )
+    row = session.execute(
+        select(newest.c.rank)
+        .group_by(newest.c.rank)
+        .order_by(func.count().desc(), newest.c.rank.asc().nulls_last())
         .limit(1)
     ).first()
     return row[0] if row else None
@@ -93,11 +101,13 @@ def checkpoint_saves(session: Session, *, job: Job) -> list[ettr.CheckpointSave]
 
 def incident_spans(session: Session, *, job: Job) -> list[ettr.IncidentSpan]:
     """The job's incidents, merged-away ones left out (they repeat another incident)."""
-    return [
-        ettr.IncidentSpan(i.id, i.opened_at, i.resolved_at)
-        for i in incidents.of_job(session, job=job)
-        if counts_against_ettr(i.resolution)
-    ]
+    # Read here, not through service.incidents: incidents import jobs.
+    rows = session.execute(
+        select(Incident.id, Incident.opened_at, Incident.resolved_at, Incident.resolution)
+        .where(Incident.job_id == job.id)
+        .order_by(Incident.id)
+    ).all()
+    return [ettr.IncidentSpan(i, opened, resolved) for i, opened, resolved, why in rows if counts_against_ettr(why)]
 
 
 def counts_against_ettr(resolution: str | None) -> bool:
