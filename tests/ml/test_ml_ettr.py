@@ -105,3 +105,44 @@ def test_repeated_records_and_unknown_progress() -> None:
     assert none.cumulative.ratio is None and none.window.ratio is None and none.median_step_s is None
     assert none.incidents[0].lost_s == 60 and none.incidents[0].ongoing
     assert median_step_s([StepRecord(_t(0), 0), StepRecord(_t(30), 10)]) == 3
+
+
+def test_the_simulator_s_restart_from_its_checkpoint_through_the_agent_s_parser() -> None:
+    """The sim's Megatron log (saves, a restart 30 s down) parsed as the agent does: ETTR sees the same restart."""
+    from agents.parsers.training import TrainingLogParser
+    from tests.agents.test_sim_realism import START_AT, Run, cluster
+
+    c = cluster(
+        checkpoint_every_s=100.0,
+        checkpoint_s=(10.0, 10.0),
+        restart_every_s=1000.0,
+        first_restart_s=110.0,
+        restart_down_s=(30.0, 30.0),
+    )
+    r = Run(c).run(250)
+    restart = next(e for e in c.ground_truth()["realism"]["events"] if e["kind"] == "restart")
+    parser = TrainingLogParser()
+    events = [e for t, line in r.train("node-000") for e in parser.feed(line, now=START_AT + timedelta(seconds=t))]
+    steps = [StepRecord(e.ts, e.fields["step"]) for e in events if e.kind == "step" and e.rank == 0]
+    saves = [CheckpointSave(e.ts, e.fields["step"]) for e in events if e.kind == "checkpoint_saved"]
+    opened = START_AT + timedelta(seconds=restart["t"])
+    report = compute(
+        steps,
+        start=START_AT,
+        end=START_AT + timedelta(seconds=250),
+        checkpoints=saves,
+        incidents=[IncidentSpan(1, opened)],
+    )
+    (seen,) = report.restarts
+    assert (seen.from_step, seen.to_step, seen.checkpoint_step) == (
+        restart["iteration"],
+        restart["from_iteration"] + 1,
+        restart["from_iteration"],
+    )
+    (loss,) = report.incidents
+    assert loss.steps_redone == restart["iteration"] - restart["from_iteration"]
+    # Down: 30 s without processes, the checkpoint load, the first step; redone: about a step's time per step.
+    load_s = c.config.realism_params.restart_load_s
+    assert 30 + load_s <= loss.down_s <= 30 + load_s + 3 * report.median_step_s
+    assert loss.redone_s == pytest.approx(loss.steps_redone * report.median_step_s, rel=0.35)
+    assert loss.lost_s == pytest.approx(loss.down_s + loss.redone_s)
