@@ -116,8 +116,14 @@ def counts_against_ettr(resolution: str | None) -> bool:
 
 
 def measurement_span(job: Job, steps: list[ettr.StepRecord], *, now: datetime) -> tuple[datetime, datetime]:
-    """From the job's start (its creation, or an earlier step line) to now while it runs, else its last report."""
+    """From the job's start (its creation, or an earlier step line) to now while it runs, else its last report.
+
+    When the step lines read were cut at MAX_STEPS, from the first one read: the time before it is unknown, not
+    lost (the answer's `cumulative.start` says so).
+    """
     start = min([job.created_at, *(s.ts for s in steps[:1])])
+    if len(steps) >= MAX_STEPS:
+        start = steps[0].ts
     end = now if job.state == "running" else max([job.last_seen_at or now, *(s.ts for s in steps[-1:])])
     return start, max(start, end)
 

@@ -174,3 +174,16 @@ def test_gauges_keep_at_most_max_gauge_jobs(monkeypatch) -> None:  # type: ignor
     jobs = {s.labels["job"] for metric in JOB_ETTR.collect() for s in metric.samples}
     assert {j for j in jobs if j.startswith("gauge-job-")} == {"gauge-job-2", "gauge-job-3", "gauge-job-4"}
     assert JOB_ETTR.labels(job="gauge-job-4", span="total")._value.get() == pytest.approx(0.5)
+
+
+def test_a_job_whose_step_lines_were_cut_is_measured_from_the_first_one_read(monkeypatch, session) -> None:  # type: ignore[no-untyped-def]
+    from ml.ettr import StepRecord
+    from service.jobs import ettr as service_ettr
+
+    job = rows.job(session, "long-job")
+    began = job.created_at
+    steps = [StepRecord(began + timedelta(seconds=100), 1), StepRecord(began + timedelta(seconds=110), 2)]
+    now = began + timedelta(seconds=200)
+    assert service_ettr.measurement_span(job, steps, now=now) == (began, now)
+    monkeypatch.setattr(service_ettr, "MAX_STEPS", 2)
+    assert service_ettr.measurement_span(job, steps, now=now) == (steps[0].ts, now)
