@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 INGEST_BATCHES = Counter("faultline_ingest_batches_total", "Agent batches received", ["status"])
 INGEST_ITEMS = Counter("faultline_ingest_items_total", "Items stored from agent batches", ["kind"])
@@ -20,4 +20,11 @@ REPAIR_SECONDS = Histogram(
     "Time of each repair stage: detect (evidence to incident), decide, act (to the scheduler's ack), return",
     ["stage"],
     buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 86_400, 3 * 86_400, 7 * 86_400),
+)
+# Set when a job's ETTR is computed (API, job page); at most service/jobs/ettr.py MAX_GAUGE_JOBS jobs at once.
+JOB_ETTR = Gauge(
+    "faultline_job_ettr_ratio",
+    "Effective training time ratio of a job from its step progress (span: total since its start, or 1h)",
+    ["job", "span"],
+    multiprocess_mode="mostrecent",  # with several API processes: the latest computation, not one per pid
 )

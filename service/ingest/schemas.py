@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ml.node_metrics import SUBJECT_PATTERN
 from service.types import INT32_MAX, JobId, NodeName, PlausibleTime
@@ -71,7 +71,16 @@ class NodeMetricSample(_In):
     fields: Annotated[dict[str, float | None], Field(max_length=128)]
 
 
+CHECKPOINT_SAVED = "checkpoint_saved"
+MAX_STEP = 2**62
+
+
 class LogEventIn(_In):
+    """A parsed log line or event. Kind `step` (fields.step: the training step) and kind `checkpoint_saved`
+    (fields.step: the step a checkpoint was saved at, when known) feed the job's ETTR: a job may send its
+    checkpoint saves as explicit events too, e.g. `{"ts": ..., "source": "trainer", "kind": "checkpoint_saved",
+    "line": "saved /ckpt/step-2000", "job_id": "llm-42", "fields": {"step": 2000}}`."""
+
     ts: PlausibleTime
     source: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,31}$", examples=["kmsg", "training"])]
     kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$", examples=["xid", "nccl_warn", "step"])]
@@ -82,6 +91,14 @@ class LogEventIn(_In):
     rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
     fields: dict[str, Any] | None = None
     signature: str | None = Field(default=None, max_length=1024)
+
+    @model_validator(mode="after")
+    def _checkpoint_step(self) -> LogEventIn:
+        if self.kind == CHECKPOINT_SAVED and self.fields and "step" in self.fields:
+            step = self.fields["step"]
+            if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+                raise ValueError(f"a checkpoint_saved event's fields.step must be an integer >= 0, got {step!r}")
+        return self
 
 
 class StackDumpIn(_In):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from service.deps import DbSession
-from service.jobs import service
-from service.jobs.schemas import JobIn, JobOut
+from service.jobs import ettr, service
+from service.jobs.schemas import EttrOut, JobIn, JobOut
 from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -26,3 +27,22 @@ def register_job(job_in: JobIn, session: DbSession, _: Reader) -> JobOut:
 def get_job(job_id: str, session: DbSession, _: Reader) -> JobOut:
     """A job with its parallelism and rank-to-node map."""
     return service.describe(session, job=service.get_by_external_id(session, job_id=job_id))
+
+
+@router.get(
+    "/{job_id}/ettr",
+    response_model=EttrOut,
+    responses={404: {"description": "Unknown job"}, 422: {"description": "A window that is not 1m to 30d"}},
+)
+def get_job_ettr(
+    job_id: str,
+    session: DbSession,
+    _: Reader,
+    window: Annotated[str, Query(max_length=16, description="The sliding window: 90s, 30m, 1h, 2d")] = "1h",
+) -> EttrOut:
+    """Effective training time from the job's step lines: cumulative and over the window, a time series, restarts,
+    and the time each incident lost (down, and redoing steps since the last checkpoint)."""
+    span = ettr.parse_window(window)
+    job = service.get_by_external_id(session, job_id=job_id)
+    report = ettr.job_ettr(session, job=job, now=datetime.now(UTC), window=span)
+    return ettr.describe(job.external_id, window, report)

@@ -129,3 +129,121 @@ class JobOut(BaseModel):
     last_seen_at: datetime | None
     nodes: list[str]
     ranks: list[RankOut]
+
+
+# --- ETTR (ml/ettr.py has the definitions) -------------------------------------------------------------------
+
+
+class EttrSpanOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    start: datetime
+    end: datetime
+    productive_s: float
+    wall_s: float
+    ratio: float | None = Field(description="productive_s / wall_s; null when the job logged no step line")
+
+
+class EttrPointOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    ts: datetime
+    cumulative: float | None = Field(description="ETTR from the job's start to ts")
+    window: float | None = Field(description="ETTR over the window ending at ts")
+
+
+class RestartOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    ts: datetime = Field(description="The first step line after the restart")
+    from_step: int = Field(description="The highest step reached before it")
+    to_step: int = Field(description="The first step logged after it")
+    checkpoint_step: int | None = Field(description="The last checkpoint saved at or before from_step")
+
+
+class IncidentLossOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    incident_id: int = Field(validation_alias=AliasChoices("incident_id", "id"))
+    opened_at: datetime
+    last_productive_at: datetime | None = Field(description="The last productive step line before it opened")
+    resumed_at: datetime | None = Field(description="The first step line after it opened")
+    productive_again_at: datetime | None = Field(description="The first step line past the step reached before it")
+    ongoing: bool = Field(description="Not yet past the step reached before it: lost_s runs to the window's end")
+    step_reached: int | None
+    resumed_step: int | None
+    checkpoint_step: int | None = Field(description="The last checkpoint saved before it opened")
+    steps_redone: int
+    lost_s: float = Field(description="last_productive_at -> productive_again_at (or the end): down_s + redone_s")
+    down_s: float = Field(description="last_productive_at -> resumed_at")
+    redone_s: float = Field(description="resumed_at -> productive_again_at: getting back to step_reached")
+
+
+class EttrOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "job_id": "llm-pretrain-42",
+                    "window": "1h",
+                    "window_s": 3600,
+                    "cumulative": {
+                        "start": "2026-11-22T09:00:00Z",
+                        "end": "2026-11-22T11:00:00Z",
+                        "productive_s": 6480.0,
+                        "wall_s": 7200.0,
+                        "ratio": 0.9,
+                    },
+                    "sliding": {
+                        "start": "2026-11-22T10:00:00Z",
+                        "end": "2026-11-22T11:00:00Z",
+                        "productive_s": 3420.0,
+                        "wall_s": 3600.0,
+                        "ratio": 0.95,
+                    },
+                    "median_step_s": 1.2,
+                    "pause_factor": 5.0,
+                    "highest_step": 5600,
+                    "steps_seen": 5712,
+                    "checkpoints": 11,
+                    "last_checkpoint_step": 5500,
+                    "restarts": [
+                        {"ts": "2026-11-22T10:05:10Z", "from_step": 2380, "to_step": 2001, "checkpoint_step": 2000}
+                    ],
+                    "incidents": [
+                        {
+                            "incident_id": 17,
+                            "opened_at": "2026-11-22T09:58:02Z",
+                            "last_productive_at": "2026-11-22T09:58:00Z",
+                            "resumed_at": "2026-11-22T10:05:10Z",
+                            "productive_again_at": "2026-11-22T10:12:46Z",
+                            "ongoing": False,
+                            "step_reached": 2380,
+                            "resumed_step": 2001,
+                            "checkpoint_step": 2000,
+                            "steps_redone": 380,
+                            "lost_s": 886.0,
+                            "down_s": 430.0,
+                            "redone_s": 456.0,
+                        }
+                    ],
+                    "series": [{"ts": "2026-11-22T11:00:00Z", "cumulative": 0.9, "window": 0.95}],
+                }
+            ]
+        }
+    )
+
+    job_id: str
+    window: str = Field(examples=["1h"])
+    window_s: float
+    cumulative: EttrSpanOut = Field(description="Since the job began")
+    sliding: EttrSpanOut = Field(description="Over the last `window`")
+    median_step_s: float | None
+    pause_factor: float = Field(description="An interval slower than this x the median step time is a pause")
+    highest_step: int | None
+    steps_seen: int
+    checkpoints: int = Field(description="Distinct checkpoint steps saved")
+    last_checkpoint_step: int | None
+    restarts: list[RestartOut]
+    incidents: list[IncidentLossOut]
+    series: list[EttrPointOut]

@@ -224,3 +224,68 @@ def window_plot(
         picked.append(boundaries[-1])
     x_ticks = [Tick(round(x(t), 1), t.astimezone(UTC).strftime("%H:%M:%S")) for t in picked]
     return Plot(width, height, left, top, right, bottom, suspect, median, band, x_ticks, y_ticks, title, unit, ws)
+
+
+@dataclass(frozen=True, slots=True)
+class RatioPlot:
+    """Ratios (0 to 1) over time as lines: the cumulative one and the sliding-window one."""
+
+    width: int
+    height: int
+    left: float
+    top: float
+    right: float
+    bottom: float
+    cumulative: str  # SVG path data
+    window: str  # SVG path data
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+
+
+def _line(points: Sequence[tuple[float, float | None]]) -> str:
+    """SVG path through the points, broken where a value is missing."""
+    parts: list[str] = []
+    pen_down = False
+    for px, py in points:
+        if py is None:
+            pen_down = False
+            continue
+        parts.append(f"{'L' if pen_down else 'M'}{px:.1f},{py:.1f}")
+        pen_down = True
+    return "".join(parts)
+
+
+def ratio_plot(
+    points: Sequence[tuple[datetime, float | None, float | None]], *, width: int = 520, height: int = 190
+) -> RatioPlot | None:
+    """(time, cumulative ratio, window ratio) points on a 0-100% axis; None with fewer than two points or no value."""
+    if len(points) < 2 or all(c is None and w is None for _, c, w in points):
+        return None
+    left, top, right, bottom = 44.0, 16.0, width - 20.0, height - 26.0
+    t0, t1 = points[0][0].timestamp(), points[-1][0].timestamp()
+    span = max(t1 - t0, 1e-9)
+
+    def x(t: datetime) -> float:
+        return left + (t.timestamp() - t0) / span * (right - left)
+
+    def y(v: float | None) -> float | None:
+        return None if v is None else bottom - max(0.0, min(1.0, v)) * (bottom - top)
+
+    y_ticks = [Tick(round(bottom - f * (bottom - top), 1), f"{f:.0%}") for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    room = max(2, int((right - left) // 70))
+    every = max(1, math.ceil(len(points) / room))
+    picked = [p[0] for p in points[::every]]
+    label = "%H:%M" if t1 - t0 >= 600 else "%H:%M:%S"
+    x_ticks = [Tick(round(x(t), 1), t.astimezone(UTC).strftime(label)) for t in picked]
+    return RatioPlot(
+        width,
+        height,
+        left,
+        top,
+        right,
+        bottom,
+        cumulative=_line([(x(t), y(c)) for t, c, _ in points]),
+        window=_line([(x(t), y(w)) for t, _, w in points]),
+        x_ticks=x_ticks,
+        y_ticks=y_ticks,
+    )

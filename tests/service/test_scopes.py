@@ -31,6 +31,7 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     # Schedulers register jobs, read what faultline found and decided, and acknowledge decisions.
     ("POST", "/api/v1/jobs"): READ,
     ("GET", "/api/v1/jobs/{job_id}"): READ,
+    ("GET", "/api/v1/jobs/{job_id}/ettr"): READ,
     ("POST", "/api/v1/jobs/{job_id}/stack-dumps"): OPERATOR,
     ("GET", "/api/v1/jobs/{job_id}/stack-dumps/{directive_id}"): READ,
     ("GET", "/api/v1/incidents"): READ,

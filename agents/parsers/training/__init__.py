@@ -9,9 +9,10 @@ error glued to its end; a NCCL remote error that carries an IB completion error)
 
 Modules: `prefixes` (rank and time), `parser` (the dispatch), `classify` (single-line rules in order)
 and the rules by topic (`nccl`, `verbs` (RDMA verbs failures, IB async events), `watchdog`, `cuda`,
-`crashes`, `elastic` (and other launchers), `loss_scale` (fp16 overflows), `progress`), `blocks` and the
-multi-line blocks (`tracebacks`, `child_failed`, `cpp`, `flight_recorder`; the desync report is in
-`watchdog`, device-side assertion lines in `cuda`). `agents.parsers.corpus` measures them on real logs.
+`crashes`, `elastic` (and other launchers), `loss_scale` (fp16 overflows), `progress`, `checkpoints`
+(saves)), `blocks` and the multi-line blocks (`tracebacks`, `child_failed`, `cpp`, `flight_recorder`; the
+desync report is in `watchdog`, device-side assertion lines in `cuda`). `agents.parsers.corpus` measures them
+on real logs.
 """
 
 from agents.parsers.training.nccl import IBV_WC_STATUS, NCCL_CODES

@@ -10,8 +10,10 @@ from typing import Any
 from agents.events import Event
 from agents.parsers import LineParser, match_window
 from agents.parsers.training.blocks import REJECT, TAKE_DONE, Block
+from agents.parsers.training.checkpoints import CHECKPOINT_SAVED, read_checkpoint
 from agents.parsers.training.child_failed import ChildFailed
 from agents.parsers.training.classify import classify
+from agents.parsers.training.common import make_event, rank_in
 from agents.parsers.training.cpp import CppException, Terminate
 from agents.parsers.training.cuda import KernelAsserts
 from agents.parsers.training.flight_recorder import FlightRecorder
@@ -140,6 +142,10 @@ class TrainingLogParser(LineParser):
             return []
         low = body.lower()
         events = self.progress.read(raw, body, low, ts, rank)
+        if not events and (saved := read_checkpoint(body, low, self.progress.last_step)) is not None:
+            if local_rank is not None:
+                saved["local_rank"] = local_rank
+            return [make_event(ts, CHECKPOINT_SAVED, raw, "info", saved, rank_in(body, rank), path=self.path)]
         events += classify(raw, body, ts, rank, local_rank, path=self.path, stepped=bool(events), level=level, low=low)
         return [e for e in events if not self._repeated_timeout(e, body)]
 

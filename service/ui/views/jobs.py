@@ -18,11 +18,14 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from ml import parallel
+from ml.ettr import EttrReport, IncidentLoss, IncidentSpan
 from ml.findings import JobInfo
 from service.incidents import service as incidents
+from service.jobs import ettr as step_ettr
 from service.jobs import service as jobs
 from service.jobs.schemas import JobOut
 from service.models import Incident
+from service.ui import plots
 
 Interval = tuple[datetime, datetime]
 RECENT = timedelta(hours=1)
@@ -83,9 +86,7 @@ def incident_interval(opened_at: datetime, resolved_at: datetime | None, *, now:
     return opened_at, resolved_at or now
 
 
-def counts_against_ettr(resolution: str | None) -> bool:
-    """A merged-away incident repeats another one's lost time: it does not count."""
-    return not (resolution or "").startswith("merged")
+counts_against_ettr = step_ettr.counts_against_ettr
 
 
 def job_window(created_at: datetime, last_seen_at: datetime | None, *, running: bool, now: datetime) -> Interval:
@@ -226,6 +227,16 @@ class CostlyIncident:
 
 
 @dataclass
+class ProgressView:
+    """ETTR from the job's step lines (ml/ettr.py): the numbers, the plot, and the time each incident lost."""
+
+    report: EttrReport
+    plot: plots.RatioPlot | None
+    losses: list[tuple[IncidentLoss, Incident]]  # most costly first, at most COSTLY_LIMIT
+    more_losses: int
+
+
+@dataclass
 class JobView:
     job: JobOut
     placements: list[Placement]
@@ -236,6 +247,7 @@ class JobView:
     more_incidents: int
     merged: int
     unplaced_ranks: int
+    progress: ProgressView
 
 
 def _layout(job: JobOut) -> tuple[JobInfo, parallel.Layout] | None:
@@ -331,7 +343,7 @@ def _costs(
 
 
 def job_view(session: Session, *, job_id: str, now: datetime) -> JobView:
-    """Everything the job page shows, in four queries whatever the number of ranks, nodes and incidents."""
+    """Everything the job page shows, in seven queries whatever the number of ranks, nodes and incidents."""
     job = jobs.get_by_external_id(session, job_id=job_id)
     out = jobs.describe(session, job=job)
     places, grid = placements(out, states=jobs.node_states(session, job=job))
@@ -340,6 +352,16 @@ def job_view(session: Session, *, job_id: str, now: datetime) -> JobView:
     recent = (max(total[0], total[1] - RECENT), total[1])
     lost, costly, merged = _costs(job_incidents, total=total, recent=recent, now=now)
     shown = [c for c in costly if c.lost_s > 0][:COSTLY_LIMIT]
+    counted = {i.id: i for i in job_incidents if counts_against_ettr(i.resolution)}
+    spans = [IncidentSpan(i.id, i.opened_at, i.resolved_at) for i in counted.values()]
+    report = step_ettr.job_ettr(session, job=job, now=now, incidents=spans)
+    losses = sorted(report.incidents, key=lambda loss: (-loss.lost_s, -loss.id))
+    progress = ProgressView(
+        report=report,
+        plot=plots.ratio_plot([(p.ts, p.cumulative, p.window) for p in report.series]),
+        losses=[(loss, counted[loss.id]) for loss in losses[:COSTLY_LIMIT]],
+        more_losses=max(0, len(losses) - COSTLY_LIMIT),
+    )
     return JobView(
         job=out,
         placements=places,
@@ -350,4 +372,5 @@ def job_view(session: Session, *, job_id: str, now: datetime) -> JobView:
         more_incidents=sum(c.lost_s > 0 for c in costly) - len(shown),
         merged=merged,
         unplaced_ranks=max(0, (out.world_size or 0) - len(out.ranks)),
+        progress=progress,
     )

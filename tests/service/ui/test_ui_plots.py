@@ -158,3 +158,17 @@ def test_the_peers_detectors_own_evidence_plots() -> None:
     assert plot is not None and plot.band and plot.median
     assert plot.unit == "W" and metric["metric"] == "power_usage"
     assert len(steps(plot.suspect)) == len(ws)
+
+
+def test_ratio_plot_draws_both_lines_on_a_percent_axis_and_breaks_at_gaps() -> None:
+    from service.ui.plots import ratio_plot
+
+    t0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+    points = [(t0 + timedelta(minutes=i), c, w) for i, (c, w) in enumerate([(1.0, None), (0.5, 0.5), (0.0, 0.25)])]
+    g = ratio_plot(points, width=220, height=126)
+    assert g is not None
+    # x from 44 to 200, y from 100 (0%) to 16 (100%).
+    assert g.cumulative == "M44.0,16.0L122.0,58.0L200.0,100.0"
+    assert g.window == "M122.0,58.0L200.0,79.0"
+    assert [t.label for t in g.y_ticks] == ["0%", "25%", "50%", "75%", "100%"]
+    assert ratio_plot(points[:1]) is None and ratio_plot([(t0, None, None), (t0, None, None)]) is None
