@@ -21,6 +21,7 @@ class DecisionOut(BaseModel):
                     "job_id": "llm-pretrain-42",
                     "node": "gpu-node-017",
                     "kind": "evict",
+                    "gpu": None,
                     "state": "pending",
                     "confidence": 0.97,
                     "reason": "evict gpu-node-017: Xid 79 (GPU has fallen off the bus) on gpu-node-017 GPU 3",

@@ -31,7 +31,9 @@ def _heartbeat() -> dict[str, Any]:
     }
 
 
-def _ship(client: Any, token: str, job: str, kernel_by_node: dict[int, str], *, at: datetime) -> None:
+def _ship(
+    client: Any, token: str, job: str, kernel_by_node: dict[int, str], *, at: datetime, inventory: bool = True
+) -> None:
     for n in range(NODES):
         text = kernel_by_node.get(n, "")
         logs = [e.to_wire() for e in parse_text(KernelLogParser(), text, now=at)] if text else []
@@ -40,7 +42,7 @@ def _ship(client: Any, token: str, job: str, kernel_by_node: dict[int, str], *, 
             "node": f"node-{n}",
             "sent_at": at.isoformat(),
             "job_id": job,
-            "heartbeat": _heartbeat(),
+            "heartbeat": _heartbeat() if inventory else {"agent_version": "test"},
             "logs": logs,
             "processes": [
                 {"ts": at.isoformat(), "pid": 1000 + r, "job_id": job, "rank": r, "local_rank": r - n * GPUS,
@@ -163,3 +165,13 @@ def test_disabled_reset_gpu_evicts_as_before(client, session, make_token) -> Non
     settings = get_settings().model_copy(update={"policy_reset_gpu_enabled": False})
     (decision,) = _decisions(session, diagnose_events(session, job_id=job, settings=settings, now=now))
     assert (decision.kind, decision.gpu) == ("evict", None)
+
+
+def test_a_gpu_missing_from_the_inventory_evicts_the_node_saying_why(client, session, make_token) -> None:
+    token, job = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}"
+    now = datetime.now(UTC)
+    _ship(client, token, job, {1: _xid(119, 3, now, "Timeout")}, at=now, inventory=False)
+    (decision,) = _decisions(session, diagnose_events(session, job_id=job, settings=get_settings(), now=now))
+    assert (decision.kind, decision.gpu) == ("evict", None)
+    assert decision.evidence["guard_rails"]["gpu_reset"] == "GPU 0000:5d:00 is not in node-1's GPU inventory"
+    assert decision.reason.startswith("evict node-1: GPU 0000:5d:00 is not in node-1's GPU inventory; Xid 119 ")
