@@ -43,6 +43,9 @@ class Suspect:
     action: str  # the strongest action a finding about this node asks for
     finding_ids: tuple[int, ...]
     reason: str  # the strongest finding's summary
+    # The one GPU (its PCI address, as Xid lines name it) whose reset the catalog says clears every finding
+    # asking to take this node out; None when any of them needs the node (or names no single GPU).
+    reset_gpu: str | None = None
 
 
 @dataclass(slots=True)
@@ -144,6 +147,7 @@ def _proposal(category: str, items: list[tuple[int, Finding]]) -> IncidentPropos
                 action=strongest.action,
                 finding_ids=tuple(ids_by_node[node]),
                 reason=strongest.summary,
+                reset_gpu=_resettable_gpu(node_findings),
             )
         )
     suspects.sort(key=lambda s: (-s.confidence, s.node))
@@ -172,6 +176,22 @@ def _proposal(category: str, items: list[tuple[int, Finding]]) -> IncidentPropos
         suspects=suspects,
         job_action=job_action,
     )
+
+
+def _resettable_gpu(node_findings: Sequence[Finding]) -> str | None:
+    """The single GPU a reset would clear, when every finding asking to evict the node says so of that GPU.
+
+    Stalls folded into the incident (the job hangs because the GPU failed) are the fault's consequence, not
+    a second reason to take the node out.
+    """
+    evicting = [f for f in node_findings if f.action == "evict" and f.category not in _STALLS]
+    gpus: set[str] = set()
+    for f in evicting:
+        pci = f.evidence.get("pci")
+        if f.subject_kind != "gpu" or not f.evidence.get("gpu_reset_enough") or not pci:
+            return None
+        gpus.update([pci] if isinstance(pci, str) else pci)
+    return next(iter(gpus)) if len(gpus) == 1 else None
 
 
 def _blame(category: str, findings: list[Finding]) -> str:

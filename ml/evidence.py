@@ -67,6 +67,7 @@ class SignatureEvidence(LogCitedEvidence, total=False):
     immediate_action: str
     investigatory_action: str
     xid_severity: str
+    gpu_reset_enough: bool  # the catalog says a reset of this one GPU clears the fault
     pci: list[str] | str  # the Xid rules list the devices; the driver-initialization rule names one
     processes: list[str]
     messages: list[str]

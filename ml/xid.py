@@ -15,6 +15,11 @@ action a severity, a root-cause category and its own action:
 A small override table corrects the codes where operators' practice differs from the catalog's first step
 (row-remap and contained ECC events need a GPU reset, so the node must be drained; 43 is the channel teardown
 after an application fault). Unknown codes are diagnosed.
+
+`gpu_reset_enough` says a reset of the one GPU clears the fault, so the policy may reset that GPU instead of
+evicting the node: the catalog's RESET_GPU codes, and the row-remap (63) and contained-ECC (94) events whose
+remap a reset activates. Not for 64 (no spare rows left: the GPU needs repair), nor NVLink codes (the link
+joins two GPUs or a switch, so the fault is not contained to one GPU).
 """
 
 from __future__ import annotations
@@ -91,6 +96,10 @@ _OVERRIDES: dict[int, tuple[str, str, float]] = {
     172: ("fatal", "evict", 0.95),
 }
 
+# A reset of the one GPU is enough: the catalog's RESET_GPU codes, plus and minus these.
+_RESET_ENOUGH = frozenset({63, 94})
+_RESET_NOT_ENOUGH = frozenset({64})
+
 # Codes whose category is not the GPU itself.
 _NVLINK_CODES = frozenset({74, 136, 137, 144, 145, 146, 147, 148, 149, 150, 155, 166, 170})
 _PCIE_CODES = frozenset({167})
@@ -110,6 +119,7 @@ class XidEntry:
     action: str  # a Finding action: evict, diagnose, none
     blame: str  # infrastructure, user_code, unknown
     confidence: float  # how specific the code alone is
+    gpu_reset_enough: bool = False  # a reset of this one GPU clears it (no node drain needed)
 
     @property
     def name(self) -> str:
@@ -184,6 +194,9 @@ def derive(
         category = "job_failure"
     else:
         category = "unknown"
+    gpu_reset_enough = category == "gpu_hardware" and (
+        code in _RESET_ENOUGH or (immediate_action == "RESET_GPU" and code not in _RESET_NOT_ENOUGH)
+    )
     return XidEntry(
         code=code,
         mnemonic=mnemonic,
@@ -195,6 +208,7 @@ def derive(
         action=action,
         blame=blame,
         confidence=confidence,
+        gpu_reset_enough=gpu_reset_enough,
     )
 
 
@@ -213,6 +227,12 @@ def lookup(code: int) -> XidEntry:
     if entry is not None:
         return entry
     return derive(code, mnemonic="", description=f"Xid {code} (not in the catalog)")
+
+
+def gpu_reset_recovers(recovery_action: str | None) -> bool:
+    """Xid 154's recovery action asks for a GPU reset only ("GPU Reset Required"), not a node reboot."""
+    text = (recovery_action or "").strip().lower()
+    return "reset" in text and "reboot" not in text and "node" not in text
 
 
 def recovery_required(recovery_action: str | None) -> bool:

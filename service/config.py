@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     # `approval`: every decision waits for a person.
     policy_mode: Literal["act", "shadow", "approval"] = "act"
     # Actions that always wait for a person, even in `act` mode (e.g. ["evict"]).
-    policy_approval_required_for: list[Literal["evict", "restart", "rollback", "diagnose"]] = []
+    policy_approval_required_for: list[Literal["evict", "reset_gpu", "restart", "rollback", "diagnose"]] = []
     policy_evict_min_confidence: float = Field(default=0.8, ge=0, le=1)
     policy_diagnose_min_confidence: float = Field(default=0.5, ge=0, le=1)
     policy_rollback_min_confidence: float = Field(default=0.7, ge=0, le=1)
@@ -71,6 +71,12 @@ class Settings(BaseSettings):
     # No second eviction of a node, nor a second restart/rollback of a job, within these.
     policy_node_cooldown_s: float = Field(default=1800.0, ge=0)
     policy_job_cooldown_s: float = Field(default=600.0, ge=0)
+    # GPU-level remediation: when every finding asking to evict a node is on one GPU and the Xid catalog says a
+    # reset of that GPU clears it, decide reset_gpu (node and GPU index) instead of evicting the node. More
+    # than `policy_reset_gpu_max_per_window` resets of one GPU within the window escalate to evicting the node.
+    policy_reset_gpu_enabled: bool = True
+    policy_reset_gpu_window_s: float = Field(default=86400.0, gt=0)
+    policy_reset_gpu_max_per_window: int = Field(default=1, ge=1)
     # A decision nobody acknowledged by then expires.
     decision_ttl_s: float = Field(default=1800.0, gt=0)
     # The longest a `GET /decisions?wait=` long poll may hold a request.

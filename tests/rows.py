@@ -52,6 +52,7 @@ def decision(
     state: str = "pending",
     expires_in_s: float = 1800,
     reason: str | None = None,
+    gpu: int | None = None,
 ) -> Decision:
     now = datetime.now(UTC)
     row = Decision(
@@ -59,6 +60,7 @@ def decision(
         job_id=incident.job_id if incident else None,
         node_id=node.id if node else None,
         kind=kind,
+        gpu=gpu if gpu is not None else (3 if kind == "reset_gpu" else None),
         state=state,
         confidence=0.95,
         reason=reason or f"{kind} {node.name if node else 'job'}: Xid 79 (GPU has fallen off the bus)",

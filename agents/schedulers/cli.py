@@ -48,15 +48,16 @@ def add_parser(sub: Any) -> None:
     adapter = sub.add_parser(
         "adapter",
         help="act on faultline's node decisions in a scheduler (Kubernetes, Slurm) and acknowledge them",
-        description="Long-poll pending evict/cordon/return decisions, take nodes out of (or back into) service, "
-        "acknowledge each decision done or failed.",
+        description="Long-poll pending evict/cordon/return/reset_gpu decisions, take nodes (or one GPU) out of "
+        "(or back into) service, acknowledge each decision done or failed.",
     )
     backends = adapter.add_subparsers(dest="adapter_backend", required=True, metavar="SCHEDULER")
     kube = backends.add_parser(
         "kubernetes",
         help="cordon + taint + node condition; uncordon on return",
         description="evict/cordon: spec.unschedulable, taint faultline.io/faulty=<decision id>, condition "
-        "FaultlineFaulty=True. return: undo. Needs get/patch on nodes and patch on nodes/status.",
+        "FaultlineFaulty=True. reset_gpu: label and annotation faultline.io/unhealthy-gpus=<index>, the node stays "
+        "schedulable. return: undo both. Needs get/patch on nodes and patch on nodes/status.",
     )
     _common(kube)
     where = kube.add_mutually_exclusive_group()
@@ -73,7 +74,8 @@ def add_parser(sub: Any) -> None:
     slurm = backends.add_parser(
         "slurm",
         help="scontrol drain; resume on return",
-        description="evict/cordon: scontrol update nodename=N state=drain reason=...; return: state=resume.",
+        description="evict/cordon: scontrol update nodename=N state=drain reason=...; reset_gpu: the same drain, "
+        "the reason naming the GPU (Slurm cannot drain one GPU); return: state=resume.",
     )
     _common(slurm)
     slurm.add_argument("--scontrol", default="scontrol", help="scontrol program (default: scontrol on PATH)")

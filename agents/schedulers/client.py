@@ -25,7 +25,8 @@ from agents.http_errors import error_message, retry_after, retryable
 log = logging.getLogger(__name__)
 
 # The node-level kinds a scheduler acts on; restart/rollback/diagnose are for the job's owner or a person.
-NODE_KINDS = ("evict", "cordon", "return")
+# reset_gpu names one GPU of the node (the decision's `gpu`).
+NODE_KINDS = ("evict", "cordon", "return", "reset_gpu")
 MAX_MESSAGE = 1000  # an ack message is a summary (stderr can be long)
 
 

@@ -1,10 +1,20 @@
-"""Kubernetes backend: cordon and taint a faulty node, mark it with a node condition; undo on return.
+"""Kubernetes backend: cordon and taint a faulty node, mark it with a node condition; undo on return; mark one
+GPU of a node for a reset.
 
 evict / cordon: `spec.unschedulable = true`, taint `faultline.io/faulty=<decision id>:<effect>` (one, never
 duplicated; other taints kept), and condition `FaultlineFaulty=True` (reason FaultlineEvict or
 FaultlineCordon, message = the decision's reason) through the status subresource.
 return: `spec.unschedulable = false`, our taint removed (only ours), condition `FaultlineFaulty=False`
-with reason FaultlineReturned.
+with reason FaultlineReturned; the GPU marks below removed.
+reset_gpu: the node stays schedulable; one GPU is marked on the Node object, by faultline's own convention:
+  label      `faultline.io/unhealthy-gpus=3` (indexes joined by "." as label values allow no comma: "3.5"),
+  annotation `faultline.io/unhealthy-gpus: "3,5"` (the same list, comma-separated).
+  No taint: a taint is node-wide (NoSchedule would cost the other seven GPUs). Workloads that need every GPU of
+  a node select `faultline.io/unhealthy-gpus DoesNotExist`; a node-local remediation DaemonSet selects the
+  label, resets the GPU (`nvidia-smi -r -i 3`, or DCGM) and removes it. Neither the NVIDIA device plugin nor
+  the GPU Operator reads these marks: the device plugin takes no per-GPU input from the API (its own health
+  check already withdraws a GPU from `nvidia.com/gpu` on a critical Xid from NVML), and the operator's
+  `nvidia.com/gpu.deploy.*` labels switch whole components off for the whole node.
 
 Uses the official client (`pip install 'faultline[kubernetes]'`), imported only when this backend starts.
 Spec changes carry the node's resourceVersion, so a concurrent writer (another controller editing taints)
@@ -30,6 +40,8 @@ from agents.schedulers.loop import ActionFailed, BackendConfigError
 TAINT_KEY = "faultline.io/faulty"
 CONDITION_TYPE = "FaultlineFaulty"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+GPU_LABEL = "faultline.io/unhealthy-gpus"
+GPU_ANNOTATION = "faultline.io/unhealthy-gpus"
 _TRANSIENT_STATUS = {409, 429, 500, 502, 503, 504}  # 409: our resourceVersion was stale; re-read and retry
 _ATTEMPTS = 5
 T = TypeVar("T")
@@ -111,11 +123,46 @@ class KubernetesBackend:
         current, changed = self._retrying(lambda: self._set_spec(node, unschedulable=False, taint=None))
         message = str(decision.get("reason") or "returned to service")
         self._retrying(lambda: self._set_condition(node, current, "False", "FaultlineReturned", message))
+        if self._clear_gpu_marks(node):
+            return f"uncordoned {node} in Kubernetes, taint {TAINT_KEY} and label {GPU_LABEL} removed"
         if not changed:
             return f"{node} already schedulable in Kubernetes, without taint {TAINT_KEY}"
         return f"uncordoned {node} in Kubernetes, taint {TAINT_KEY} removed"
 
+    def reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+        """Mark one GPU unhealthy (label and annotation); the node stays schedulable."""
+
+        def step() -> tuple[dict[str, Any] | None, list[int]]:
+            patch, gpus = gpu_marks_patch(self._read(node), add=gpu)
+            if patch is not None:
+                self.core.patch_node(node, patch, _request_timeout=self.options.request_timeout_s)
+            return patch, gpus
+
+        patch, gpus = self._retrying(step)
+        marks = f"label {GPU_LABEL}={_label_value(gpus)}"
+        if patch is None:
+            return f"GPU {gpu} of {node} already marked unhealthy in Kubernetes, {marks}"
+        return f"marked GPU {gpu} of {node} unhealthy in Kubernetes for a reset, {marks}"
+
+    def preview_reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+        """The exact strategic merge patch reset_gpu would send now (the node is read, nothing written)."""
+        patch, _ = gpu_marks_patch(self._retrying(lambda: self._read(node)), add=gpu)
+        if patch is None:
+            return f"would patch nothing: GPU {gpu} of {node} is already marked"
+        return f"would PATCH /api/v1/nodes/{node} (strategic merge): {json.dumps(patch, sort_keys=True)}"
+
     # -- steps -------------------------------------------------------------------------------------
+
+    def _clear_gpu_marks(self, node: str) -> bool:
+        """A returned node's GPUs were checked with it: our GPU marks go; False when there were none."""
+
+        def step() -> bool:
+            patch, _ = gpu_marks_patch(self._read(node), add=None)
+            if patch is not None:
+                self.core.patch_node(node, patch, _request_timeout=self.options.request_timeout_s)
+            return patch is not None
+
+        return self._retrying(step)
 
     def _read(self, node: str) -> dict[str, Any]:
         found = self.core.read_node(node, _request_timeout=self.options.request_timeout_s)
@@ -191,6 +238,38 @@ class KubernetesBackend:
                 raise ActionFailed(f"Kubernetes API at {self.where} unreachable: {exc}") from exc
             raise
         raise AssertionError("unreachable")  # Retrying either returns or raises
+
+
+def _label_value(gpus: list[int]) -> str:
+    return ".".join(str(g) for g in gpus)
+
+
+def gpu_marks_patch(current: Mapping[str, Any], *, add: int | None) -> tuple[dict[str, Any] | None, list[int]]:
+    """The patch that marks GPU `add` unhealthy beside those already marked (or, with None, clears every mark),
+    and the GPUs marked after it; no patch when the node already is so. Carries the resourceVersion read."""
+    metadata = current.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    marked = {int(g) for g in str(annotations.get(GPU_ANNOTATION) or "").split(",") if g.strip().isdigit()}
+    gpus = sorted(marked | {add}) if add is not None else []
+    if add is None:
+        if GPU_LABEL not in labels and GPU_ANNOTATION not in annotations:
+            return None, gpus
+        wanted_labels: dict[str, str | None] = {GPU_LABEL: None}
+        wanted_annotations: dict[str, str | None] = {GPU_ANNOTATION: None}
+    else:
+        label, annotation = _label_value(gpus), ",".join(str(g) for g in gpus)
+        if labels.get(GPU_LABEL) == label and annotations.get(GPU_ANNOTATION) == annotation:
+            return None, gpus
+        wanted_labels, wanted_annotations = {GPU_LABEL: label}, {GPU_ANNOTATION: annotation}
+    patch = {
+        "metadata": {
+            "resourceVersion": metadata.get("resourceVersion"),
+            "labels": wanted_labels,
+            "annotations": wanted_annotations,
+        }
+    }
+    return patch, gpus
 
 
 def _api_message(exc: Any) -> str:

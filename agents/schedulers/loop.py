@@ -1,6 +1,6 @@
 """The poll-act-ack loop every scheduler adapter shares.
 
-Long-poll pending node decisions (evict, cordon, return), act on each through the backend, then
+Long-poll pending node decisions (evict, cordon, return, reset_gpu), act on each through the backend, then
 acknowledge it: `done`, or `failed` with the error. Actions are idempotent (cordoning a cordoned node
 changes nothing), which is what makes the loop safe to restart at any point: an ack the service never
 received leaves the decision pending, and the next run simply does the action again and acks it.
@@ -50,6 +50,14 @@ class Backend(Protocol):
 
     def put_back(self, node: str, decision: Mapping[str, Any]) -> str:
         """Schedule on the node again (return); returns a one-line summary for the ack."""
+        ...
+
+    def reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+        """Take one GPU of the node out for a reset (reset_gpu), or the node where the scheduler cannot."""
+        ...
+
+    def preview_reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+        """What reset_gpu would change, exactly (the patch, the command), changing nothing: for --dry-run."""
         ...
 
 
@@ -170,6 +178,9 @@ class AdapterLoop:
             self._queue_ack(decision_id, "failed", f"{kind} decision names no node")
             return
         node = scheduler_node(str(decision["node"]), strip_domain=self.options.strip_domain)
+        if kind == "reset_gpu":
+            self._reset_gpu(decision, node)
+            return
         take_out = kind in ("evict", "cordon")
         verb = "take out of service" if take_out else "return to service"
         if self.options.dry_run:
@@ -184,6 +195,34 @@ class AdapterLoop:
             return
         except Exception as exc:  # a bug or an unexpected library error: report it rather than die
             log.exception("%s: unexpected error acting on %s", _describe(decision), node)
+            self._queue_ack(decision_id, "failed", f"{type(exc).__name__}: {exc}")
+            return
+        self.acted += 1
+        log.info("%s: %s", _describe(decision), summary)
+        self._queue_ack(decision_id, "done", summary)
+
+    def _reset_gpu(self, decision: Mapping[str, Any], node: str) -> None:
+        """One GPU of the node: the backend marks it (or drains the node where it cannot), then the ack."""
+        decision_id, gpu = int(decision["id"]), decision.get("gpu")
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+            self._queue_ack(decision_id, "failed", "reset_gpu decision names no GPU")
+            return
+        if self.options.dry_run:
+            try:
+                plan = self.backend.preview_reset_gpu(node, gpu, decision)
+            except ActionFailed as exc:
+                plan = f"cannot tell what it would do to {node}: {exc}"
+            log.info("dry run: %s: %s", _describe(decision), plan)
+            self._finish(decision_id)
+            return
+        try:
+            summary = self.backend.reset_gpu(node, gpu, decision)
+        except ActionFailed as exc:
+            log.warning("%s: could not take GPU %d of %s out: %s", _describe(decision), gpu, node, exc)
+            self._queue_ack(decision_id, "failed", str(exc))
+            return
+        except Exception as exc:  # a bug or an unexpected library error: report it rather than die
+            log.exception("%s: unexpected error acting on GPU %d of %s", _describe(decision), gpu, node)
             self._queue_ack(decision_id, "failed", f"{type(exc).__name__}: {exc}")
             return
         self.acted += 1

@@ -2,6 +2,14 @@
 
 evict / cordon: `scontrol update nodename=<node> state=drain reason="faultline: <kind> #<id>: <reason>"`
 return:         `scontrol update nodename=<node> state=resume`
+reset_gpu:      the same drain, its reason naming the GPU ("faultline: reset_gpu #<id>: reset GPU 3 on ...").
+
+Why reset_gpu drains the whole node: Slurm has no state for one GPU of a node. Drain and resume are node
+states; `scontrol update nodename=X gres=gpu:7` only changes the count (not which device: gres.conf's File=
+lines bind the indexes), is not kept across a slurmctld restart or reconfigure, and a count below what slurmd
+reports from gres.conf puts the node in an invalid state of its own. So the supported way to keep jobs off a
+GPU is to drain its node: running jobs finish, none start; the reset is done on the drained node (`nvidia-smi
+-r -i <gpu>`, which needs the GPU idle anyway), and the `return` decision resumes it.
 
 scontrol runs with an argument list (no shell, so nothing in a reason or node name is interpreted) and a
 timeout; a non-zero exit fails the decision with scontrol's stderr. Draining a drained node only updates
@@ -12,6 +20,7 @@ which we count as done, so both actions are idempotent.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -46,8 +55,21 @@ class SlurmBackend:
 
     def take_out(self, node: str, decision: Mapping[str, Any]) -> str:
         """Drain: running jobs finish, nothing new starts on the node."""
-        self._scontrol("update", f"nodename={node}", "state=drain", f"reason={drain_reason(decision)}")
+        self._scontrol(*self._drain_args(node, decision))
         return f"drained {node} in Slurm"
+
+    def reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+        """Slurm cannot drain one GPU: drain the node, the reason naming the GPU to reset."""
+        self._scontrol(*self._drain_args(node, decision))
+        return f"drained {node} in Slurm for a reset of GPU {gpu} (Slurm cannot drain one GPU of a node)"
+
+    def preview_reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+        command = shlex.join([self.scontrol, *self._drain_args(node, decision)])
+        return f"would drain {node} for a reset of GPU {gpu}: {command}"
+
+    @staticmethod
+    def _drain_args(node: str, decision: Mapping[str, Any]) -> list[str]:
+        return ["update", f"nodename={node}", "state=drain", f"reason={drain_reason(decision)}"]
 
     def put_back(self, node: str, decision: Mapping[str, Any]) -> str:
         """Resume: the node takes jobs again."""

@@ -9,11 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ml.findings import Finding
-from ml.signatures.common import MAX_LINES, _clip, _finding, _group, _Job, _Occ
-from ml.xid import lookup, recovery_required
+from ml.signatures.common import MAX_LINES, _clip, _finding, _group, _Job, _Occ, _ts
+from ml.xid import gpu_reset_recovers, lookup, recovery_required
 
 # An Xid line as the kernel prints it, for events that arrive without parsed fields (another agent, a curl).
 _XID_LINE = re.compile(r"\bXid\b\s*(?:\(([^)]*)\))?\s*:?\s*(\d+)\b")
+# A GPU-resettable Xid that comes back after this long a quiet spell is a new fault (the GPU was reset in
+# between, or should have been): its own finding, so a repeat on a reset GPU can escalate to an eviction.
+RESET_BURST_GAP_S = 120.0
 
 
 def _xid_code(o: _Occ) -> int | None:
@@ -70,10 +73,26 @@ def _xid_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
     for (node, code), group in sorted(by_key.items()):
         if code in app_job_codes:
             continue
-        finding = _xid_finding(node, code, group, job)
-        if finding is not None:
-            findings.append(finding)
+        if not lookup(code).gpu_reset_enough:
+            bursts = [(group, "")]
+        else:  # each burst keyed by its first occurrence, so a repeat after a quiet spell is a new finding
+            bursts = [(b, f"~{int(_ts(b[0].record).timestamp())}") for b in _bursts(group)]
+        for burst, suffix in bursts:
+            finding = _xid_finding(node, code, burst, job, key_suffix=suffix)
+            if finding is not None:
+                findings.append(finding)
     return findings
+
+
+def _bursts(group: list[_Occ]) -> list[list[_Occ]]:
+    """Occurrences split where RESET_BURST_GAP_S passed without one, oldest first."""
+    bursts: list[list[_Occ]] = []
+    for o in sorted(group, key=lambda o: _ts(o.record)):
+        if bursts and (_ts(o.record) - _ts(bursts[-1][-1].record)).total_seconds() <= RESET_BURST_GAP_S:
+            bursts[-1].append(o)
+        else:
+            bursts.append([o])
+    return bursts
 
 
 def _xid_details(code: int, group: Sequence[_Occ]) -> dict[str, Any]:
@@ -91,13 +110,14 @@ def _xid_details(code: int, group: Sequence[_Occ]) -> dict[str, Any]:
         "immediate_action": entry.immediate_action or None,
         "investigatory_action": entry.investigatory_action or None,
         "xid_severity": entry.severity,
+        "gpu_reset_enough": entry.gpu_reset_enough,
         "pci": sorted({p for o in group if (p := _pci(o))}) or None,
         "processes": processes or None,
         "messages": messages or None,
     }
 
 
-def _xid_finding(node: str, code: int, group: list[_Occ], job: _Job) -> Finding | None:
+def _xid_finding(node: str, code: int, group: list[_Occ], job: _Job, *, key_suffix: str = "") -> Finding | None:
     entry = lookup(code)
     category, action, blame, confidence, role = (
         entry.category,
@@ -106,11 +126,13 @@ def _xid_finding(node: str, code: int, group: list[_Occ], job: _Job) -> Finding 
         entry.confidence,
         "cause",
     )
+    details = _xid_details(code, group)
     if code == 154:
         actions = [str(o.fields.get("recovery_action") or "") for o in group]
         if not any(recovery_required(a) for a in actions):
             return None  # informational: the recovery action went back to none
         category, action, blame, confidence = "gpu_hardware", "evict", "infrastructure", 0.9
+        details["gpu_reset_enough"] = all(gpu_reset_recovers(a) for a in actions if recovery_required(a))
     elif entry.severity == "informational":
         return None  # the catalog says ignore: nothing a job would fail of
     elif entry.severity == "consequence":
@@ -122,7 +144,7 @@ def _xid_finding(node: str, code: int, group: list[_Occ], job: _Job) -> Finding 
     count = f" x{len(group)}" if len(group) > 1 else ""
     return _finding(
         group,
-        key=f"xid:{node}:{code}",
+        key=f"xid:{node}:{code}{key_suffix}",
         category=category,
         confidence=confidence,
         summary=f"Xid {code} ({entry.name}){count} on {where}",
@@ -134,7 +156,7 @@ def _xid_finding(node: str, code: int, group: list[_Occ], job: _Job) -> Finding 
         role=role,
         action=action,
         sig_text=f"xid {code}",
-        **_xid_details(code, group),
+        **details,
     )
 
 

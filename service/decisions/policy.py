@@ -24,6 +24,10 @@ class PolicyContext:
     job_in_cooldown: Collection[str]  # job-level kinds (restart, rollback) decided within the cooldown
     network_events: Mapping[str, Sequence[datetime]]  # node -> times of network-fault occurrences
     already_decided: Collection[tuple[str, str | None]]  # (kind, node) this incident already has
+    # (node, GPU PCI address as Xid lines name it) -> the GPU's index, from the agents' inventory.
+    gpu_indexes: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # (node, GPU index) -> times of its reset_gpu decisions within the reset window, other incidents' included.
+    gpu_resets: Mapping[tuple[str, int], Sequence[datetime]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -35,6 +39,7 @@ class DecisionPlan:
     reason: str
     finding_ids: list[int]
     guard_rails: dict[str, str] = field(default_factory=dict)
+    gpu: int | None = None  # the GPU index, for reset_gpu
 
 
 def decide(proposal: IncidentProposal, ctx: PolicyContext, settings: Settings) -> list[DecisionPlan]:
@@ -77,7 +82,12 @@ def _for_suspect(
             rails["flap_tolerance"] = f"{len(times)} network faults in {settings.policy_network_flap_window_s:.0f} s"
         if suspect.node in ctx.nodes_in_cooldown:
             return None  # evicted recently already: the scheduler is acting on it
+        reset = _reset_gpu(suspect, ctx, settings, rails)
+        if reset is not None:
+            return reset
         reason = f"evict {suspect.node}: {suspect.reason}"
+        if "gpu_reset" in rails:
+            reason = f"evict {suspect.node}: {rails['gpu_reset']}; {suspect.reason}"
         if budget <= 0:
             rails["blast_radius"] = (
                 f"over the limit of {settings.policy_max_evict_share_per_hour:.0%} of {ctx.job_nodes} nodes per hour"
@@ -96,6 +106,41 @@ def _for_suspect(
         reason = f"run diagnostics on {suspect.node}: {suspect.reason}"
         return DecisionPlan("diagnose", suspect.node, "pending", suspect.confidence, reason, ids, rails)
     return None
+
+
+def _reset_gpu(suspect: Suspect, ctx: PolicyContext, settings: Settings, rails: dict[str, str]) -> DecisionPlan | None:
+    """reset_gpu when the catalog says resetting the suspect's one faulty GPU is enough and the GPU has not been
+    reset too often lately; otherwise None (evict), with the reason in `rails["gpu_reset"]` when it escalates."""
+    if not settings.policy_reset_gpu_enabled or suspect.reset_gpu is None:
+        return None
+    gpu = ctx.gpu_indexes.get((suspect.node, suspect.reset_gpu))
+    if gpu is None:
+        # Without the index no scheduler can tell which GPU to reset: take the node out instead.
+        rails["gpu_reset"] = f"GPU {suspect.reset_gpu} is not in {suspect.node}'s GPU inventory"
+        return None
+    window = settings.policy_reset_gpu_window_s
+    earlier = _recent(ctx.gpu_resets.get((suspect.node, gpu), ()), ctx.now, window)
+    limit = settings.policy_reset_gpu_max_per_window
+    if len(earlier) >= limit:
+        rails["gpu_reset"] = (
+            f"GPU {gpu} was already reset {len(earlier)} time{'s' if len(earlier) > 1 else ''} in the last "
+            f"{_duration(window)} (at most {limit}): escalated to evicting the node"
+        )
+        return None
+    rails["gpu_reset"] = (
+        f"{len(earlier)} earlier reset(s) of GPU {gpu} in the last {_duration(window)} (at most {limit})"
+    )
+    reason = f"reset GPU {gpu} on {suspect.node}: {suspect.reason}"
+    # A reset keeps the node in the job: it counts against no eviction budget.
+    return DecisionPlan(
+        "reset_gpu", suspect.node, "pending", suspect.confidence, reason, list(suspect.finding_ids), rails, gpu
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds % 60 == 0 else f"{seconds:g} s"
 
 
 _JOB_ACTIONS = {"rollback": "policy_rollback_min_confidence", "restart": "policy_restart_min_confidence"}

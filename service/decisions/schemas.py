@@ -21,6 +21,7 @@ class DecisionOut(BaseModel):
                     "job_id": "llm-pretrain-42",
                     "node": "gpu-node-017",
                     "kind": "evict",
+                    "gpu": None,
                     "state": "pending",
                     "confidence": 0.97,
                     "reason": "evict gpu-node-017: Xid 79 (GPU has fallen off the bus) on gpu-node-017 GPU 3",
@@ -36,7 +37,14 @@ class DecisionOut(BaseModel):
     incident_id: int | None = Field(description="Null for an operator's cordon or a return to service.")
     job_id: str | None = Field(description="The job's external id; null for node decisions outside a job.")
     node: str | None
-    kind: str
+    kind: str = Field(
+        description="evict, cordon, return, reset_gpu (node and `gpu`), diagnose (node); restart, rollback, none."
+    )
+    gpu: int | None = Field(
+        default=None,
+        description="For reset_gpu: the index of the GPU to reset on `node` (as nvidia-smi numbers "
+        "it); null for every other kind.",
+    )
     state: str
     confidence: float
     reason: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
@@ -18,7 +19,7 @@ from service.decisions.schemas import DecisionOut, DecisionPage
 from service.errors import NotFound
 from service.fleet import stages as repair_stages
 from service.jobs import service as jobs
-from service.models import Decision, Finding, Incident, Job, Node
+from service.models import Decision, Finding, Gpu, Incident, Job, Node
 from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
 
@@ -26,6 +27,10 @@ from service.schemas import Joined
 _INACTIVE = ("rejected", "expired", "failed", "shadow")
 _MAX_CHAIN_FINDINGS = 20
 _MAX_CHAIN_SIGNALS = 10
+# Resets that were not carried out (rejected, expired) count for no escalation; a failed one does (the GPU is
+# still faulty), and so does a shadow one (so shadow mode shows what `act` would decide).
+_NOT_RESET = ("rejected", "expired")
+_PCI = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
 
 
 def decide_incident(
@@ -60,6 +65,7 @@ def decide_incident(
             "job_id": job.id,
             "node_id": node_ids.get(plan.node) if plan.node else None,
             "kind": plan.kind,
+            "gpu": plan.gpu,
             "state": plan.state,
             "confidence": plan.confidence,
             "reason": plan.reason[:1000],
@@ -131,6 +137,7 @@ def _context(
             .where(Decision.incident_id == incident.id)
         )
     }
+    gpu_indexes, gpu_resets = _gpus(session, incident=incident, proposal=proposal, now=now, settings=settings)
     return PolicyContext(
         now=now,
         job_nodes=job_nodes,
@@ -139,7 +146,48 @@ def _context(
         job_in_cooldown=job_in_cooldown,
         network_events=_network_events(session, proposal),
         already_decided=already,
+        gpu_indexes=gpu_indexes,
+        gpu_resets=gpu_resets,
     )
+
+
+def kernel_pci(value: str | None) -> str | None:
+    """A PCI bus id as the kernel's Xid lines name a GPU: "00000000:3B:00.0" -> "0000:3b:00"."""
+    m = _PCI.match((value or "").strip())
+    if not m:
+        return None
+    return f"{(m.group(1) or '0').rjust(4, '0')[-4:]}:{m.group(2)}:{m.group(3)}".lower()
+
+
+def _gpus(
+    session: Session, *, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, int], list[datetime]]]:
+    """For suspects whose evidence is on one resettable GPU: that GPU's index, and its resets for other incidents
+    within the window (this incident's own reset is the one being decided, not an earlier one)."""
+    nodes = {s.node for s in proposal.suspects if s.reset_gpu is not None}
+    if not nodes or not settings.policy_reset_gpu_enabled:
+        return {}, {}
+    indexes: dict[tuple[str, str], int] = {}
+    for node, index, pci in session.execute(
+        select(Node.name, Gpu.index, Gpu.pci_bus_id).join(Gpu, Gpu.node_id == Node.id).where(Node.name.in_(nodes))
+    ):
+        if (key := kernel_pci(pci)) is not None:
+            indexes[(node, key)] = index
+    resets: dict[tuple[str, int], list[datetime]] = defaultdict(list)
+    since = now - timedelta(seconds=settings.policy_reset_gpu_window_s)
+    for node, gpu, created_at in session.execute(
+        select(Node.name, Decision.gpu, Decision.created_at)
+        .join(Node, Node.id == Decision.node_id)
+        .where(
+            Decision.kind == "reset_gpu",
+            Node.name.in_(nodes),
+            Decision.created_at >= since,
+            Decision.state.not_in(_NOT_RESET),
+            Decision.incident_id.is_distinct_from(incident.id),
+        )
+    ):
+        resets[(node, gpu)].append(created_at)
+    return indexes, dict(resets)
 
 
 def _network_events(session: Session, proposal: IncidentProposal) -> dict[str, list[datetime]]:

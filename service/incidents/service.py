@@ -24,7 +24,7 @@ from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
 
 # Decisions whose completion ends an incident: the job runs again without the fault.
-_REMEDIES = ("evict", "restart", "rollback")
+_REMEDIES = ("evict", "reset_gpu", "restart", "rollback")
 # Most severe first: the overview lists open incidents in this order, any other severity after them all.
 SEVERITIES = ("critical", "major", "minor")
 _SEVERITY_ORDER = case({s: i for i, s in enumerate(SEVERITIES)}, value=Incident.severity, else_=len(SEVERITIES))

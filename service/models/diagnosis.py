@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, CheckConstraint, Float, ForeignKey, Identity, Index, Text, text
+from sqlalchemy import BigInteger, CheckConstraint, Float, ForeignKey, Identity, Index, SmallInteger, Text, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -15,7 +15,8 @@ SUBJECT_KINDS = ("job", "node", "gpu", "rank")
 INCIDENT_STATES = ("open", "mitigating", "resolved")
 BLAMES = ("infrastructure", "user_code", "unknown")
 # cordon and return are node-level: an operator's manual cordon, a node back to service; the scheduler acts on them too.
-DECISION_KINDS = ("evict", "restart", "rollback", "diagnose", "none", "cordon", "return")
+# reset_gpu names a node and one of its GPUs (`gpu`): reset that GPU, keep the node.
+DECISION_KINDS = ("evict", "restart", "rollback", "diagnose", "none", "cordon", "return", "reset_gpu")
 DECISION_STATES = (
     "pending",
     "awaiting_approval",
@@ -103,12 +104,21 @@ class Decision(Base):
     __table_args__ = (
         CheckConstraint(in_check("kind", DECISION_KINDS), name="kind"),
         CheckConstraint(in_check("state", DECISION_STATES), name="state"),
+        CheckConstraint("(kind = 'reset_gpu') = (gpu IS NOT NULL)", name="gpu"),
         Index("ix_decisions_state_created_at", "state", "created_at"),
         Index("ix_decisions_incident_id", "incident_id"),
         # One decision of a kind per incident and node, however many workers decide concurrently.
         Index("uq_decisions_incident_kind_node", "incident_id", "kind", text("coalesce(node_id, 0)"), unique=True),
         Index("ix_decisions_node_id_created_at", "node_id", "created_at"),
         Index("ix_decisions_job_id_created_at", "job_id", "created_at"),
+        # The escalation check reads one GPU's recent resets.
+        Index(
+            "ix_decisions_node_id_gpu_created_at",
+            "node_id",
+            "gpu",
+            "created_at",
+            postgresql_where=text("kind = 'reset_gpu'"),
+        ),
         # The expiry sweep reads only pending decisions.
         Index("ix_decisions_expires_at_pending", "expires_at", postgresql_where=text("state = 'pending'")),
     )
@@ -119,6 +129,8 @@ class Decision(Base):
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     kind: Mapped[str] = mapped_column(Text)
+    # The GPU index on the node, for reset_gpu; null for every other kind.
+    gpu: Mapped[int | None] = mapped_column(SmallInteger)
     state: Mapped[str] = mapped_column(Text)
     confidence: Mapped[float] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text)

@@ -191,7 +191,9 @@ def _node_decision(
     session: Session, *, node: Node, kind: str, reason: str, actor: str, now: datetime, ttl_s: float
 ) -> None:
     """Tell schedulers (a cordon or a return), superseding what they were still told to do with the node."""
-    superseded = ("return",) if kind == "cordon" else ("evict", "cordon")
+    # A return also drops a pending GPU reset: the person vouches for the whole node (the Kubernetes adapter's
+    # return clears the GPU marks too).
+    superseded = ("return",) if kind == "cordon" else ("evict", "cordon", "reset_gpu")
     session.execute(
         update(Decision)
         .where(

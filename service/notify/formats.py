@@ -75,9 +75,10 @@ def title(p: Payload) -> str:
 
 
 def decision_line(d: Payload) -> str:
-    """'evict gpu-node-017 (pending, 97%)'."""
+    """'evict gpu-node-017 (pending, 97%)', 'reset GPU 3 on gpu-node-017 (pending, 90%)'."""
     target = f" {d['node']}" if d.get("node") else ""
-    return f"{d.get('kind')}{target} ({d.get('state')}, {percent(d.get('confidence'))})"
+    what = f"reset GPU {d['gpu']} on" if d.get("kind") == "reset_gpu" and d.get("gpu") is not None else d.get("kind")
+    return f"{what}{target} ({d.get('state')}, {percent(d.get('confidence'))})"
 
 
 def suspects_line(p: Payload) -> str:

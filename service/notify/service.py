@@ -140,6 +140,7 @@ def snapshot(
                 "id": d.id,
                 "kind": d.kind,
                 "node": nodes.get(d.node_id) if d.node_id is not None else None,
+                "gpu": d.gpu,
                 "state": d.state,
                 "confidence": round(float(d.confidence), 4),
                 "reason": formats.clip(d.reason, 500),

@@ -45,7 +45,7 @@ def test_pending_asks_for_every_node_kind_at_once_follows_cursors_and_returns_ol
 
     client, seen = _client(handler)
     assert [d["id"] for d in client.pending()] == [3, 7, 8, 9]
-    assert all(r.url.params.get_list("kind") == ["evict", "cordon", "return"] for r in seen)
+    assert all(r.url.params.get_list("kind") == ["evict", "cordon", "return", "reset_gpu"] for r in seen)
     assert all(r.url.params["state"] == "pending" and "wait" not in r.url.params for r in seen)
     assert seen[0].headers["authorization"] == "Bearer fl_token"
 

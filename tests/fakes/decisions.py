@@ -14,7 +14,7 @@ from service.models import Decision, Job, Node
 from service.tokens import service as tokens
 from tests import rows
 
-NODE_KINDS = ("evict", "cordon", "return")
+NODE_KINDS = ("evict", "cordon", "return", "reset_gpu")
 
 
 def scheduler_token(engine: Engine, folder: Path, scope: str = "scheduler") -> Path:
@@ -36,6 +36,7 @@ def make_decision(
     state: str = "pending",
     expires_in_s: float = 1800.0,
     job: str = "llm-pretrain-42",
+    gpu: int | None = None,
 ) -> int:
     """A committed decision; evict/restart/... come with a job and an incident, cordon/return with neither."""
     with Session(engine) as session:
@@ -48,7 +49,14 @@ def make_decision(
                 session, job=job_row, suspects=[node], root_cause=f"gpu_hardware_{uuid.uuid4().hex[:8]}", summary=reason
             )
         decision = rows.decision(
-            session, incident=incident, node=node_row, kind=kind, state=state, expires_in_s=expires_in_s, reason=reason
+            session,
+            incident=incident,
+            node=node_row,
+            kind=kind,
+            state=state,
+            expires_in_s=expires_in_s,
+            reason=reason,
+            gpu=gpu,
         )
         session.commit()
         return decision.id

@@ -102,8 +102,9 @@ def causes(findings: Sequence[Finding]) -> list[Finding]:
 
 
 def base_key(f: Finding) -> str:
-    """The rule's own part of a key ("xid:node-a:79"), without the claim and the episode's time."""
-    return f.key.rsplit("@", 1)[0].rsplit(":", 2)[0]
+    """The rule's own part of a key ("xid:node-a:79"), without the claim, the episode's time and the burst
+    (a GPU-resettable Xid's key ends in "~<its burst's first second>")."""
+    return f.key.rsplit("@", 1)[0].rsplit(":", 2)[0].split("~", 1)[0]
 
 
 def only(findings: Sequence[Finding], **match: Any) -> Finding:

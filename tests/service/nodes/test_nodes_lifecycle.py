@@ -166,3 +166,17 @@ def test_node_pages_follow_the_cursor_to_the_end(client, session, make_token) ->
         seen += [n["name"] for n in page["items"]]
         url = f"/api/v1/nodes?limit=2&cursor={page['next_cursor']}" if page["next_cursor"] else ""
     assert made <= set(seen) and len(seen) == len(set(seen))
+
+
+def test_a_return_supersedes_a_pending_gpu_reset(client, session, make_token) -> None:
+    operator = make_token("operator", name="oncall")
+    node = rows.node(session)
+    incident = rows.incident(session, job=rows.job(session), suspects=[node.name])
+    reset = rows.decision(session, incident=incident, node=node, kind="reset_gpu", gpu=3)
+    client.post(f"/api/v1/nodes/{node.name}/cordon", json={"reason": "checking GPU 3"}, headers=bearer(operator))
+    session.refresh(reset)
+    assert reset.state == "pending"  # a cordon leaves the reset to be done on the cordoned node
+    back = client.post(f"/api/v1/nodes/{node.name}/return", json={"reason": "GPU 3 reset"}, headers=bearer(operator))
+    assert back.status_code == 200, back.text
+    session.refresh(reset)
+    assert (reset.state, reset.outcome_message) == ("rejected", "superseded: return by operator:oncall")
