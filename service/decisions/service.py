@@ -130,7 +130,7 @@ def _network_events(session: Session, proposal: IncidentProposal) -> dict[str, l
             select(Node.name, Finding.observed_at, Finding.evidence)
             .join(Node, Node.id == Finding.node_id)
             .where(Finding.id.in_(ids))
-        ).tuples()
+        )
     )
 
 

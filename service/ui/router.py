@@ -17,10 +17,12 @@ from service.ui.routes import (
     signin,
     silences,
     tokens,
+    whatif,
 )
 
 
 def install(app: FastAPI, *, max_body_size: int) -> None:
     for module in (signin, overview, decisions, incident_list, silences, channels, tokens, incidents, nodes, jobs):
         app.include_router(module.router, max_body_size=max_body_size)
+    app.include_router(whatif.router, max_body_size=max_body_size)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
