@@ -57,7 +57,8 @@ def as_text(result: Backtest) -> str:
 
 
 def _incident(r: IncidentResult) -> list[str]:
-    head = f"incident {r.incident_id} · job {r.job} · {r.root_cause} · opened {_when(r.opened_at)} · {r.steps} steps"
+    steps = f"{r.steps} step{'s' if r.steps != 1 else ''}"
+    head = f"incident {r.incident_id} · job {r.job} · {r.root_cause} · opened {_when(r.opened_at)} · {steps}"
     lines = [
         head,
         f"  decided:   {_verdicts(r.decided, r.opened_at)}",
@@ -65,9 +66,13 @@ def _incident(r: IncidentResult) -> list[str]:
     ]
     if not r.differences:
         lines.append("  same outcome")
+    # One line per node (or the job): its changes, then the why they share.
+    by_node: dict[str | None, list[str]] = {}
+    whys: dict[str | None, str] = {}
     for d in r.differences:
-        what = f"{d.kind} {d.node}" if d.node else d.kind
-        lines.append(f"  {what}: {d.change}. why: {d.why}")
+        by_node.setdefault(d.node, []).append(f"{d.kind} {d.node}: {d.change}" if d.node else f"{d.kind}: {d.change}")
+        whys[d.node] = d.why
+    lines += [f"  {'; '.join(changes)}. why: {whys[node]}" for node, changes in by_node.items()]
     return [*lines, ""]
 
 
