@@ -316,15 +316,18 @@ def _differences(decided: Sequence[Verdict], current: _Replayed, candidate: _Rep
     out = []
     for key in sorted(was.keys() | would.keys()):
         before, after = was.get(key), would.get(key)
-        if before is not None and after is not None and before.effect == after.effect:
+        if before is None:
+            change = "added"
+        elif after is None:
+            change = "removed"
+        elif before.effect != after.effect:
+            change = f"{before.effect} -> {after.effect}"
+        else:
             continue
-        change = (
-            "added" if before is None else "removed" if after is None else f"{before.effect} -> {after.effect}"  # type: ignore[union-attr]
-        )
         node = key[1] or None
         why = f"current policy: {_side(current, node)}; candidate: {_side(candidate, node)}"
-        now = replayed_now.get(key)
-        if (now is None) != (before is None) or (now and before and now.effect != before.effect):
+        replayed = replayed_now.get(key)
+        if (replayed.effect if replayed else None) != (before.effect if before else None):
             why += (
                 "; note: the current policy's replay does not reproduce the stored decision "
                 "(settings changed since, a silence, or a person's action)"

@@ -313,3 +313,26 @@ def test_the_live_context_counts_prior_decisions_as_the_policy_expects(session) 
     ctx = _context(session, job=a, incident=host, proposal=proposal, now=at, settings=_settings())
     assert (ctx.job_nodes, ctx.evicted_last_hour, set(ctx.nodes_in_cooldown)) == (8, 0, {"c-3"})
     assert set(ctx.already_decided) == {("diagnose", "a-2")}
+
+
+def test_a_stored_decision_the_current_policy_would_not_make_is_flagged(session) -> None:
+    """A person's restart of job bt-c (an override): no replay makes it, and the line says so."""
+    _history(session)
+    c = session.scalar(select(Incident).join(Job, Job.id == Incident.job_id).where(Job.external_id == "bt-c"))
+    session.add(
+        Decision(
+            incident_id=c.id,
+            job_id=c.job_id,
+            kind="restart",
+            state="pending",
+            confidence=1.0,
+            reason="operator:alice restarts the job",
+            evidence={"guard_rails": {}},
+            created_at=T1 + timedelta(seconds=60),
+        )
+    )
+    session.flush()
+    (difference,) = _run(session).incidents[2].differences
+    assert (difference.kind, difference.node, difference.change) == ("restart", None, "removed")
+    assert "candidate: nothing [no finding asked for it]" in difference.why
+    assert "the current policy's replay does not reproduce the stored decision" in difference.why
