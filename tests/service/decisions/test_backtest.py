@@ -336,3 +336,18 @@ def test_a_stored_decision_the_current_policy_would_not_make_is_flagged(session)
     assert (difference.kind, difference.node, difference.change) == ("restart", None, "removed")
     assert "candidate: nothing [no finding asked for it]" in difference.why
     assert "the current policy's replay does not reproduce the stored decision" in difference.why
+
+
+def test_network_flap_tolerance_is_replayed_from_the_findings_times(session) -> None:
+    """Two port faults on n-1 a minute apart: the live path evicts on the second; three needed evicts nothing."""
+    n = _job(session, "bt-n")
+    t2 = T0 + timedelta(hours=4)
+    _live_pass(session, n, [_finding("n-1", "network", 0.90, t2, "n1a")], t2)
+    later = t2 + timedelta(seconds=60)
+    _live_pass(session, n, [_finding("n-1", "network", 0.90, later, "n1b")], later)
+    assert _summary(_run(session)) == [("network", ["evict n-1 +60"], ["evict n-1 +60"], [])]
+    (incident,) = _run(session, policy_network_flap_count=3).incidents
+    (removed,) = incident.differences
+    assert (removed.kind, removed.node, removed.change) == ("evict", "n-1", "removed")
+    assert "flap_tolerance: 2 network faults in 300 s" in removed.why
+    assert "candidate: nothing [flap_tolerance: 2 network faults in 300 s, 3 needed]" in removed.why
