@@ -73,6 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("token_id", type=int)
     _data_dir_option(revoke)
 
+    backtest = sub.add_parser(
+        "backtest",
+        help="replay stored incidents through another policy and say what it would decide differently (read-only)",
+        description="Replay the findings of the incidents opened in the window, in the order they were stored, "
+        "through the current policy and through the candidate (the real demarcation and policy code), and print "
+        "per incident what was decided, what the candidate would decide and why it differs, then totals. It never "
+        "writes: it reads in a READ ONLY transaction that is rolled back. The same input gives the same output.",
+    )
+    backtest.add_argument(
+        "--policy",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="TOML (.toml) or JSON file of policy settings overriding the current ones, by the names of the "
+        "FAULTLINE_POLICY_* settings (e.g. policy_evict_min_confidence = 0.9)",
+    )
+    backtest.add_argument("--since", default="7d", help="incidents opened this long before --until (default 7d)")
+    backtest.add_argument("--until", help="end of the window, ISO 8601 (default: now)")
+    backtest.add_argument("--job", action="append", default=[], metavar="JOB", help="only this job (repeatable)")
+    backtest.add_argument("--json", type=Path, metavar="PATH", help="also write the result as JSON to this file")
+    _data_dir_option(backtest)
+
     agent_cli.add_parser(sub)
     sim_cli.add_parser(sub)
     adapter_cli.add_parser(sub)

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         "migrate": _migrate,
         "token": _token,
         "bench": _bench,
+        "backtest": _backtest,
     }[args.command]
     return handler(args)
 
@@ -154,3 +155,37 @@ def _bench(args: argparse.Namespace) -> int:
     from service.bench import ingest
 
     return ingest.run(args)
+
+
+def _backtest(args: argparse.Namespace) -> int:
+    import json
+
+    from service.arguments import duration_s, utc_time
+    from service.db import get_engine, make_sessionmaker
+    from service.decisions import backtest, backtest_report, overrides
+    from service.errors import FaultlineError
+
+    settings = _settings(args)
+    try:
+        until = utc_time(args.until) if args.until else datetime.now(UTC)
+        since = until - timedelta(seconds=duration_s(args.since))
+        candidate = overrides.candidate(settings, overrides.load_file(args.policy))
+    except argparse.ArgumentTypeError as exc:
+        print(f"faultline backtest: {exc}", file=sys.stderr)
+        return 2
+    except FaultlineError as exc:
+        print(f"faultline backtest: bad policy: {exc.message}", file=sys.stderr)
+        return 2
+    session = make_sessionmaker(get_engine())()
+    try:
+        with backtest.read_only(session):
+            result = backtest.run(
+                session, settings=settings, candidate=candidate, since=since, until=until, job_ids=args.job
+            )
+    finally:
+        session.rollback()
+        session.close()
+    sys.stdout.write(backtest_report.as_text(result))
+    if args.json:
+        args.json.write_text(json.dumps(backtest_report.as_dict(result), indent=2) + "\n")
+    return 0

@@ -7,7 +7,7 @@ Every plan records which guard rails it passed or tripped, so a person can see w
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -30,6 +30,62 @@ class PolicyContext:
     gpu_resets: Mapping[tuple[str, int], Sequence[datetime]] = field(default_factory=dict)
 
 
+# Decisions in these states did not (and will not) act: they count for neither cooldowns nor blast radius.
+INACTIVE = ("rejected", "expired", "failed", "shadow")
+
+
+@dataclass(frozen=True, slots=True)
+class PriorDecision:
+    """A decision already made, as the guard rails see it (stored, or one a backtest just made)."""
+
+    kind: str
+    node: str | None
+    state: str
+    created_at: datetime
+    job_id: int | None
+    incident_id: int | None
+
+
+def build_context(
+    *,
+    now: datetime,
+    job_id: int,
+    incident_id: int,
+    job_nodes: int,
+    prior: Iterable[PriorDecision],
+    network_events: Mapping[str, Sequence[datetime]],
+    already_decided: Collection[tuple[str, str | None]],
+    settings: Settings,
+    gpu_indexes: Mapping[tuple[str, str], int] | None = None,
+    gpu_resets: Mapping[tuple[str, int], Sequence[datetime]] | None = None,
+) -> PolicyContext:
+    """The guard rails' view of the past: blast radius, cooldowns; shared by the live path and the backtest."""
+    active = [d for d in prior if d.state not in INACTIVE]
+    hour_ago = now - timedelta(hours=1)
+    node_since = now - timedelta(seconds=settings.policy_node_cooldown_s)
+    job_since = now - timedelta(seconds=settings.policy_job_cooldown_s)
+    # Decisions outside any incident (an operator's) count for neither cooldown, as in SQL's `incident_id <> x`.
+    other = [d for d in active if d.incident_id is not None and d.incident_id != incident_id]
+    return PolicyContext(
+        now=now,
+        job_nodes=job_nodes,
+        evicted_last_hour=len(
+            {d.node for d in active if d.kind == "evict" and d.job_id == job_id and d.node and d.created_at >= hour_ago}
+        ),
+        nodes_in_cooldown={d.node for d in other if d.kind == "evict" and d.node and d.created_at >= node_since},
+        job_in_cooldown={d.kind for d in other if d.job_id == job_id and d.node is None and d.created_at >= job_since},
+        network_events=network_events,
+        already_decided=already_decided,
+        gpu_indexes=gpu_indexes or {},
+        gpu_resets=gpu_resets or {},
+    )
+
+
+def prior_window(settings: Settings) -> timedelta:
+    """How far back build_context looks."""
+    return timedelta(seconds=max(3600.0, settings.policy_node_cooldown_s, settings.policy_job_cooldown_s))
+
+
 @dataclass(slots=True)
 class DecisionPlan:
     kind: str
@@ -42,21 +98,41 @@ class DecisionPlan:
     gpu: int | None = None  # the GPU index, for reset_gpu
 
 
-def decide(proposal: IncidentProposal, ctx: PolicyContext, settings: Settings) -> list[DecisionPlan]:
-    """Decisions for one incident; empty when nothing new should be done."""
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """Why the policy decided nothing (new) for a node, or for the job (node None): the guard rail and its words."""
+
+    node: str | None
+    rail: str
+    why: str
+
+
+def decide(
+    proposal: IncidentProposal, ctx: PolicyContext, settings: Settings, skipped: list[Skipped] | None = None
+) -> list[DecisionPlan]:
+    """Decisions for one incident; empty when nothing new should be done.
+
+    `skipped`, when given, collects why each suspect (and the job) got no new decision: the backtest explains
+    differences with it."""
+    notes: list[Skipped] = [] if skipped is None else skipped
     plans: list[DecisionPlan] = []
     budget = _evict_budget(ctx, settings)
     for suspect in proposal.suspects:
-        plan = _for_suspect(proposal, suspect, ctx, settings, budget)
-        if plan is None or (plan.kind, plan.node) in ctx.already_decided:
+        plan = _for_suspect(proposal, suspect, ctx, settings, budget, notes)
+        if plan is None:
+            continue
+        if (plan.kind, plan.node) in ctx.already_decided:
+            notes.append(Skipped(plan.node, "already_decided", f"{plan.kind} {plan.node} already decided"))
             continue
         if plan.kind == "evict" and plan.state != "awaiting_approval":
             budget -= 1
         plans.append(plan)
     if not proposal.suspects or proposal.blame == "user_code":
-        job_plan = _for_job(proposal, ctx, settings)
+        job_plan = _for_job(proposal, ctx, settings, notes)
         if job_plan is not None and (job_plan.kind, None) not in ctx.already_decided:
             plans.append(job_plan)
+        elif job_plan is not None:
+            notes.append(Skipped(None, "already_decided", f"{job_plan.kind} already decided"))
     return [_apply_mode(plan, settings) for plan in plans]
 
 
@@ -66,22 +142,35 @@ def _evict_budget(ctx: PolicyContext, settings: Settings) -> int:
 
 
 def _for_suspect(
-    proposal: IncidentProposal, suspect: Suspect, ctx: PolicyContext, settings: Settings, budget: int
+    proposal: IncidentProposal,
+    suspect: Suspect,
+    ctx: PolicyContext,
+    settings: Settings,
+    budget: int,
+    notes: list[Skipped],
 ) -> DecisionPlan | None:
     rails: dict[str, str] = {}
     ids = list(suspect.finding_ids)
+    node = suspect.node
     if proposal.blame == "user_code":
-        return None  # a user's bug never costs a machine
+        return _skip(notes, node, "blame", "user code: a user's bug never costs a machine")
     if suspect.action == "evict" and suspect.confidence >= settings.policy_evict_min_confidence:
         rails["confidence"] = f"{suspect.confidence:.2f} >= {settings.policy_evict_min_confidence:.2f}"
         if proposal.root_cause == "network":
             times = _recent(ctx.network_events.get(suspect.node, ()), ctx.now, settings.policy_network_flap_window_s)
             needed = settings.policy_network_flap_count
             if len(times) < needed:
-                return None  # one flap is not a broken link; wait for the next within the window
+                # One flap is not a broken link; wait for the next within the window.
+                return _skip(
+                    notes,
+                    node,
+                    "flap_tolerance",
+                    f"{len(times)} network faults in {settings.policy_network_flap_window_s:.0f} s, {needed} needed",
+                )
             rails["flap_tolerance"] = f"{len(times)} network faults in {settings.policy_network_flap_window_s:.0f} s"
         if suspect.node in ctx.nodes_in_cooldown:
-            return None  # evicted recently already: the scheduler is acting on it
+            # Evicted recently already: the scheduler is acting on it.
+            return _skip(notes, node, "cooldown", f"evicted within {settings.policy_node_cooldown_s:.0f} s")
         reset = _reset_gpu(suspect, ctx, settings, rails)
         if reset is not None:
             return reset
@@ -102,10 +191,17 @@ def _for_suspect(
             else f"{suspect.confidence:.2f} >= {settings.policy_diagnose_min_confidence:.2f}"
         )
         if suspect.node in ctx.nodes_in_cooldown:
-            return None
+            return _skip(notes, node, "cooldown", f"evicted within {settings.policy_node_cooldown_s:.0f} s")
         reason = f"run diagnostics on {suspect.node}: {suspect.reason}"
         return DecisionPlan("diagnose", suspect.node, "pending", suspect.confidence, reason, ids, rails)
-    return None
+    if suspect.action not in ("evict", "diagnose"):
+        return _skip(notes, node, "action", f"its findings ask for {suspect.action}")
+    return _skip(
+        notes,
+        node,
+        "confidence",
+        f"{suspect.confidence:.2f} below the diagnose threshold {settings.policy_diagnose_min_confidence:.2f}",
+    )
 
 
 def _reset_gpu(suspect: Suspect, ctx: PolicyContext, settings: Settings, rails: dict[str, str]) -> DecisionPlan | None:
@@ -146,13 +242,18 @@ def _duration(seconds: float) -> str:
 _JOB_ACTIONS = {"rollback": "policy_rollback_min_confidence", "restart": "policy_restart_min_confidence"}
 
 
-def _for_job(proposal: IncidentProposal, ctx: PolicyContext, settings: Settings) -> DecisionPlan | None:
+def _for_job(
+    proposal: IncidentProposal, ctx: PolicyContext, settings: Settings, notes: list[Skipped]
+) -> DecisionPlan | None:
     kind = proposal.job_action
     if kind not in _JOB_ACTIONS:
         return None  # diagnose at job level means "dump stacks", which the service does itself
     threshold = getattr(settings, _JOB_ACTIONS[kind])
-    if proposal.confidence < threshold or kind in ctx.job_in_cooldown:
-        return None
+    if proposal.confidence < threshold:
+        why = f"{kind}: {proposal.confidence:.2f} below the threshold {threshold:.2f}"
+        return _skip(notes, None, "confidence", why)
+    if kind in ctx.job_in_cooldown:
+        return _skip(notes, None, "cooldown", f"{kind} decided within {settings.policy_job_cooldown_s:.0f} s")
     why = {
         "rollback": "the failure is in the job's own code or data: roll back to the last good code or checkpoint",
         "restart": "no machine is to blame: restart the job",
@@ -161,6 +262,11 @@ def _for_job(proposal: IncidentProposal, ctx: PolicyContext, settings: Settings)
     return DecisionPlan(
         kind, None, "pending", proposal.confidence, f"{why} ({proposal.summary})", list(proposal.finding_ids), rails
     )
+
+
+def _skip(notes: list[Skipped], node: str | None, rail: str, why: str) -> None:
+    notes.append(Skipped(node, rail, why))
+    return None
 
 
 def _apply_mode(plan: DecisionPlan, settings: Settings) -> DecisionPlan:

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ml.demarcation import IncidentProposal
 from service.config import Settings
-from service.decisions.policy import DecisionPlan, PolicyContext, decide
+from service.decisions.policy import (
+    INACTIVE,
+    DecisionPlan,
+    PolicyContext,
+    PriorDecision,
+    build_context,
+    decide,
+    prior_window,
+)
 from service.decisions.schemas import DecisionOut, DecisionPage
 from service.errors import NotFound
 from service.fleet import stages as repair_stages
@@ -23,8 +31,6 @@ from service.models import Decision, Finding, Gpu, Incident, Job, Node
 from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
 
-# Decisions in these states did not (and will not) act: they count for neither cooldowns nor blast radius.
-_INACTIVE = ("rejected", "expired", "failed", "shadow")
 _MAX_CHAIN_FINDINGS = 20
 _MAX_CHAIN_SIGNALS = 10
 # Resets that were not carried out (rejected, expired) count for no escalation; a failed one does (the GPU is
@@ -91,44 +97,19 @@ def decide_incident(
 def _context(
     session: Session, *, job: Job, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
 ) -> PolicyContext:
-    job_nodes = len(jobs.node_ids(session, job=job))
-    hour_ago = now - timedelta(hours=1)
-    evicted_last_hour = (
-        session.scalar(
-            select(func.count(func.distinct(Decision.node_id))).where(
-                Decision.kind == "evict",
-                Decision.job_id == job.id,
-                Decision.created_at >= hour_ago,
-                Decision.state.not_in(_INACTIVE),
-            )
-        )
-        or 0
-    )
-    cooldown_since = now - timedelta(seconds=settings.policy_node_cooldown_s)
-    nodes_in_cooldown = set(
-        session.scalars(
-            select(Node.name)
-            .join(Decision, Decision.node_id == Node.id)
+    since = now - prior_window(settings)
+    prior = [
+        PriorDecision(kind=kind, node=node, state=state, created_at=at, job_id=job_id, incident_id=incident_id)
+        for kind, node, state, at, job_id, incident_id in session.execute(
+            select(Decision.kind, Node.name, Decision.state, Decision.created_at, Decision.job_id, Decision.incident_id)
+            .outerjoin(Node, Node.id == Decision.node_id)
             .where(
-                Decision.kind == "evict",
-                Decision.created_at >= cooldown_since,
-                Decision.state.not_in(_INACTIVE),
-                Decision.incident_id != incident.id,
+                Decision.created_at >= since,
+                Decision.state.not_in(INACTIVE),
+                or_(Decision.kind == "evict", and_(Decision.job_id == job.id, Decision.node_id.is_(None))),
             )
         )
-    )
-    job_since = now - timedelta(seconds=settings.policy_job_cooldown_s)
-    job_in_cooldown = set(
-        session.scalars(
-            select(Decision.kind).where(
-                Decision.job_id == job.id,
-                Decision.node_id.is_(None),
-                Decision.created_at >= job_since,
-                Decision.state.not_in(_INACTIVE),
-                Decision.incident_id != incident.id,
-            )
-        )
-    )
+    ]
     already = {
         (kind, node)
         for kind, node in session.execute(
@@ -138,14 +119,15 @@ def _context(
         )
     }
     gpu_indexes, gpu_resets = _gpus(session, incident=incident, proposal=proposal, now=now, settings=settings)
-    return PolicyContext(
+    return build_context(
         now=now,
-        job_nodes=job_nodes,
-        evicted_last_hour=evicted_last_hour,
-        nodes_in_cooldown=nodes_in_cooldown,
-        job_in_cooldown=job_in_cooldown,
+        job_id=job.id,
+        incident_id=incident.id,
+        job_nodes=len(jobs.node_ids(session, job=job)),
+        prior=prior,
         network_events=_network_events(session, proposal),
         already_decided=already,
+        settings=settings,
         gpu_indexes=gpu_indexes,
         gpu_resets=gpu_resets,
     )
@@ -195,12 +177,19 @@ def _network_events(session: Session, proposal: IncidentProposal) -> dict[str, l
     if proposal.root_cause != "network":
         return {}
     ids = [i for s in proposal.suspects for i in s.finding_ids]
+    return network_times(
+        session.execute(
+            select(Node.name, Finding.observed_at, Finding.evidence)
+            .join(Node, Node.id == Finding.node_id)
+            .where(Finding.id.in_(ids))
+        )
+    )
+
+
+def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -> dict[str, list[datetime]]:
+    """(node, observed at, evidence) of network findings -> per node, the distinct times a fault was seen."""
     out: dict[str, set[datetime]] = defaultdict(set)
-    for node, observed_at, evidence in session.execute(
-        select(Node.name, Finding.observed_at, Finding.evidence)
-        .join(Node, Node.id == Finding.node_id)
-        .where(Finding.id.in_(ids))
-    ):
+    for node, observed_at, evidence in rows:
         out[node].add(observed_at)
         for t in (evidence or {}).get("times", []):
             try:

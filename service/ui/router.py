@@ -18,6 +18,7 @@ from service.ui.routes import (
     signin,
     silences,
     tokens,
+    whatif,
 )
 
 
@@ -25,4 +26,5 @@ def install(app: FastAPI, *, max_body_size: int) -> None:
     for module in (signin, overview, decisions, incident_list, silences, channels, tokens, incidents, nodes, jobs):
         app.include_router(module.router, max_body_size=max_body_size)
     app.include_router(fleet.router, max_body_size=max_body_size)
+    app.include_router(whatif.router, max_body_size=max_body_size)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -1,0 +1,70 @@
+"""What if: the policy form, prefilled with the settings in effect, and a backtest of the stored incidents under it.
+
+Read-only: the backtest runs in a READ ONLY savepoint that is rolled back (decisions.backtest.read_only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import Request
+from fastapi.routing import APIRouter
+from starlette.responses import Response
+
+from service.arguments import duration_s
+from service.decisions import backtest, backtest_report, overrides
+from service.deps import DbSession
+from service.errors import FaultlineError, InvalidInput
+from service.ui.auth import ViewerDep
+from service.ui.render import page
+from service.ui.views import admin
+
+router = APIRouter(include_in_schema=False)
+_LIST = "policy_approval_required_for"
+APPROVAL_KINDS = ("evict", "restart", "rollback", "diagnose")
+MODES = ("act", "shadow", "approval")
+
+
+def _shown(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else str(value)
+
+
+@router.get("/whatif")
+def whatif(request: Request, session: DbSession, _: ViewerDep) -> Response:
+    settings = request.app.state.settings
+    query = request.query_params
+    form: dict[str, Any] = {name: _shown(value) for name, value in overrides.current(settings).items()}
+    window = {"since": query.get("since", "7d"), "until": query.get("until", ""), "jobs": query.get("jobs", "")}
+    context: dict[str, Any] = {
+        "form": form,
+        "window": window,
+        "approval_kinds": APPROVAL_KINDS,
+        "modes": MODES,
+        "result": None,
+        "errors": [],
+    }
+    if "run" not in query:
+        return page(request, "whatif.html", context)
+    # The form as typed, shown again whatever happens.
+    form.update({name: query.get(name, "") for name in overrides.POLICY_SETTINGS if name != _LIST})
+    form[_LIST] = query.getlist(_LIST)
+    try:
+        candidate = overrides.candidate(settings, form)
+        try:
+            span = timedelta(seconds=duration_s(window["since"]))
+        except argparse.ArgumentTypeError as exc:
+            raise InvalidInput(f"since: {exc}") from None
+        until = admin.utc_time(window["until"], field="until") or datetime.now(UTC)
+        jobs = sorted({j for j in re.split(r"[\s,]+", window["jobs"]) if j})
+        with backtest.read_only(session):
+            result = backtest.run(
+                session, settings=settings, candidate=candidate, since=until - span, until=until, job_ids=jobs
+            )
+    except FaultlineError as exc:
+        context["errors"] = admin.error_lines(exc) or [exc.message]
+        return page(request, "whatif.html", context, status_code=exc.status_code)
+    context["result"] = backtest_report.as_dict(result)
+    return page(request, "whatif.html", context)
