@@ -312,6 +312,8 @@ def _xid_counter(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping
                 signals=[_signal(node, int(gpu), XID_LAST, first["ts"], first["before"], code)],
                 xid=int(code),
                 mnemonic=entry.mnemonic or None,
+                # The same Xid as the kernel's line: a reset of this GPU clears it when the catalog says so.
+                gpu_reset_enough=entry.gpu_reset_enough or None,
             )
         )
     return findings

@@ -179,19 +179,25 @@ def _proposal(category: str, items: list[tuple[int, Finding]]) -> IncidentPropos
 
 
 def _resettable_gpu(node_findings: Sequence[Finding]) -> str | None:
-    """The single GPU a reset would clear, when every finding asking to evict the node says so of that GPU.
+    """The single GPU (its PCI address) a reset would clear, when every finding asking to evict the node says so
+    of that GPU.
 
     Stalls folded into the incident (the job hangs because the GPU failed) are the fault's consequence, not
-    a second reason to take the node out.
+    a second reason to take the node out. DCGM's Xid counter names the GPU by index, not address: it agrees
+    when it reports a reset-enough code on one GPU index only (the kernel line gives the address).
     """
     evicting = [f for f in node_findings if f.action == "evict" and f.category not in _STALLS]
     gpus: set[str] = set()
+    indexes: set[int] = set()
     for f in evicting:
         pci = f.evidence.get("pci")
-        if f.subject_kind != "gpu" or not f.evidence.get("gpu_reset_enough") or not pci:
+        if f.subject_kind != "gpu" or not f.evidence.get("gpu_reset_enough"):
             return None
-        gpus.update([pci] if isinstance(pci, str) else pci)
-    return next(iter(gpus)) if len(gpus) == 1 else None
+        if pci:
+            gpus.update([pci] if isinstance(pci, str) else pci)
+        else:
+            indexes.update(f.evidence.get("gpus") or [-1])
+    return next(iter(gpus)) if len(gpus) == 1 and len(indexes) <= 1 else None
 
 
 def _blame(category: str, findings: list[Finding]) -> str:

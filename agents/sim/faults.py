@@ -235,6 +235,27 @@ class FaultInjection:
         self._kern(n, *fmt.fallen_off_bus(g.bus, F.PCI_DEVICE_ID))
         self._hang_job({self._rank(n, g.index): CULPRIT_SYNC}, self.config.watchdog_seconds)
 
+    def _inject_gpu_reset(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """Xid 119: the GPU's GSP stops answering RPCs; the driver needs the GPU reset, the rest of the node is fine."""
+        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        assert n is not None
+        rank = self._rank(n, g.index)
+        g.xid = 119
+        self._kern(
+            n,
+            fmt.xid(
+                g.bus,
+                119,
+                "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) "
+                "(0x20801348 0x404).",
+                pid=self._pid(rank),
+                name="python",
+            ),
+        )
+        self._train(n, fmt.traceback_cuda(rank, "unspecified launch failure"))
+        self._set_mode(rank, CRASH_ECC)  # the rank process exits with its CUDA error
+        self._hang_job({}, self.config.watchdog_seconds)
+
     def _inject_ecc_dbe(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         assert n is not None

@@ -163,6 +163,11 @@ def traceback_user_bug(rank: int) -> list[str]:
 
 
 def traceback_ecc(rank: int) -> list[str]:
+    return traceback_cuda(rank, "uncorrectable ECC error encountered")
+
+
+def traceback_cuda(rank: int, error: str) -> list[str]:
+    """A rank's CUDA error in the backward pass (the error as torch words it, e.g. "unspecified launch failure")."""
     return _frames(
         rank,
         (
@@ -178,7 +183,7 @@ def traceback_ecc(rank: int) -> list[str]:
             ),
         ),
         [
-            "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+            f"RuntimeError: CUDA error: {error}",
             "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
             "might be incorrect.",
             "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",

@@ -64,6 +64,16 @@ FAULT_KINDS: dict[str, FaultKind] = {
             GPU,
         ),
         FaultKind(
+            "gpu_reset",
+            "a GSP RPC timeout on one GPU (Xid 119, which a GPU reset clears): its rank dies with a CUDA error; "
+            "reset that GPU, keep the node",
+            "infrastructure",
+            False,
+            GPU,
+            eviction_optional=True,  # where GPU resets are off (or that GPU was reset lately) the node goes
+            expect_action="reset_gpu",
+        ),
+        FaultKind(
             "nvlink",
             "NVLink errors (Xid 74) and rising CRC/replay counters on one GPU; the whole job slows",
             "infrastructure",

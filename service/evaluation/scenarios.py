@@ -116,6 +116,8 @@ SIM_SCENARIOS = (
     # Real-life noise and harder faults (issue 17). transient and healthy_real are healthy runs (nothing to find).
     "two_faults", "fault_in_checkpoint", "intermittent_straggler", "hang_in_checkpoint", "software_slow",
     "transient", "healthy_real",
+    # GPU-level remediation (issue 18): a fault a reset of the one GPU clears.
+    "gpu_reset",
 )  # fmt: skip
 # Healthy runs with noise: watched like `healthy` (the ground truth has no fault; the transient is under "noise").
 HEALTHY_SIM = frozenset({"healthy", "transient", "healthy_real"})

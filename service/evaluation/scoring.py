@@ -18,8 +18,8 @@ from service.evaluation.spread import percentile
 # Decisions that do not take a machine away: a person said no.
 NOT_EVICTING_STATES = frozenset({"rejected"})
 # Decisions that settle what happens to the job (a `diagnose` may still be followed by an eviction).
-CONCLUSIVE_KINDS = frozenset({"evict", "restart", "rollback", "none"})
-FATAL_XID_KINDS = frozenset({"gpu_lost", "ecc_dbe", "fault_in_checkpoint"})
+CONCLUSIVE_KINDS = frozenset({"evict", "reset_gpu", "restart", "rollback", "none"})
+FATAL_XID_KINDS = frozenset({"gpu_lost", "ecc_dbe", "fault_in_checkpoint", "gpu_reset"})
 # Decisions stamped this much before the injection still count as answers to it (clock granularity).
 CLOCK_SLACK_S = 2.0
 
@@ -342,7 +342,7 @@ def score_scenario(
     evicted = evicted_nodes(parsed)
     expected, tolerated = truth.expected_evictions, truth.tolerated_evictions
     tp, fp, fn = len(evicted & expected), len(evicted - expected - tolerated), len(expected - evicted)
-    undiagnosed = spread.undiagnosed(truth.faults, parsed)
+    unanswered = spread.unanswered(truth.faults, parsed)
     injected = truth.injected_at
     answering = answering_decisions(parsed, injected)
     first = first_decision(answering)
@@ -361,7 +361,7 @@ def score_scenario(
         tp=tp,
         fp=fp,
         fn=fn,
-        correct=fp == 0 and fn == 0 and not undiagnosed,
+        correct=fp == 0 and fn == 0 and not unanswered,
         blame_expected=truth.blame,
         blame_decided=blame,
         blame_ok=_blame_ok(truth.blame, blame),
@@ -379,7 +379,7 @@ def score_scenario(
         hang_timeout_s=hang_timeout_s,
         error=error,
         false_accusations=spread.false_accusations(parsed, truth.faulty_nodes),
-        notes=[f"no diagnose decision for {', '.join(undiagnosed)}"] if undiagnosed else [],
+        notes=unanswered,
         faults=len(truth.faults),
     )
 

@@ -413,6 +413,7 @@ class Soak:
                         "t_s": by_id[d.job_id].decision_times.get(d.id) if d.job_id in by_id else None,
                         "kind": d.kind,
                         "node": names.get(d.node_id) if d.node_id else None,
+                        "gpu": d.gpu,
                         "confidence": round(d.confidence, 3),
                         "reason": d.reason,
                     }

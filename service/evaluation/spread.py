@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from service.evaluation.scoring import Decision, Fault, ScenarioScore
 
 # Decisions that accuse a machine without taking it away; on a healthy machine each is a false accusation.
-ACCUSING_KINDS = frozenset({"diagnose"})
+# Decisions that name a machine without evicting it: on a healthy machine, each is a false accusation.
+ACCUSING_KINDS = frozenset({"diagnose", "reset_gpu"})
 TARGET_FALSE_ACCUSATIONS_PER_FAULT = 0.2
 
 
@@ -28,12 +29,19 @@ def false_accusations(decisions: Iterable[Decision], faulty: frozenset[str]) -> 
     )
 
 
-def undiagnosed(faults: Iterable[Fault], decisions: Sequence[Decision]) -> list[str]:
-    """The nodes of faults whose ground truth expects a diagnose decision and that got none (in any state but
-    rejected)."""
-    diagnosed = {d.node for d in decisions if d.kind == "diagnose" and d.state != "rejected"}
-    wanted = {n for f in faults if f.expect_action == "diagnose" for n in f.nodes}
-    return sorted(wanted - diagnosed)
+# Actions a fault's ground truth may expect other than an eviction, each a decision kind naming the node.
+ANSWER_ACTIONS = ("diagnose", "reset_gpu")
+
+
+def unanswered(faults: Iterable[Fault], decisions: Sequence[Decision]) -> list[str]:
+    """`no ACTION decision for NODE` for each fault whose ground truth expects a diagnose (or reset_gpu) decision
+    on its node and got none (in any state but rejected)."""
+    made = {(d.kind, d.node) for d in decisions if d.state != "rejected"}
+    wanted = {(f.expect_action, n) for f in faults if f.expect_action in ANSWER_ACTIONS for n in f.nodes}
+    missing: dict[str, list[str]] = {}
+    for action, node in sorted(wanted - made):
+        missing.setdefault(action, []).append(node)
+    return [f"no {action} decision for {', '.join(nodes)}" for action, nodes in missing.items()]
 
 
 @dataclass(frozen=True)

@@ -532,3 +532,24 @@ def test_concurrent_faults_are_runs_whose_open_faults_overlap() -> None:
         run("ecc_dbe", "05:00", 1.0, "05:30"),  # alone
     ]
     assert concurrent_faults(runs) == ["gpu_lost/s1", "straggler/s1", "hang/s1"]
+
+
+def test_a_gpu_reset_fault_wants_a_reset_of_its_node_and_tolerates_an_eviction() -> None:
+    gt = GroundTruth.from_json(
+        {
+            "scenario": "gpu_reset",
+            "job_id": "job-gpu_reset",
+            "nodes": NODES,
+            "faults": [
+                {"kind": "gpu_reset", "nodes": ["node-002"], "injected_at": T0.isoformat(), "blame": "infrastructure",
+                 "expect_eviction": False, "eviction_optional": True, "expect_action": "reset_gpu"}
+            ],
+        }
+    )  # fmt: skip
+    reset = score_scenario(gt, [decision("reset_gpu", "node-002", 2)], [])
+    assert reset.correct and reset.time_to_decision_s == 2 and (reset.tp, reset.fp, reset.fn) == (0, 0, 0)
+    evicted = score_scenario(gt, [decision("evict", "node-002", 2)], [])
+    assert not evicted.correct and evicted.fp == 0 and evicted.notes == ["no reset_gpu decision for node-002"]
+    wrong_node = score_scenario(gt, [decision("reset_gpu", "node-001", 2)], [])
+    assert not wrong_node.correct and wrong_node.notes == ["no reset_gpu decision for node-002"]
+    assert wrong_node.false_accusations == ["node-001"]

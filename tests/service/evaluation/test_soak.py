@@ -78,3 +78,13 @@ def test_a_fatal_xid_in_a_soak_job_is_evicted(committed: Engine) -> None:
     assert evicted == set(fault["nodes"])
     assert all(60.0 <= d["t_s"] <= 75.0 for d in report["decisions"] if d["kind"] == "evict")
     assert soak.targets(report)[0]["status"] == "FAIL"  # the soak's own target: an eviction fails it
+
+
+def test_a_gpu_reset_xid_resets_that_gpu_and_keeps_the_node(committed: Engine) -> None:
+    report = _soak((SoakJob("a", 2, 2, scenario="gpu_reset", fault_after=60.0),), 150.0)
+    (fault,) = report["jobs"][0]["faults"]
+    (node,) = fault["nodes"]
+    kinds = {(d["kind"], d["node"]) for d in report["decisions"]}
+    assert ("reset_gpu", node) in kinds and not any(k == "evict" for k, _ in kinds), report["decisions"]
+    reset = next(d for d in report["decisions"] if d["kind"] == "reset_gpu")
+    assert reset["gpu"] == fault["gpus"][node][0]
