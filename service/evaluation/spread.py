@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from service.evaluation.scoring import Decision, Fault, ScenarioScore
 
 # Decisions that accuse a machine without taking it away; on a healthy machine each is a false accusation.
-# Decisions that name a machine without evicting it: on a healthy machine, each is a false accusation.
 ACCUSING_KINDS = frozenset({"diagnose", "reset_gpu"})
 TARGET_FALSE_ACCUSATIONS_PER_FAULT = 0.2
 
