@@ -212,5 +212,23 @@ def stack_samples_for(session: Session, *, directive_ids: Sequence[uuid.UUID]) -
     return {d: list(samples.values()) for d, samples in by_rank.items()}
 
 
+def stopped_by_launcher(session: Session, *, job: Job, since: datetime, until: datetime) -> set[tuple[str, int]]:
+    """(node, pid) of the job's processes its launchers stopped in a time range (torchrun's `Sending process N
+    closing signal SIGTERM`, DeepSpeed's `Killing subprocess N`): gone because the job is being torn down
+    (a restart, a preemption, a peer's crash), not because their own machine failed."""
+    rows = session.execute(
+        select(Node.name, LogEvent.fields["pid"].astext)
+        .join(Node, Node.id == LogEvent.node_id)
+        .where(
+            LogEvent.job_id == job.id,
+            LogEvent.kind == "elastic_error",
+            LogEvent.fields["category"].astext == "closing_signal",
+            LogEvent.ts >= since,
+            LogEvent.ts <= until,
+        )
+    ).all()
+    return {(node, int(pid)) for node, pid in rows if pid is not None and pid.isdigit()}
+
+
 def window_start(now: datetime, seconds: float) -> datetime:
     return now - timedelta(seconds=seconds)

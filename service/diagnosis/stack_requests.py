@@ -28,6 +28,8 @@ from service.models import Finding as FindingRow
 log = logging.getLogger(__name__)
 
 HORIZON = timedelta(hours=1)
+# Launchers' closing signals this long before a stack request still explain a rank found without a stack.
+LAUNCHER_STOP_SLACK = timedelta(seconds=30)
 CAMPAIGN_COOLDOWN = timedelta(minutes=10)
 
 
@@ -130,9 +132,17 @@ def _aggregate_hangs(
         else:
             ready.append(directive)
     samples_of = signals.stack_samples_for(session, directive_ids=[d.id for d in ready])
+    stopped = (
+        signals.stopped_by_launcher(
+            session, job=job, since=min(d.created_at for d in ready) - LAUNCHER_STOP_SLACK, until=now
+        )
+        if ready
+        else set()
+    )
     out: list[Finding] = []
     for directive in ready:
-        samples = samples_of[directive.id]
+        # A rank without a stack because its launcher stopped it (the job torn down meanwhile) accuses no one.
+        samples = [s for s in samples_of[directive.id] if s.threads or (s.node, s.pid) not in stopped]
         analysis = stacks.analyze(info, samples) if samples else None
         found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
         out += _keyed(found, str(directive.id), job, now, what="hang", n=len(samples))

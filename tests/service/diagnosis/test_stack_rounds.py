@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 from ml.findings import JobInfo
 from service.config import Settings
 from service.diagnosis import signals, stack_requests
-from service.models import Directive, Job, Node, StackDump
+from service.directives.service import request_stack_dump
+from service.models import Directive, Job, LogEvent, Node, StackDump
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 WAITING = [("_engine_run_backward", "torch/autograd/graph.py"), ("backward", "torch/_tensor.py")]
@@ -150,3 +151,50 @@ def test_stack_samples_of_several_requests_are_read_at_once(session: Session) ->
     assert all(batched[i] == signals.stack_samples_for(session, directive_ids=[i])[i] for i in ids)
     assert [s.rank for s in batched[ids[0]]] == list(range(8)) and batched[ids[0]][5].id == again.id
     assert signals.stack_samples_for(session, directive_ids=[]) == {}
+
+
+def _hang_request(session: Session, job: Job, nodes: list[Node], gone: int) -> Directive:
+    """A hang's stack request answered by 8 ranks, all waiting in the collective but `gone`, whose process had
+    exited by the time its agent dumped (no threads)."""
+    directive = request_stack_dump(session, job=job, requested_by="faultline", reason="suspected hang", ttl_s=60,
+                                   purpose="hang")  # fmt: skip
+    directive.created_at = T0
+    _answer(session, job, nodes, directive, computing=set())
+    dump = session.scalar(select(StackDump).where(StackDump.directive_id == str(directive.id), StackDump.rank == gone))
+    assert dump is not None
+    dump.threads = []
+    session.flush()
+    return directive
+
+
+def _closing_signal(session: Session, job: Job, node: Node, pid: int, at: datetime) -> None:
+    where = "torch/distributed/elastic/multiprocessing/api.py:897"
+    line = f"W1126 04:12:45.000000 1234 {where}] Sending process {pid} closing signal SIGTERM"
+    session.add(
+        LogEvent(batch_id=uuid.uuid4(), node_id=node.id, job_id=job.id, ts=at, source="training", kind="elastic_error",
+                 severity="warning", line=line, fields={"category": "closing_signal", "pid": pid, "signal": "SIGTERM"})
+    )  # fmt: skip
+    session.flush()
+
+
+def test_a_rank_gone_without_a_stack_is_the_hangs_culprit(session: Session) -> None:
+    job, nodes = _job(session)
+    info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
+    _hang_request(session, job, nodes, gone=5)
+    found, _ = stack_requests.aggregate(
+        session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
+    )
+    assert {f.subject for f in found if f.subject_kind == "node"} == {nodes[2].name}, [f.summary for f in found]
+
+
+def test_a_rank_its_launcher_stopped_accuses_no_machine(session: Session) -> None:
+    """A restart tears the job down while the agents dump: the rank torchrun sent SIGTERM is gone for that."""
+    job, nodes = _job(session)
+    info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
+    _hang_request(session, job, nodes, gone=5)
+    _closing_signal(session, job, nodes[2], pid=1005, at=T0 + timedelta(seconds=1))
+    _closing_signal(session, job, nodes[3], pid=9999, at=T0 + timedelta(seconds=1))  # another process: no matter
+    found, _ = stack_requests.aggregate(
+        session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
+    )
+    assert not [f for f in found if f.subject_kind == "node"], [f.summary for f in found]
