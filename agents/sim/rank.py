@@ -2,6 +2,9 @@
 
 It does no work: it sleeps through functions named like a training loop, so that `py-spy dump` shows a
 realistic stack (train -> train_step -> forward / backward -> all_reduce -> _wait_for_work) at ~0 CPU.
+As in synchronous training, every rank leaves the gradient all-reduce at the same moment (a step boundary
+of the host's clock, which all ranks of a simulated cluster share), so at any instant the ranks are in
+the same phase of the step and stacks dumped together agree, as a healthy job's do.
 What it does is read from the node's control file (re-read every 0.5 s):
 
   normal             loop through steps
@@ -23,6 +26,7 @@ Only the standard library, and little of it: a node runs eight of these.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -69,6 +73,9 @@ class Control:
             except OSError:
                 pass
         return self._mode
+
+
+OPTIMIZER_SHARE = 0.05  # of a step: the optimizer's update after the gradients' all-reduce
 
 
 class Context:
@@ -175,11 +182,17 @@ def backward(ctx: Context, loss: float) -> None:
 def all_reduce(ctx: Context, what: str) -> None:
     if ctx.mode() == "crash:nccl":
         _raise_for("crash:nccl")
-    _wait_for_work(ctx, 0.20)
+    _wait_for_work(ctx, 0.20, synchronized=True)
 
 
-def _wait_for_work(ctx: Context, share: float) -> None:
+def _wait_for_work(ctx: Context, share: float, *, synchronized: bool = False) -> None:
+    """Wait `share` of a step; `synchronized`: at least that, then on to the moment every rank's collective
+    completes (OPTIMIZER_SHARE of a step before the next boundary of the shared clock)."""
     deadline = time.monotonic() + ctx.step_seconds * share
+    if synchronized:
+        step, wall = ctx.step_seconds, time.time()
+        done = (math.floor((wall + step * share) / step) + 1) * step - step * OPTIMIZER_SHARE
+        deadline = time.monotonic() + max(done - wall, step * share)
     while True:
         mode = ctx.mode()
         if mode.startswith("crash:"):
@@ -192,7 +205,7 @@ def _wait_for_work(ctx: Context, share: float) -> None:
 
 def optimizer_step(ctx: Context) -> None:
     _raise_for(ctx.mode())
-    ctx.run_kernels(0.05)
+    ctx.run_kernels(OPTIMIZER_SHARE)
 
 
 def write_record(ctx: Context) -> None:

@@ -656,3 +656,23 @@ def test_a_late_agent_is_up_before_the_fault() -> None:
     assert all(c.agent_delay(n) == 0 for n in range(3))
     c = cluster("healthy", late_join_nodes=2, late_join_s=(20.0, 30.0))
     assert sorted(c.agent_delay(n) > 0 for n in range(3)) == [False, True, True]
+
+
+def test_healthy_ranks_leave_the_all_reduce_together_at_step_boundaries() -> None:
+    """Synchronous training: whenever a rank arrives at the all-reduce, it leaves at the same moment as every
+    other rank (so stacks dumped together show one phase), and never sooner than the collective takes."""
+    import time
+
+    from agents.sim import rank
+
+    ctx = _Ctx("normal")
+    step = ctx.step_seconds = 0.4
+    leaves = []
+    for arrive in (0.0, 0.15, 0.25):  # three ranks reaching the collective at different points of a step
+        time.sleep(step - time.time() % step + arrive)
+        began = time.time()
+        rank.all_reduce(ctx, "gradients")  # type: ignore[arg-type]
+        leaves.append(time.time())
+        assert leaves[-1] - began >= 0.2 * step - 0.01  # the collective's own time at least
+    phases = [(t + step * rank.OPTIMIZER_SHARE) % step for t in leaves]
+    assert all(min(p, step - p) < 0.05 for p in phases), phases  # at a boundary, less the optimizer's share
