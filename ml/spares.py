@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 
 from scipy.stats import binom
 
+# Observed time below which a failure rate means nothing (a day of one node).
+MIN_NODE_HOURS = 24.0
+
 
 def failure_probability(rate_per_hour: float, horizon_h: float) -> float:
     """Probability that a node with this failure rate fails at least once within the horizon."""
@@ -83,6 +86,13 @@ def advise(
     if node_hours <= 0:
         reason = "no node has been observed yet: there is no failure history to size standbys from"
         return Advice(**common, node_hours=0.0, rate_per_hour=None, p_node=None, standbys=None, reason=reason)
+    if node_hours < MIN_NODE_HOURS:
+        # A failure in the first minutes of a fleet's history would read as thousands per 1000 node-hours.
+        reason = (
+            f"only {node_hours:.1f} node-hours observed (at least {MIN_NODE_HOURS:g} needed): too little history "
+            "to size standbys"
+        )
+        return Advice(**common, node_hours=node_hours, rate_per_hour=None, p_node=None, standbys=None, reason=reason)
     if failures == 0:
         reason = f"no failure in {node_hours:.0f} node-hours observed: too little history to size standbys"
         return Advice(**common, node_hours=node_hours, rate_per_hour=None, p_node=None, standbys=None, reason=reason)

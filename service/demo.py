@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -101,6 +102,12 @@ class Services:
     def start_processes(self, port: int, *, worker_concurrency: int = 2) -> str:
         """The API, a Celery worker and beat; returns the API's URL once it answers /healthz."""
         url = f"http://127.0.0.1:{port}"
+        # One metrics folder for the three: the API's /metrics then shows what the worker measured too (the
+        # repair times of detection and decision). Emptied first: files of an earlier run would add stale values.
+        metrics = self.logs.parent / "prometheus"
+        shutil.rmtree(metrics, ignore_errors=True)
+        metrics.mkdir(parents=True)
+        self.env = {**self.env, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
         api = self.spawn("api", ["faultline", "serve", "--port", str(port)])
         self.spawn("worker", ["faultline", "work", "--concurrency", str(worker_concurrency)])
         self.spawn("beat", ["faultline", "work", "--beat-only"])

@@ -52,3 +52,9 @@ def test_no_history_gives_no_number() -> None:
     assert none.standbys is None and none.rate_per_hour is None and "no node has been observed" in (none.reason or "")
     quiet = advise(nodes=64, horizon_h=24, quantile=0.99, failures_by_root_cause={}, node_hours=500)
     assert quiet.standbys is None and "no failure in 500 node-hours" in (quiet.reason or "")
+
+
+def test_minutes_of_history_give_no_estimate() -> None:
+    young = advise(nodes=4, horizon_h=24, quantile=0.99, failures_by_root_cause={"nvlink": 1}, node_hours=0.16)
+    assert young.standbys is None and young.rate_per_hour is None
+    assert young.reason is not None and "0.2 node-hours observed (at least 24 needed)" in young.reason

@@ -240,7 +240,7 @@ def test_the_job_page_shows_ettr_and_the_incidents_that_cost_it(ui, session) -> 
     ettr_card = _section(page.text, "job-ettr")
     # 50 of 120 minutes lost since the start; 20 of the last 60.
     assert re.findall(r'<b class="ettr [^"]+">([\d.]+%)</b>', ettr_card) == ["58.3%", "66.7%"]
-    assert "ETTR = productive time ÷ wall time" in ettr_card
+    assert "The share of wall time no incident of the job was open" in ettr_card
     assert "1 merged incident not counted" in ettr_card
     costly = _rows(_section(page.text, "job-incidents"))
     linked = [re.search(r'href="/incidents/(\d+)"', r).group(1) for r in costly]
