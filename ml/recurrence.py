@@ -8,7 +8,9 @@ flagged one. A clean span (the job working, the GPU not flagged) lying wholly af
 ends it. Spans where the job was not working (a checkpoint, a hang) are skipped: they neither count nor end one.
 
 A GPU with MIN_EPISODES separate episodes in the horizon on a metric is a recurrent straggler, unless a GPU of
-another machine recurs nearly as often (then the job, not a machine, comes and goes).
+another machine recurs nearly as often (then the job, not a machine, comes and goes), or it is starved rather than
+slow: a throttled GPU works longer than its peers each step (busier), a GPU waiting for its input (a data loader
+starved of CPU, a slow filesystem) works less, and its clock drops with it as any idle GPU's does.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ MIN_EPISODES = 3
 # Confidence kept for 3, 4, 5+ episodes: a third episode is a pattern, each one after it makes it surer.
 EPISODE_FACTOR = (0.9, 0.95, 1.0)
 MAX_CONFIDENCE = 0.95  # as ml/peers.py: a metric comparison is never certain
+# How busy a GPU is: low against its peers in an episode, the GPU waited for work (starved), it did not slow.
+BUSY_METRICS = frozenset({"gpu_util", "sm_active", "tensor_active"})
 
 
 @dataclass(slots=True)
@@ -122,6 +126,8 @@ def detect(
         # machine is no rival: a fan or power supply cycling takes several of its GPUs, the machine is still bad).
         if rivals and max(rivals) >= max(2, n - 1):
             continue
+        if any(metric in BUSY_METRICS and side == "low" for metric, side in by_metric):
+            continue  # idle, not slow: the node's input (host, storage) is the suspect, which other rules judge
         recurring = {k: v for k, v in by_metric.items() if len(v) >= MIN_EPISODES}
         findings.append(_finding(job, unit, category, recurring, n, latest_end, span_s, horizon_s))
     return findings

@@ -114,3 +114,15 @@ def test_outlier_episodes_moving_between_gpus_accuse_no_one() -> None:
 
     history = passes(samples(bad))
     assert [(t, f.subject) for t, fs in history for f in fs] == []
+
+
+# A GPU waiting for its input (the software_slow scenario: a runaway loader worker): idle longer each step, so
+# less busy than its peers, and its clock and power drop as an idle GPU's do.
+STARVED = {"power_usage": 0.6, "sm_clock": 0.72, "sm_active": 0.75, "tensor_active": 0.75}
+
+
+def test_a_starved_machine_coming_and_going_is_not_a_recurrent_straggler() -> None:
+    cycles = on_off(4, first=30)
+    both = lambda u, t: STARVED if u in (4, 5) and cycles(4, t) else {}  # noqa: E731
+    history = passes(samples(both))
+    assert not [f for _, fs in history for f in fs if f.evidence.get("rule") == "recurrence"]
