@@ -28,6 +28,8 @@ from service.models import Finding as FindingRow
 log = logging.getLogger(__name__)
 
 HORIZON = timedelta(hours=1)
+# A step stamped up to this long before a hang's stack request already ends the stall (see _stall_over).
+STALL_OVER_S = 20.0
 # Launchers' closing signals this long before a stack request still explain a rank found without a stack.
 LAUNCHER_STOP_SLACK = timedelta(seconds=30)
 CAMPAIGN_COOLDOWN = timedelta(minutes=10)
@@ -141,12 +143,24 @@ def _aggregate_hangs(
     )
     out: list[Finding] = []
     for directive in ready:
+        if _stall_over(session, job=job, info=info, asked=directive.created_at):
+            # The job trained on after the request (a long checkpoint, not a hang): its stacks are of a running
+            # job, caught at whatever phase each machine was in, and say nothing about a stall.
+            continue
         # A rank without a stack because its launcher stopped it (the job torn down meanwhile) accuses no one.
         samples = [s for s in samples_of[directive.id] if s.threads or (s.node, s.pid) not in stopped]
         analysis = stacks.analyze(info, samples) if samples else None
         found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
         out += _keyed(found, str(directive.id), job, now, what="hang", n=len(samples))
     return out, waits
+
+
+def _stall_over(session: Session, *, job: Job, info: JobInfo, asked: datetime) -> bool:
+    """Whether the job stepped again after a hang's stack request. The request comes a hang timeout after the
+    last step, so a step stamped later than half of it (at most STALL_OVER_S) before the request is a new one,
+    whichever way a node's clock is off by a few seconds."""
+    margin = timedelta(seconds=min(STALL_OVER_S, info.hang_timeout_s / 2))
+    return signals.stepped_since(session, job=job, since=asked - margin)
 
 
 def _advance_campaigns(

@@ -198,3 +198,37 @@ def test_a_rank_its_launcher_stopped_accuses_no_machine(session: Session) -> Non
         session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
     )
     assert not [f for f in found if f.subject_kind == "node"], [f.summary for f in found]
+
+
+def _step(session: Session, job: Job, node: Node, step: int, at: datetime) -> None:
+    session.add(
+        LogEvent(batch_id=uuid.uuid4(), node_id=node.id, job_id=job.id, ts=at, source="training", kind="step",
+                 severity="debug", line=f"step={step}", fields={"step": step})
+    )  # fmt: skip
+    session.flush()
+
+
+def test_stacks_of_a_job_that_trained_on_after_the_request_accuse_no_one(session: Session) -> None:
+    """A checkpoint longer than the hang timeout: the stall ends as the stacks are asked for; the running job's
+    machines are caught at different phases of a step, which is no hang's culprit."""
+    job, nodes = _job(session)
+    info = JobInfo(
+        job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)}, hang_timeout_s=30
+    )
+    _hang_request(session, job, nodes, gone=5)
+    _step(session, job, nodes[0], 57, T0 - timedelta(seconds=31))  # the last step before the stall
+    found, _ = stack_requests.aggregate(
+        session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
+    )
+    assert {f.subject for f in found if f.subject_kind == "node"} == {nodes[2].name}  # still stalled: judged
+    job2, nodes2 = _job(session)
+    _hang_request(session, job2, nodes2, gone=5)
+    _step(session, job2, nodes2[0], 57, T0 - timedelta(seconds=31))
+    _step(session, job2, nodes2[1], 58, T0 + timedelta(seconds=2))  # training went on
+    info2 = JobInfo(
+        job2.external_id, world_size=8, rank_nodes={r: nodes2[r // 2].name for r in range(8)}, hang_timeout_s=30
+    )
+    found, _ = stack_requests.aggregate(
+        session, job=job2, info=info2, settings=Settings(), now=T0 + timedelta(seconds=40)
+    )
+    assert found == []
