@@ -482,7 +482,14 @@ class FaultInjection:
             self._begin_checkpoint(self.rng.uniform(*FORCED_CHECKPOINT_S))
         into = self.rng.uniform(*XID_INTO_CHECKPOINT_S)
         self.job.pause_until = max(self.job.pause_until, self.t + into + 5.0)  # the save is still going then
-        self._schedule(into, lambda: self._falls_off_bus(n, g))
+
+        def falls() -> None:
+            # The fault is the Xid: its time is when the GPU drops, not when the save began.
+            record.injected_at, record.t = self._ts(), self.t
+            self.faults_version += 1
+            self._falls_off_bus(n, g)
+
+        self._schedule(into, falls)
 
     def _inject_intermittent_straggler(self, spec: FaultSpec, record: FaultRecord) -> None:
         g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]

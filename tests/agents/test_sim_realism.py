@@ -430,6 +430,8 @@ def test_fault_in_checkpoint_comes_during_the_save() -> None:
     )
     saving, xid = r.first("saving checkpoint at iteration"), r.first("GPU has fallen off the bus")
     assert saving <= T + 0.2 and 3.0 <= xid - saving <= 8.5
+    injected = (datetime.fromisoformat(fault["injected_at"]) - c.start).total_seconds()
+    assert abs(injected - xid) <= 0.2  # the fault's time is the Xid's, not the save's start
     assert not any("successfully saved checkpoint" in x for _, x in r.train())
     (node,) = fault["nodes"]
     assert [n for n in c.node_names if any(": 79," in x for _, x in r.kern(n))] == [node]
