@@ -176,6 +176,17 @@ def _backtest(args: argparse.Namespace) -> int:
     except FaultlineError as exc:
         print(f"faultline backtest: bad policy: {exc.message}", file=sys.stderr)
         return 2
+    from service import migrate
+
+    current, head = migrate.current_and_head(settings.sqlalchemy_url)
+    if current != head:
+        # It never writes, so it cannot migrate: an older database is refused before any query fails on it.
+        print(
+            f"faultline backtest: the database is at {current or 'an empty schema'}, this code needs {head}: "
+            "run `faultline migrate` first (with the same --data-dir or FAULTLINE_DATABASE_URL)",
+            file=sys.stderr,
+        )
+        return 2
     session = make_sessionmaker(get_engine())()
     try:
         with backtest.read_only(session):

@@ -351,3 +351,15 @@ def test_network_flap_tolerance_is_replayed_from_the_findings_times(session) -> 
     assert (removed.kind, removed.node, removed.change) == ("evict", "n-1", "removed")
     assert "flap_tolerance: 2 network faults in 300 s" in removed.why
     assert "candidate: nothing [flap_tolerance: 2 network faults in 300 s, 3 needed]" in removed.why
+
+
+def test_an_older_database_is_refused_with_the_command_to_run(monkeypatch, tmp_path, capsys) -> None:
+    from faultline.cli import main
+    from service import migrate
+
+    monkeypatch.setattr(migrate, "current_and_head", lambda url: ("0009", "0010"))
+    policy = tmp_path / "p.toml"
+    policy.write_text("policy_evict_min_confidence = 0.95\n")
+    assert main(["backtest", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "the database is at 0009, this code needs 0010: run `faultline migrate` first" in err
