@@ -4,7 +4,7 @@ from its peers over one span, and the outliers standing apart with a clear gap."
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -193,6 +193,17 @@ def _pipeline_stages(job: JobInfo, units: Any) -> dict[str, int]:
         return {}
     stage = parallel.coordinates_array(job, np.array(list(placed.values())))["pp"]
     return {u: int(s) for u, s in zip(placed, stage, strict=True)}
+
+
+# How busy a GPU is. In synchronous training the slow GPU works longest and its peers wait for it; a GPU less busy
+# than its peers waited for its own input (a data loader starved of CPU, slow storage): its machine's host side is
+# the suspect, not the GPU, and its clock and power drop as any idle GPU's do.
+BUSY_METRICS = frozenset({"gpu_util", "sm_active", "tensor_active"})
+
+
+def starved(metric_sides: Iterable[tuple[str, str]]) -> bool:
+    """Whether any of these (metric, side) is a busy metric on the low side."""
+    return any(metric in BUSY_METRICS and side == "low" for metric, side in metric_sides)
 
 
 def strength(score: float) -> float:

@@ -25,7 +25,17 @@ import pandas as pd
 from ml import recurrence, windows
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
 from ml.metrics import WINDOW_S
-from ml.peer_spans import DEFAULT_PRIORITY, SPAN_S, SUPPORT_Z, Z_MIN, _spec, _utc, strength, summarize_span
+from ml.peer_spans import (
+    DEFAULT_PRIORITY,
+    SPAN_S,
+    SUPPORT_Z,
+    Z_MIN,
+    _spec,
+    _utc,
+    starved,
+    strength,
+    summarize_span,
+)
 from ml.peer_spans import SPECS as SPECS  # re-exported: the service reads peers.SPECS
 
 DETECTOR = "peers"
@@ -197,6 +207,8 @@ def _findings(
         onset = now - timedelta(seconds=(onset_w + 1) * window_s)
         lead = evidence_metrics[0]
         names = ", ".join(m["metric"] for m in evidence_metrics)
+        # Less busy than its peers: the GPU waits for its input. The machine is worth a look, not an eviction.
+        idle = starved((m["metric"], m["direction"]) for m in evidence_metrics)
         evidence: PeerEvidence = {
             "signals": [
                 {
@@ -227,12 +239,13 @@ def _findings(
                     f"{node} GPU {gpu} is its peers' outlier for {len(lead['windows']) * window_s:.0f} s "
                     f"({lead['direction']} {lead['metric']}: {lead['windows'][0]['value']:.4g} vs peers "
                     f"{lead['windows'][0]['peer_median']:.4g}); metrics: {names}"
+                    + ("; less busy than its peers: waiting for its input, not slow" if idle else "")
                 ),
                 observed_at=onset,
                 node=node,
-                blame="infrastructure",
+                blame="unknown" if idle else "infrastructure",
                 role="cause",
-                action="evict",
+                action="diagnose" if idle else "evict",
                 key=f"{unit}:{category}",
                 evidence=evidence,
             )

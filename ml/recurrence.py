@@ -25,7 +25,7 @@ import numpy as np
 
 from ml.evidence import PeerEpisode
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
-from ml.peer_spans import _spec, _utc, strength
+from ml.peer_spans import _spec, _utc, starved, strength
 
 DETECTOR = "peers"
 # Ten minutes: three episodes of a cycle up to ~4 min (on + off), well inside the 20 min a fail-slow GPU costs
@@ -36,8 +36,6 @@ MIN_EPISODES = 3
 # Confidence kept for 3, 4, 5+ episodes: a third episode is a pattern, each one after it makes it surer.
 EPISODE_FACTOR = (0.9, 0.95, 1.0)
 MAX_CONFIDENCE = 0.95  # as ml/peers.py: a metric comparison is never certain
-# How busy a GPU is: low against its peers in an episode, the GPU waited for work (starved), it did not slow.
-BUSY_METRICS = frozenset({"gpu_util", "sm_active", "tensor_active"})
 
 
 @dataclass(slots=True)
@@ -126,7 +124,7 @@ def detect(
         # machine is no rival: a fan or power supply cycling takes several of its GPUs, the machine is still bad).
         if rivals and max(rivals) >= max(2, n - 1):
             continue
-        if any(metric in BUSY_METRICS and side == "low" for metric, side in by_metric):
+        if starved(by_metric):
             continue  # idle, not slow: the node's input (host, storage) is the suspect, which other rules judge
         recurring = {k: v for k, v in by_metric.items() if len(v) >= MIN_EPISODES}
         findings.append(_finding(job, unit, category, recurring, n, latest_end, span_s, horizon_s))

@@ -126,3 +126,12 @@ def test_a_starved_machine_coming_and_going_is_not_a_recurrent_straggler() -> No
     both = lambda u, t: STARVED if u in (4, 5) and cycles(4, t) else {}  # noqa: E731
     history = passes(samples(both))
     assert not [f for _, fs in history for f in fs if f.evidence.get("rule") == "recurrence"]
+
+
+def test_a_machine_whose_gpus_wait_for_input_is_worth_a_look_not_an_eviction() -> None:
+    both = lambda u, t: STARVED if u in (4, 5) and t >= 60 else {}  # noqa: E731
+    history = passes(samples(both))
+    assert {f.subject for _, fs in history for f in fs} == {"n2/0", "n2/1"}, "its GPUs stand apart"
+    _, last = history[-1]  # its power drops first (a throttle's would too); then its GPUs show idle
+    assert len(last) == 2 and all(f.action == "diagnose" and f.blame == "unknown" for f in last)
+    assert all("waiting for its input" in f.summary for f in last)
