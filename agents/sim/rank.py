@@ -3,8 +3,8 @@
 It does no work: it sleeps through functions named like a training loop, so that `py-spy dump` shows a
 realistic stack (train -> train_step -> forward / backward -> all_reduce -> _wait_for_work) at ~0 CPU.
 As in synchronous training, every rank leaves the gradient all-reduce at the same moment (a step boundary
-of the host's clock, which all ranks of a simulated cluster share), so at any instant the ranks are in
-the same phase of the step and stacks dumped together agree, as a healthy job's do.
+of the host's clock, which all ranks of a simulated cluster share, every STEP_PERIOD_FACTOR steps), so at any
+instant the ranks are in the same phase of the step and stacks dumped together agree, as a healthy job's do.
 What it does is read from the node's control file (re-read every 0.5 s):
 
   normal             loop through steps
@@ -76,6 +76,9 @@ class Control:
 
 
 OPTIMIZER_SHARE = 0.05  # of a step: the optimizer's update after the gradients' all-reduce
+# The ranks' common step period, a little off the nominal step: an agent ships (and so dumps stacks) on whole
+# seconds, and a step of exactly one second would catch every machine at the same phase in every round.
+STEP_PERIOD_FACTOR = 1.037
 
 
 class Context:
@@ -190,7 +193,7 @@ def _wait_for_work(ctx: Context, share: float, *, synchronized: bool = False) ->
     completes (OPTIMIZER_SHARE of a step before the next boundary of the shared clock)."""
     deadline = time.monotonic() + ctx.step_seconds * share
     if synchronized:
-        step, wall = ctx.step_seconds, time.time()
+        step, wall = ctx.step_seconds * STEP_PERIOD_FACTOR, time.time()
         done = (math.floor((wall + step * share) / step) + 1) * step - step * OPTIMIZER_SHARE
         deadline = time.monotonic() + max(done - wall, step * share)
     while True:

@@ -668,13 +668,14 @@ def test_healthy_ranks_leave_the_all_reduce_together_at_step_boundaries() -> Non
     from agents.sim import rank
 
     ctx = _Ctx("normal")
-    step = ctx.step_seconds = 0.4
+    ctx.step_seconds = 0.4
+    step = ctx.step_seconds * rank.STEP_PERIOD_FACTOR
     leaves = []
     for arrive in (0.0, 0.15, 0.25):  # three ranks reaching the collective at different points of a step
         time.sleep(step - time.time() % step + arrive)
         began = time.time()
         rank.all_reduce(ctx, "gradients")  # type: ignore[arg-type]
         leaves.append(time.time())
-        assert leaves[-1] - began >= 0.2 * step - 0.01  # the collective's own time at least
+        assert leaves[-1] - began >= 0.2 * ctx.step_seconds - 0.01  # the collective's own time at least
     phases = [(t + step * rank.OPTIMIZER_SHARE) % step for t in leaves]
     assert all(min(p, step - p) < 0.05 for p in phases), phases  # at a boundary, less the optimizer's share
