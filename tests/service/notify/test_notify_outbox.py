@@ -166,6 +166,7 @@ def test_record_writes_one_row_per_enabled_channel_once(session, enqueued):
             "state": "pending",
             "confidence": 0.97,
             "reason": "evict gpu-node-017: Xid 79",
+            "gpu": None,  # a reset_gpu decision's GPU index
         }
     ]
     assert enqueued == [], "nothing is sent before the transaction commits"
