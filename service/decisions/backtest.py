@@ -24,7 +24,6 @@ from sqlalchemy import or_, select, text
 from sqlalchemy.orm import Session
 
 from ml import demarcation
-from ml.findings import Finding as MlFinding
 from service.config import Settings
 from service.decisions import overrides
 from service.decisions.policy import INACTIVE, PriorDecision, Skipped, build_context, decide, prior_window
@@ -234,24 +233,6 @@ def _stored_verdict(decision: Decision, node: str | None) -> Verdict:
     return Verdict(decision.kind, node, decision.state, decision.created_at, approval, rails)
 
 
-def _to_ml(row: Finding, node: str | None) -> MlFinding:
-    return MlFinding(
-        detector=row.detector,
-        category=row.category,
-        subject_kind=row.subject_kind,
-        subject=row.subject,
-        confidence=row.confidence,
-        summary=row.summary,
-        observed_at=row.observed_at,
-        node=node,
-        blame=row.blame,
-        role=row.role,
-        action=row.action,
-        key=row.dedup_key,
-        evidence=row.evidence,
-    )
-
-
 def _replay(
     stored: Sequence[_Stored], background: Sequence[PriorDecision], job_nodes: dict[int, int], policy: Settings
 ) -> dict[int, _Replayed]:
@@ -263,7 +244,7 @@ def _replay(
     for at, iid in steps:
         s = by_id[iid]
         rows = [(f, node) for f, node in s.findings if at - FINDING_HORIZON <= f.created_at <= at]
-        proposals = demarcation.demarcate([(f.id, _to_ml(f, node)) for f, node in rows])
+        proposals = demarcation.demarcate([(f.id, f.to_ml(node)) for f, node in rows])
         if not proposals:
             continue
         # The incident's own root cause; its findings may also split off another (which was its own incident).

@@ -311,22 +311,4 @@ def _open_findings(session: Session, *, job: Job, now: datetime) -> list[tuple[i
         )
         .order_by(FindingRow.id)
     ).all()
-    return [(row.id, to_ml(row, node), row) for row, node in rows]
-
-
-def to_ml(row: FindingRow, node: str | None) -> Finding:
-    return Finding(
-        detector=row.detector,
-        category=row.category,
-        subject_kind=row.subject_kind,
-        subject=row.subject,
-        confidence=row.confidence,
-        summary=row.summary,
-        observed_at=row.observed_at,
-        node=node,
-        blame=row.blame,
-        role=row.role,
-        action=row.action,
-        key=row.dedup_key,
-        evidence=row.evidence,
-    )
+    return [(row.id, row.to_ml(node), row) for row, node in rows]

@@ -9,6 +9,7 @@ from sqlalchemy import BigInteger, CheckConstraint, Float, ForeignKey, Identity,
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
+from ml.findings import Finding as MlFinding
 from service.models.base import Base, created_at_column, in_check
 
 SUBJECT_KINDS = ("job", "node", "gpu", "rank")
@@ -60,6 +61,24 @@ class Finding(Base):
     evidence: Mapped[dict[str, Any]] = mapped_column(JSONB)
     observed_at: Mapped[datetime]
     created_at: Mapped[datetime] = created_at_column()
+
+    def to_ml(self, node: str | None) -> MlFinding:
+        """The stored claim in the detectors' shape (its node's name given: the row keeps only its id)."""
+        return MlFinding(
+            detector=self.detector,
+            category=self.category,
+            subject_kind=self.subject_kind,
+            subject=self.subject,
+            confidence=self.confidence,
+            summary=self.summary,
+            observed_at=self.observed_at,
+            node=node,
+            blame=self.blame,
+            role=self.role,
+            action=self.action,
+            key=self.dedup_key,
+            evidence=self.evidence,
+        )
 
 
 class Incident(Base):
