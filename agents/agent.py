@@ -26,6 +26,8 @@ from typing import Any, TextIO
 
 import orjson
 
+from agents.checks.collectives import Peer
+from agents.checks.suite import Options, Refused, run_suite
 from agents.config import AgentConfig
 from agents.events import Event
 from agents.follow import GlobFollower, LineSource, Position, open_kernel_log
@@ -112,6 +114,8 @@ class Agent:
         self.stopping = threading.Event()
         self.events: list[Event] = []
         self.stacks: queue.SimpleQueue[list[dict[str, Any]]] = queue.SimpleQueue()
+        self.checks: queue.SimpleQueue[list[dict[str, Any]]] = queue.SimpleQueue()
+        self._checking = threading.Lock()  # one suite at a time: two would measure each other
         self.workers: list[Worker] = []
         self._jobs_seen: dict[str, float] = {}  # job id -> when its processes were last seen here
         self.inventory: list[dict[str, Any]] = []
@@ -254,12 +258,15 @@ class Agent:
             if directive_id in self._seen_directives:
                 continue  # the service repeats a directive until it expires; act once
             self._seen_directives.add(directive_id)
-            if directive.get("kind") != "dump_stacks":
+            kind = directive.get("kind")
+            if kind == "dump_stacks":
+                threading.Thread(
+                    target=self._dump_stacks, args=(directive_id, directive.get("job_id")), daemon=True
+                ).start()
+            elif kind == "run_checks":
+                threading.Thread(target=self._run_checks, args=(directive_id, directive), daemon=True).start()
+            else:
                 log.warning("ignoring unknown directive %s", directive)
-                continue
-            threading.Thread(
-                target=self._dump_stacks, args=(directive_id, directive.get("job_id")), daemon=True
-            ).start()
 
     def _dump_stacks(self, directive_id: str, job_id: str | None) -> None:
         workers = self.scan()
@@ -274,6 +281,37 @@ class Agent:
         if targets:
             self.stacks.put(dump_all(targets, directive_id=directive_id, timeout=self.config.stack_timeout))
 
+    def _run_checks(self, directive_id: str, directive: dict[str, Any]) -> None:
+        """The stop-time checks the service asked for; their results (or the refusal) go with the next batch."""
+        ts = datetime.now(UTC).isoformat()
+        try:
+            peer = Peer.from_wire(directive["peer"]) if directive.get("peer") else None
+            options = Options(
+                level=int(directive.get("level", 2)),
+                force=bool(directive.get("force", False)),
+                peer=peer,
+                volumes=list(self.config.volumes),
+                sysfs_root=str(self.config.sysfs_root),
+                procfs_root=str(self.config.procfs_root),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            self.checks.put([{"ts": ts, "directive_id": directive_id, "refused": f"bad directive: {exc}"}])
+            return
+        if not self._checking.acquire(blocking=False):
+            self.checks.put([{"ts": ts, "directive_id": directive_id, "refused": "a check suite is already running"}])
+            return
+        try:
+            log.info("directive %s: running the level-%d checks", directive_id, options.level)
+            results = run_suite(options, busy_ranks=self.scan())
+        except (Refused, ValueError) as exc:
+            log.warning("directive %s: checks refused: %s", directive_id, exc)
+            self.checks.put([{"ts": ts, "directive_id": directive_id, "refused": str(exc)}])
+            return
+        finally:
+            self._checking.release()
+        done = datetime.now(UTC).isoformat()
+        self.checks.put([{"ts": done, "directive_id": directive_id, **r.to_wire()} for r in results])
+
     # -- batches ---------------------------------------------------------------------------------
 
     def build_batch(self, *, processes: bool) -> dict[str, Any]:
@@ -283,6 +321,9 @@ class Agent:
         stacks: list[dict[str, Any]] = []
         while not self.stacks.empty():
             stacks += self.stacks.get_nowait()
+        checks: list[dict[str, Any]] = []
+        while not self.checks.empty():
+            checks += self.checks.get_nowait()
         jobs = sorted({w.job_id for w in self.workers if w.job_id})
         now_mono = time.monotonic()
         self._jobs_seen.update(dict.fromkeys(jobs, now_mono))
@@ -309,6 +350,8 @@ class Agent:
             "stacks": stacks,
             "processes": [w.snapshot(now) for w in self.workers] if processes else [],
         }
+        if checks:
+            batch["checks"] = checks  # stop-time check results (agents/checks), for the directive that asked
         if len(recent) == 1:
             batch["job_id"] = recent[0]
         self.events = []
@@ -404,7 +447,7 @@ class Agent:
                         next_procs = now + config.process_interval
                     self.take_node_sample()
                     self.emit(self.build_batch(processes=processes))
-                elif critical or not self.stacks.empty():
+                elif critical or not self.stacks.empty() or not self.checks.empty():
                     self.emit(self.build_batch(processes=False))  # at once, with the samples gathered so far
                 self.stopping.wait(self._sleep(sample, ship))
         finally:
@@ -448,7 +491,7 @@ class Agent:
         log.info("stopping: shipping what is left (for at most %g s)", SHUTDOWN_S)
         self.poll_logs(time.monotonic())  # lines written since the last tick
         self.flush_parsers()
-        if self.events or not self.stacks.empty() or len(self.samples):
+        if self.events or not self.stacks.empty() or not self.checks.empty() or len(self.samples):
             self.emit(self.build_batch(processes=False))  # samples taken since the last ship tick too
         if self.shipper is not None:
             self.shipper.stopping.set()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agents import bench as agent_bench
 from agents import cli as agent_cli
+from agents.checks import cli as check_cli
 from agents.schedulers import cli as adapter_cli
 from agents.sim import cli as sim_cli
 
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_dir_option(backtest)
 
     agent_cli.add_parser(sub)
+    check_cli.add_parser(sub)
     sim_cli.add_parser(sub)
     adapter_cli.add_parser(sub)
 
@@ -185,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "agent":
         return agent_cli.run(args)
+    if args.command == "check":
+        return check_cli.run(args)
     if args.command == "sim":
         return sim_cli.run(args)
     if args.command == "adapter":

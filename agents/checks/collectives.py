@@ -1,0 +1,136 @@
+"""All-reduce bus bandwidth through torch.distributed: across this node's GPUs (NCCL over NVLink), and between
+this node and a known-good peer the service picks (NCCL over the NICs), so a bad link shows against a good one.
+
+Each rank is its own process (allreduce_rank.py), started here and killed at the timeout, so a hung collective
+cannot hold the agent. Every rank checks the sums it received; the figure is nccl-tests' bus bandwidth. The
+throughput is judged by the service against the fleet (ml/check_criteria.py): here a wrong sum, an error or a
+hang fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agents.checks.result import CheckResult
+
+ALLREDUCE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The cross-node pairing the service sends: both nodes get the same address (the rank-0 node's)."""
+
+    addr: str
+    port: int
+    node_rank: int
+    nnodes: int = 2
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> Peer:
+        peer = cls(str(raw["addr"]), int(raw["port"]), int(raw["node_rank"]), int(raw.get("nnodes", 2)))
+        if not (0 < peer.port < 65536 and 0 <= peer.node_rank < peer.nnodes and peer.nnodes >= 2):
+            raise ValueError(f"bad peer {raw}")
+        return peer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def allreduce(
+    check: str,
+    *,
+    nproc: int,
+    backend: str = "nccl",
+    peer: Peer | None = None,
+    nbytes: int = ALLREDUCE_BYTES,
+    iters: int = 20,
+    timeout: float = 180.0,
+) -> CheckResult:
+    """Run `nproc` local ranks (of `nproc * nnodes`) and report what they measured."""
+    addr, port = (peer.addr, peer.port) if peer else ("127.0.0.1", free_port())
+    node_rank, nnodes = (peer.node_rank, peer.nnodes) if peer else (0, 1)
+    world = nproc * nnodes
+    subject = "node"
+    evidence: dict[str, Any] = {"backend": backend, "world_size": world, "bytes": nbytes}
+    if peer:
+        evidence["peer"] = {"addr": addr, "port": port, "node_rank": node_rank}
+    if world < 2:
+        return CheckResult(check, subject, "not_available", evidence={**evidence, "reason": "needs two GPUs or more"})
+    procs = []
+    started = time.monotonic()
+    for local in range(nproc):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(port),
+            "RANK": str(node_rank * nproc + local),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(local),
+            "FAULTLINE_CHECK_BACKEND": backend,
+            "FAULTLINE_CHECK_BYTES": str(nbytes),
+            "FAULTLINE_CHECK_ITERS": str(iters),
+            "FAULTLINE_CHECK_TIMEOUT": str(timeout),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "agents.checks.allreduce_rank"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs: list[tuple[int, str, str]] = []
+    timed_out = False
+    for proc in procs:
+        left = max(0.1, timeout - (time.monotonic() - started))
+        try:
+            out, err = proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.kill()
+            out, err = proc.communicate()
+        outputs.append((proc.returncode, out, err))
+    took = round(time.monotonic() - started, 2)
+    ranks = []
+    for _, out, _ in outputs:
+        for line in out.splitlines():
+            if line.startswith("{"):
+                ranks.append(json.loads(line))
+    failed = [f"exit {code}: {err.strip()[-300:]}" for code, _, err in outputs if code != 0]
+    if timed_out or failed or len(ranks) < nproc:
+        evidence["errors"] = ([f"timed out after {timeout:g} s"] if timed_out else []) + failed
+        return CheckResult(check, subject, "fail", unit="GB/s", evidence=evidence, duration_s=took)
+    busbw = round(min(r["busbw_gbps"] for r in ranks), 2)  # the slowest rank is what a job would see
+    wrong = sum(r["wrong_elements"] for r in ranks)
+    evidence["ranks"] = ranks
+    if wrong:
+        evidence["problems"] = [f"{wrong} elements summed wrongly"]
+    return CheckResult(
+        check, subject, "fail" if wrong else "pass", measured=busbw, unit="GB/s", evidence=evidence, duration_s=took
+    )
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run(check: str, *, peer: Peer | None = None, timeout: float = 180.0) -> CheckResult:
+    gpus = gpu_count()
+    if gpus == 0:
+        return CheckResult(check, "node", "not_available", evidence={"reason": "no CUDA GPU for NCCL (PyTorch)"})
+    return allreduce(check, nproc=gpus, peer=peer, timeout=timeout)
