@@ -111,6 +111,33 @@ class StackDumpIn(_In):
     error: str | None = Field(default=None, max_length=65_536, description="Why the dump failed, if it did.")
 
 
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class CheckResultIn(_In):
+    """One stop-time check result (agents/checks/result.py), or a suite's refusal (`refused`, no `check`)."""
+
+    ts: PlausibleTime
+    directive_id: str | None = Field(default=None, max_length=200)
+    check: str | None = Field(default=None, min_length=1, max_length=100, examples=["gemm_bf16"])
+    subject: str = Field(default="node", min_length=1, max_length=128, examples=["gpu:3", "ib:mlx5_0/1"])
+    status: Literal["pass", "fail", "not_available"] | None = None
+    refused: str | None = Field(default=None, max_length=2000, description="Why the suite did not run.")
+    measured: FiniteFloat | None = None
+    expected: FiniteFloat | None = None
+    unit: str | None = Field(default=None, max_length=32)
+    duration_s: Annotated[float, Field(ge=0, le=86_400)] | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _result_or_refusal(self) -> CheckResultIn:
+        if (self.refused is None) == (self.status is None):
+            raise ValueError("a check item has either a status (and a check) or `refused`, not both")
+        if self.status is not None and self.check is None:
+            raise ValueError("a check result names its check")
+        return self
+
+
 class ChildProcess(_In):
     pid: Annotated[int, Field(ge=1, le=INT32_MAX)]
     name: str | None = None
@@ -147,6 +174,9 @@ class IngestBatch(_In):
     )
     logs: Annotated[list[LogEventIn], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     stacks: Annotated[list[StackDumpIn], Field(max_length=10_000)] = Field(default_factory=list)
+    checks: Annotated[list[CheckResultIn], Field(max_length=10_000)] = Field(
+        default_factory=list, description="Stop-time check results, for the run_checks directive named in each."
+    )
     processes: Annotated[list[ProcessSnapshotIn], Field(max_length=10_000)] = Field(
         default_factory=list,
         description="Training processes on the node. They change slowly: sending them every few seconds "

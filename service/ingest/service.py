@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
 from ml.metrics import FIELD_TO_COLUMN
+from service.checks import service as checks
 from service.ingest.schemas import IngestBatch
 from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS, NODE_COPY_TYPES, NODE_SAMPLE_COLUMNS
 
@@ -120,7 +121,15 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
         _upsert_ranks(conn, fresh, keys, cache)
         _upsert_gpus(conn, fresh, keys, cache)
         _record_columns(conn, fresh, keys, cache)  # last, in key order: the lock order above holds
+        _record_checks(session, fresh, keys)
     return outcomes
+
+
+def _record_checks(session: Session, batches: list[IngestBatch], keys: _Keys) -> None:
+    """Stop-time check results (rare: one batch per suite), judged against the fleet and stored."""
+    for b in batches:
+        if b.checks:
+            checks.record(session, node_id=keys.nodes[b.node], node=b.node, batch_id=b.batch_id, items=b.checks)
 
 
 def _counts(batch: IngestBatch) -> dict[str, int]:

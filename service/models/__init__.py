@@ -2,6 +2,7 @@
 
 from service.models.auth import ApiToken, UiSession
 from service.models.base import Base
+from service.models.checks import CheckResult
 from service.models.diagnosis import Decision, Finding, Incident
 from service.models.directives import Directive
 from service.models.jobs import Job, Rank
@@ -30,6 +31,7 @@ __all__ = [
     "AgentBatch",
     "ApiToken",
     "Base",
+    "CheckResult",
     "Decision",
     "DetectorState",
     "Directive",
