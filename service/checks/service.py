@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ml.check_criteria import judge, spec_of
-from service.ingest.schemas import CheckResultIn
+from service.checks.schemas import CheckResultIn
 from service.models import CheckResult, Finding, Gpu
 
 HISTORY_DAYS = 30
