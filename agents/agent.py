@@ -290,6 +290,7 @@ class Agent:
                 level=int(directive.get("level", 2)),
                 force=bool(directive.get("force", False)),
                 peer=peer,
+                only=[str(name) for name in directive["only"]] if directive.get("only") else None,
                 volumes=list(self.config.volumes),
                 sysfs_root=str(self.config.sysfs_root),
                 procfs_root=str(self.config.procfs_root),

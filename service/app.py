@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import health, openapi
 from service.alerts import routes as alerts_routes
+from service.checks import routes as checks_routes
 from service.config import Settings, get_settings
 from service.db import get_engine, make_sessionmaker
 from service.decisions import routes as decisions_routes
@@ -97,7 +98,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     # agents' batches; everything else is small JSON or a form.
     app.include_router(alerts_routes.router, max_body_size=settings.ingest_max_body_bytes)
     small = settings.api_max_body_bytes
-    for routes in (jobs_routes, directives_routes, incidents_routes, decisions_routes, nodes_routes):
+    for routes in (jobs_routes, directives_routes, incidents_routes, decisions_routes, nodes_routes, checks_routes):
         app.include_router(routes.router, max_body_size=small)
     for routes in (notify_routes, silences_routes, tokens_routes, fleet_routes):
         app.include_router(routes.router, max_body_size=small)

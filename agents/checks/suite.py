@@ -4,7 +4,9 @@ Levels (each includes the ones below it):
   1  seconds: NVML driver state, host memory/pressure/disk, RDMA ports, `dcgmi diag -r 1`
   2  minutes (target: <= 5 on an 8-GPU node): `dcgmi diag -r 2`, bf16 GEMM, memory and host-to-device bandwidth,
      numerics, all-reduce across the node's GPUs
-  3  `dcgmi diag -r 3` (up to half an hour) and, when the service names a peer, the cross-node all-reduce
+  3  `dcgmi diag -r 3` (up to half an hour) and, when the service names a peer, the cross-node all-reduce; it runs
+     first, so that the two nodes (each told by its own directive, a ship interval apart at most) meet at once,
+     and the peer, a known-good node, runs only that check (`only`)
 The RDMA ports' error counters are read before the first check and after the last, so the traffic of the
 all-reduces in between shows in them.
 """
@@ -37,6 +39,7 @@ class Options:
     level: int = 2
     force: bool = False
     peer: Peer | None = None
+    only: list[str] | None = None  # run just these checks of the level (the peer of a cross-node all-reduce)
     volumes: list[str] = field(default_factory=list)
     sysfs_root: str = "/sys"
     procfs_root: str = "/proc"
@@ -80,13 +83,15 @@ def plan(options: Options) -> list[Check]:
         )
     if level >= 3 and options.peer is not None:
         peer = options.peer
-        checks.append(
-            (
-                "allreduce_peer",
-                options.collective_timeout_s + 10,
-                lambda: [collectives.run("allreduce_peer", peer=peer, timeout=options.collective_timeout_s)],
-            )
+        timeout = options.collective_timeout_s
+        checks.insert(
+            0, ("allreduce_peer", timeout + 10, lambda: [collectives.run("allreduce_peer", peer=peer, timeout=timeout)])
         )
+    if options.only is not None:
+        unknown = set(options.only) - {name for name, _, _ in checks}
+        if unknown:
+            raise ValueError(f"no check {', '.join(sorted(unknown))} at level {level}")
+        checks = [check for check in checks if check[0] in options.only]
     return checks
 
 
@@ -125,10 +130,11 @@ def run_suite(
     busy = list(busy_ranks)
     if busy and not options.force:
         raise Refused(f"{len(busy)} training processes run on this node; drain it first, or force")
+    planned = checks if checks is not None else plan(options)  # raises ValueError on an unknown `only`
     watch = PortWatch(options.sysfs_root)
     watch.start()
     results: list[CheckResult] = []
-    for name, timeout, call in checks if checks is not None else plan(options):
+    for name, timeout, call in planned:
         log.info("check %s (timeout %g s)", name, timeout)
         results += run_one(name, timeout, call)
     results += watch.finish()

@@ -1,4 +1,5 @@
-"""check results: stop-time check results shipped by the agents, with the service's verdict
+"""check results: stop-time check results shipped by the agents, with the service's verdict; run_checks
+directives, addressed to one node
 
 Revision ID: 0017
 Revises: 0010
@@ -17,6 +18,8 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 _STATUSES = "('pass', 'fail', 'not_available', 'refused')"
+_KINDS = "kind IN ('dump_stacks')"
+_NEW_KINDS = "kind IN ('dump_stacks', 'run_checks')"
 
 
 def upgrade() -> None:
@@ -60,6 +63,26 @@ def upgrade() -> None:
         postgresql_where=sa.text("verdict = 'pass' AND measured IS NOT NULL"),
     )
 
+    op.add_column("directives", sa.Column("node_id", sa.BigInteger(), nullable=True))
+    op.add_column("directives", sa.Column("params", postgresql.JSONB(astext_type=sa.Text()), nullable=True))
+    op.create_foreign_key(
+        op.f("fk_directives_node_id_nodes"), "directives", "nodes", ["node_id"], ["id"], ondelete="CASCADE"
+    )
+    op.alter_column("directives", "job_id", existing_type=sa.BigInteger(), nullable=True)
+    op.drop_constraint(op.f("ck_directives_kind"), "directives", type_="check")
+    op.create_check_constraint(op.f("ck_directives_kind"), "directives", _NEW_KINDS)
+    op.create_check_constraint(op.f("ck_directives_target"), "directives", "(job_id IS NULL) <> (node_id IS NULL)")
+    op.create_index("ix_directives_node_id", "directives", ["node_id"], postgresql_where=sa.text("node_id IS NOT NULL"))
+
 
 def downgrade() -> None:
+    op.execute("DELETE FROM directives WHERE node_id IS NOT NULL")
+    op.drop_index("ix_directives_node_id", table_name="directives")
+    op.drop_constraint(op.f("ck_directives_target"), "directives", type_="check")
+    op.drop_constraint(op.f("ck_directives_kind"), "directives", type_="check")
+    op.create_check_constraint(op.f("ck_directives_kind"), "directives", _KINDS)
+    op.alter_column("directives", "job_id", existing_type=sa.BigInteger(), nullable=False)
+    op.drop_constraint(op.f("fk_directives_node_id_nodes"), "directives", type_="foreignkey")
+    op.drop_column("directives", "params")
+    op.drop_column("directives", "node_id")
     op.drop_table("check_results")

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from ml.check_criteria import judge, spec_of
 from service.checks.schemas import CheckResultIn
-from service.models import CheckResult, Finding, Gpu
+from service.models import CheckResult, Directive, Finding, Gpu, Node
 
 HISTORY_DAYS = 30
 HISTORY_MAX = 5000  # the most recent passing figures read per (check, GPU model)
@@ -170,3 +170,81 @@ def record(
             row.finding_id = finding.id
         session.flush()
     return rows
+
+
+# -- asking for checks -----------------------------------------------------------------------------
+
+# The cross-node all-reduce's rendezvous port on the peer (the rank-0 side), away from torchrun's default 29500.
+PEER_PORTS = range(29600, 30000)
+
+
+def request_checks(
+    session: Session,
+    *,
+    node: Node,
+    level: int,
+    force: bool,
+    peer: Node | None,
+    requested_by: str,
+    reason: str | None,
+    ttl_s: int,
+) -> list[Directive]:
+    """A run_checks directive for the node's agent; with a peer (level 3), one for the peer's agent too.
+
+    The peer, a known-good node, is rank 0 of the cross-node all-reduce and its address is its name (nodes are
+    named by hostname); it runs that check alone. Both agents run it first, so they meet within a ship interval.
+    """
+    expires_at = datetime.now(UTC) + timedelta(seconds=ttl_s)
+    directive = Directive(
+        node_id=node.id,
+        kind="run_checks",
+        reason=reason,
+        requested_by=requested_by,
+        expires_at=expires_at,
+        params={"level": level, "force": force},
+    )
+    directives = [directive]
+    if peer is not None:
+        directive.id = uuid.uuid4()
+        port = PEER_PORTS[directive.id.int % len(PEER_PORTS)]
+        directive.params = {**(directive.params or {}), "peer": {"addr": peer.name, "port": port, "node_rank": 1}}
+        directives.append(
+            Directive(
+                node_id=peer.id,
+                kind="run_checks",
+                reason=f"peer of {node.name}'s checks",
+                requested_by=requested_by,
+                expires_at=expires_at,
+                params={
+                    "level": 3,
+                    "force": force,
+                    "only": ["allreduce_peer"],
+                    "peer": {"addr": peer.name, "port": port, "node_rank": 0},
+                },
+            )
+        )
+    session.add_all(directives)
+    session.flush()
+    return directives
+
+
+def active_by_node(session: Session) -> dict[str, list[dict[str, Any]]]:
+    """Unexpired node directives as ingest answers carry them, keyed by the node's name."""
+    rows = session.execute(
+        select(Directive.id, Directive.kind, Directive.params, Node.name)
+        .join(Node, Node.id == Directive.node_id)
+        .where(Directive.expires_at > datetime.now(UTC))
+        .order_by(Directive.created_at)
+    )
+    out: dict[str, list[dict[str, Any]]] = {}
+    for directive_id, kind, params, node in rows:
+        out.setdefault(node, []).append({**(params or {}), "id": str(directive_id), "kind": kind})
+    return out
+
+
+def results_of(session: Session, *, node: Node, directive_id: str | None, limit: int) -> list[CheckResult]:
+    """The node's most recent check results (of one directive, if given), newest first."""
+    query = select(CheckResult).where(CheckResult.node_id == node.id)
+    if directive_id is not None:
+        query = query.where(CheckResult.directive_id == directive_id)
+    return list(session.scalars(query.order_by(CheckResult.ts.desc(), CheckResult.id).limit(limit)))

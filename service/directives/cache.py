@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from service.checks.service import active_by_node
 from service.directives.service import active_by_job
 
 
@@ -18,20 +19,29 @@ class DirectiveCache:
         self.factory = factory
         self.max_age = max_age
         self._by_job: dict[str, list[dict[str, Any]]] = {}
+        self._by_node: dict[str, list[dict[str, Any]]] = {}
         self._loaded_at = float("-inf")
         self._lock = asyncio.Lock()
 
-    def _load(self) -> dict[str, list[dict[str, Any]]]:
+    def _load(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
         with self.factory() as session:
-            return active_by_job(session)
+            return active_by_job(session), active_by_node(session)
 
-    async def for_jobs(self, job_ids: Iterable[str | None]) -> list[dict[str, Any]]:
+    async def _refresh(self) -> None:
         if time.monotonic() - self._loaded_at > self.max_age:
             async with self._lock:  # one refresh at a time; the others wait for it, then use it
                 if time.monotonic() - self._loaded_at > self.max_age:
-                    self._by_job = await run_in_threadpool(self._load)
+                    self._by_job, self._by_node = await run_in_threadpool(self._load)
                     self._loaded_at = time.monotonic()
+
+    async def for_jobs(self, job_ids: Iterable[str | None]) -> list[dict[str, Any]]:
+        await self._refresh()
         by_job = self._by_job
         if not by_job:
             return []
         return [d for job_id in dict.fromkeys(job_ids) if job_id for d in by_job.get(job_id, ())]
+
+    async def for_batch(self, *, node: str, job_ids: Iterable[str | None]) -> list[dict[str, Any]]:
+        """The directives of the node's jobs, then those addressed to the node itself (run_checks)."""
+        by_jobs = await self.for_jobs(job_ids)
+        return by_jobs + list(self._by_node.get(node, ()))

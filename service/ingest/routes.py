@@ -55,7 +55,7 @@ async def ingest(request: Request) -> Response:
         "batch_id": outcome.batch_id,
         "status": "duplicate" if outcome.duplicate else "accepted",
         "stored": outcome.stored,
-        "directives": await request.app.state.directives.for_jobs(_jobs_of(batch)),
+        "directives": await request.app.state.directives.for_batch(node=batch.node, job_ids=_jobs_of(batch)),
     }
     return Response(orjson.dumps(result), media_type="application/json")
 

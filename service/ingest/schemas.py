@@ -162,8 +162,13 @@ class Directive(BaseModel):
     """Something the service asks the agent to do now."""
 
     id: str
-    kind: Literal["dump_stacks"]
+    kind: Literal["dump_stacks", "run_checks"]
     job_id: str | None = None
+    level: int | None = Field(default=None, description="run_checks: 1 seconds, 2 minutes, 3 long.")
+    force: bool | None = Field(default=None, description="run_checks: run even while a job's ranks run.")
+    peer: dict[str, Any] | None = Field(
+        default=None, description="run_checks level 3: {addr, port, node_rank} of the cross-node all-reduce."
+    )
 
 
 class IngestResult(BaseModel):

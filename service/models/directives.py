@@ -1,30 +1,40 @@
-"""Requests from the service to agents, delivered in ingest answers (e.g. "dump the stacks of job X")."""
+"""Requests from the service to agents, delivered in ingest answers (e.g. "dump the stacks of job X", "run the
+stop-time checks on node Y")."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Index, SmallInteger, Text, Uuid
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Index, SmallInteger, Text, Uuid, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, created_at_column, in_check
 
-DIRECTIVE_KINDS = ("dump_stacks",)
+DIRECTIVE_KINDS = ("dump_stacks", "run_checks")
 
 
 class Directive(Base):
-    """Every agent of the job receives it with each ingest answer until it expires; agents act once per id."""
+    """Every agent of the job (or the one agent of the node) receives it with each ingest answer until it expires;
+    agents act once per id."""
 
     __tablename__ = "directives"
     __table_args__ = (
         CheckConstraint(in_check("kind", DIRECTIVE_KINDS), name="kind"),
         Index("ix_directives_expires_at", "expires_at"),
         Index("ix_directives_job_id", "job_id"),
+        # A job's directives go to its agents (dump_stacks); a node's to its agent alone (run_checks).
+        CheckConstraint("(job_id IS NULL) <> (node_id IS NULL)", name="target"),
+        Index("ix_directives_node_id", "node_id", postgresql_where=text("node_id IS NOT NULL")),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
-    job_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("jobs.id", ondelete="CASCADE"))
+    job_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("jobs.id", ondelete="CASCADE"))
+    node_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("nodes.id", ondelete="CASCADE"))
+    # What the agent needs to act (run_checks: level, force, peer), sent with the directive.
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     kind: Mapped[str] = mapped_column(Text)
     reason: Mapped[str | None] = mapped_column(Text)
     requested_by: Mapped[str] = mapped_column(Text)

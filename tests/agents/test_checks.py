@@ -345,7 +345,10 @@ def test_levels_add_checks_and_the_cross_node_one_needs_a_peer() -> None:
     assert names[2] == [*names[1], "gemm_bf16", "memory_bandwidth", "h2d_bandwidth", "numerics", "allreduce_node"]
     assert names[3] == names[2]
     peer = Peer("10.0.0.7", 29533, 1)
-    assert [n for n, _, _ in plan(Options(level=3, peer=peer))] == [*names[2], "allreduce_peer"]
+    assert [n for n, _, _ in plan(Options(level=3, peer=peer))] == ["allreduce_peer", *names[2]]  # first: both meet
+    assert [n for n, _, _ in plan(Options(level=3, peer=peer, only=["allreduce_peer"]))] == ["allreduce_peer"]
+    with pytest.raises(ValueError, match="no check allreduce_peer at level 2"):
+        plan(Options(level=2, peer=peer, only=["allreduce_peer"]))
     with pytest.raises(ValueError, match="level"):
         run_suite(Options(level=4), checks=[])
 

@@ -49,6 +49,8 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/api/v1/nodes"): READ,
     ("GET", "/api/v1/nodes/{name}"): READ,
     ("POST", "/api/v1/nodes/{name}/cordon"): OPERATOR,
+    ("POST", "/api/v1/nodes/{name}/checks"): OPERATOR,
+    ("GET", "/api/v1/nodes/{name}/checks"): READ,
     ("POST", "/api/v1/nodes/{name}/repair"): OPERATOR,
     ("POST", "/api/v1/nodes/{name}/return"): OPERATOR,
     ("GET", "/api/v1/silences"): READ,

@@ -156,3 +156,82 @@ def test_a_bad_check_item_refuses_the_whole_batch(client, session, agent, bad):
     answer = _send(client, agent, "n1", [_item("nvml_state", "gpu:0"), bad])
     assert answer.status_code == 422, answer.text
     assert count(session, "check_results") == 0 and count(session, "agent_batches") == 0
+
+
+# -- asking a node's agent for the checks ------------------------------------------------------------
+
+
+def _fresh(client) -> None:
+    client.app.state.directives.max_age = 0.0  # the per-process cache would hide a new request for a second
+
+
+def test_a_run_checks_request_reaches_the_node_s_agent_only_and_its_results_are_read_back(
+    client, session, agent, make_token
+):
+    _fresh(client)
+    operator = bearer(make_token("operator", name="alice"))
+    for node in ("suspect", "other"):
+        assert client.post("/api/v1/ingest", json=batch(node), headers=agent).status_code == 200
+    created = client.post("/api/v1/nodes/suspect/checks", json={"level": 2, "reason": "diagnose"}, headers=operator)
+    assert created.status_code == 201, created.text
+    [directive] = created.json()["directives"]
+    assert (directive["node"], directive["kind"], directive["params"]) == (
+        "suspect",
+        "run_checks",
+        {"level": 2, "force": False},
+    )
+    answer = client.post("/api/v1/ingest", json=batch("suspect"), headers=agent).json()
+    assert answer["directives"] == [{"id": directive["id"], "kind": "run_checks", "level": 2, "force": False}]
+    assert client.post("/api/v1/ingest", json=batch("other"), headers=agent).json()["directives"] == []
+
+    items = [
+        _item("nvml_state", "gpu:0", directive_id=directive["id"]),
+        _item("nvml_state", "gpu:1", directive_id="old"),
+    ]
+    assert _send(client, agent, "suspect", items).status_code == 200
+    read = client.get(f"/api/v1/nodes/suspect/checks?directive_id={directive['id']}", headers=operator).json()
+    assert [(r["check"], r["subject"], r["verdict"]) for r in read["results"]] == [("nvml_state", "gpu:0", "pass")]
+    assert len(client.get("/api/v1/nodes/suspect/checks", headers=operator).json()["results"]) == 2
+
+
+def test_a_level_3_request_with_a_peer_pairs_the_two_agents(client, session, agent, make_token):
+    _fresh(client)
+    operator = bearer(make_token("operator"))
+    for node in ("suspect", "good-1"):
+        client.post("/api/v1/ingest", json=batch(node), headers=agent)
+    created = client.post("/api/v1/nodes/suspect/checks", json={"level": 3, "peer": "good-1"}, headers=operator)
+    assert created.status_code == 201, created.text
+    mine, theirs = created.json()["directives"]
+    assert theirs["node"] == "good-1" and theirs["params"]["only"] == ["allreduce_peer"]
+    assert mine["params"]["peer"]["addr"] == theirs["params"]["peer"]["addr"] == "good-1"
+    assert mine["params"]["peer"]["port"] == theirs["params"]["peer"]["port"]
+    assert (mine["params"]["peer"]["node_rank"], theirs["params"]["peer"]["node_rank"]) == (1, 0)
+    [delivered] = client.post("/api/v1/ingest", json=batch("good-1"), headers=agent).json()["directives"]
+    assert delivered["id"] == theirs["id"] and delivered["level"] == 3 and delivered["peer"]["node_rank"] == 0
+
+
+@pytest.mark.parametrize(
+    ("node", "body", "code"),
+    [
+        ("nowhere", {}, 404),
+        ("suspect", {"level": 3, "peer": "nowhere"}, 404),
+        ("suspect", {"level": 2, "peer": "good-1"}, 422),
+        ("suspect", {"level": 3, "peer": "suspect"}, 422),
+        ("suspect", {"level": 4}, 422),
+        ("suspect", {"level": 2, "shell": "rm -rf /"}, 422),
+    ],
+)
+def test_a_bad_request_for_checks_is_refused_and_asks_nothing(client, session, agent, make_token, node, body, code):
+    operator = bearer(make_token("operator"))
+    for name in ("suspect", "good-1"):
+        client.post("/api/v1/ingest", json=batch(name), headers=agent)
+    answer = client.post(f"/api/v1/nodes/{node}/checks", json=body, headers=operator)
+    assert answer.status_code == code, answer.text
+    assert count(session, "directives") == 0
+
+
+def test_only_operators_ask_for_checks(client, session, agent, make_token):
+    client.post("/api/v1/ingest", json=batch("suspect"), headers=agent)
+    scheduler = bearer(make_token("scheduler"))
+    assert client.post("/api/v1/nodes/suspect/checks", json={}, headers=scheduler).status_code == 403
+    assert client.get("/api/v1/nodes/suspect/checks", headers=scheduler).status_code == 200
