@@ -188,6 +188,7 @@ def request_checks(
     requested_by: str,
     reason: str | None,
     ttl_s: int,
+    decision_id: int | None = None,
 ) -> list[Directive]:
     """A run_checks directive for the node's agent; with a peer (level 3), one for the peer's agent too.
 
@@ -203,6 +204,8 @@ def request_checks(
         expires_at=expires_at,
         params={"level": level, "force": force},
     )
+    if decision_id is not None:  # the diagnose decision the results answer (service/checks/loop.py)
+        directive.params = {**(directive.params or {}), "decision_id": decision_id}
     directives = [directive]
     if peer is not None:
         directive.id = uuid.uuid4()

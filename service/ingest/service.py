@@ -6,9 +6,11 @@ so concurrent flushes from several API processes cannot deadlock.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -16,9 +18,13 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
 from ml.metrics import FIELD_TO_COLUMN
+from service.checks import loop as checks_loop
 from service.checks import service as checks
+from service.config import get_settings
 from service.ingest.schemas import IngestBatch
 from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS, NODE_COPY_TYPES, NODE_SAMPLE_COLUMNS
+
+log = logging.getLogger(__name__)
 
 # dcgm-exporter reports unsupported fields as values near INT64_MAX; they mean "no value".
 DCGM_BLANK_THRESHOLD = 9.0e18
@@ -126,10 +132,20 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
 
 
 def _record_checks(session: Session, batches: list[IngestBatch], keys: _Keys) -> None:
-    """Stop-time check results (rare: one batch per suite), judged against the fleet and stored."""
+    """Stop-time check results (rare: one batch per suite), judged against the fleet and stored; those answering
+    a diagnose decision are acted on (service/checks/loop.py)."""
     for b in batches:
-        if b.checks:
-            checks.record(session, node_id=keys.nodes[b.node], node=b.node, batch_id=b.batch_id, items=b.checks)
+        if not b.checks:
+            continue
+        checks.record(session, node_id=keys.nodes[b.node], node=b.node, batch_id=b.batch_id, items=b.checks)
+        directive_ids = {item.directive_id for item in b.checks if item.directive_id}
+        try:
+            with session.begin_nested():  # acting must never cost the batch: the agent would resend it forever
+                checks_loop.conclude(
+                    session, directive_ids=directive_ids, now=datetime.now(UTC), settings=get_settings()
+                )
+        except Exception:
+            log.exception("acting on the check results of %s failed; they are stored, a person decides", b.node)
 
 
 def _counts(batch: IngestBatch) -> dict[str, int]:

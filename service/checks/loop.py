@@ -1,0 +1,192 @@
+"""The `diagnose` loop closed: a diagnose decision carried out (the node drained) sends the node's agent the
+stop-time checks; their results turn into a remedy (evict, or reset the one GPU a check names where the driver
+state calls for a reset) or, on a clean pass, return the node to service and resolve the incident.
+
+A clean pass is no failing verdict, no refusal and at least one passing check: a node whose agent lacks PyTorch
+or DCGM returns on what it could check (the results it shipped list what was not available). A suite that was
+refused or only not available leaves the node to a person, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.checks.service import request_checks
+from service.config import Settings
+from service.decisions import lifecycle as decision_lifecycle
+from service.errors import Conflict
+from service.incidents import service as incidents
+from service.models import CheckResult, Decision, Directive, Finding, Incident, Node
+from service.nodes import service as nodes
+
+log = logging.getLogger(__name__)
+
+ACTOR = "faultline checks"
+DIAGNOSE_LEVEL = 2  # minutes on an 8-GPU node: enough to separate a slow or corrupt GPU from a healthy one
+DIRECTIVE_TTL_S = 900  # a drained node's agent reports every few seconds; longer means it is gone
+REMEDY_CONFIDENCE = 0.9
+
+
+@decision_lifecycle.after_finish
+def _checks_after_diagnose(session: Session, decision: Decision, now: datetime) -> None:
+    """A diagnose decision the scheduler carried out: the drained node's agent runs the checks."""
+    if decision.kind != "diagnose" or decision.state != "done" or decision.node_id is None:
+        return
+    node = session.get(Node, decision.node_id)
+    if node is None:
+        return
+    request_checks(
+        session,
+        node=node,
+        level=DIAGNOSE_LEVEL,
+        force=False,
+        peer=None,
+        requested_by=ACTOR,
+        reason=f"diagnose decision {decision.id}: {decision.reason}"[:1000],
+        ttl_s=DIRECTIVE_TTL_S,
+        decision_id=decision.id,
+    )
+
+
+def conclude(session: Session, *, directive_ids: set[str], now: datetime, settings: Settings) -> dict[str, str]:
+    """Act on the results of run_checks directives sent for a diagnose decision; directive id -> what was done."""
+    done: dict[str, str] = {}
+    for raw in sorted(directive_ids):
+        try:
+            key = uuid.UUID(raw)
+        except ValueError:
+            continue  # an agent's own id (`faultline check` by hand): no decision waits on it
+        directive = session.scalar(select(Directive).where(Directive.id == key).with_for_update())
+        params = (directive.params or {}) if directive is not None else {}
+        if directive is None or not params.get("decision_id") or params.get("concluded"):
+            continue
+        decision = session.get(Decision, params["decision_id"])
+        node = session.get(Node, directive.node_id) if directive.node_id is not None else None
+        if decision is None or node is None:
+            continue
+        rows = list(session.scalars(select(CheckResult).where(CheckResult.directive_id == raw)))
+        outcome = _act(session, decision=decision, node=node, rows=rows, directive=raw, now=now, settings=settings)
+        directive.params = {**params, "concluded": outcome}
+        directive.expires_at = min(directive.expires_at, now)  # answered: no longer delivered
+        done[raw] = outcome
+        log.info("checks %s on %s (diagnose decision %d): %s", raw, node.name, decision.id, outcome)
+    return done
+
+
+def _act(
+    session: Session,
+    *,
+    decision: Decision,
+    node: Node,
+    rows: list[CheckResult],
+    directive: str,
+    now: datetime,
+    settings: Settings,
+) -> str:
+    failed = [r for r in rows if r.verdict == "fail"]
+    if failed:
+        return _remedy(
+            session, decision=decision, node=node, failed=failed, directive=directive, now=now, settings=settings
+        )
+    if any(r.verdict == "refused" for r in rows) or not any(r.verdict == "pass" for r in rows):
+        return "no verdict (refused, or nothing could be checked): left to a person"
+    passed = sorted({r.check for r in rows if r.verdict == "pass"})
+    unavailable = sorted({r.check for r in rows if r.verdict == "not_available"})
+    diagnostics = {
+        "passed": True,
+        "source": "stop-time checks",
+        "directive_id": directive,
+        "passed_checks": passed,
+        "not_available": unavailable,
+    }
+    try:
+        with session.begin_nested():
+            nodes.return_to_service(
+                session,
+                name=node.name,
+                reason=f"stop-time checks passed ({len(passed)} checks)",
+                diagnostics=diagnostics,
+                force=False,
+                actor=ACTOR,
+                now=now,
+                settings=settings,
+            )
+    except Conflict as exc:
+        return f"checks passed, but the node cannot return: {exc}"
+    incident = session.get(Incident, decision.incident_id) if decision.incident_id is not None else None
+    if incident is not None:
+        incidents.resolve(
+            session,
+            incident=incident,
+            now=now,
+            resolution=f"stop-time checks passed on {node.name}: no fault found, node returned",
+        )
+    return "passed: node returned" + (", incident resolved" if incident is not None else "")
+
+
+def _remedy(
+    session: Session,
+    *,
+    decision: Decision,
+    node: Node,
+    failed: list[CheckResult],
+    directive: str,
+    now: datetime,
+    settings: Settings,
+) -> str:
+    """Evict the node, or reset its GPU when every failure is one GPU's and the driver state calls for a reset."""
+    gpus = {r.subject for r in failed}
+    reset = (
+        len(gpus) == 1
+        and next(iter(gpus)).startswith("gpu:")
+        and all(r.evidence.get("action") == "reset_gpu" for r in failed)
+    )
+    kind, gpu = ("reset_gpu", int(next(iter(gpus)).split(":")[1])) if reset else ("evict", None)
+    exists = session.scalar(
+        select(Decision.id).where(
+            Decision.incident_id == decision.incident_id, Decision.kind == kind, Decision.node_id == node.id
+        )
+    )
+    findings = [r.finding_id for r in failed if r.finding_id is not None]
+    if decision.incident_id is not None and findings:
+        for finding in session.scalars(select(Finding).where(Finding.id.in_(findings))):
+            finding.incident_id = decision.incident_id  # the incident's evidence now holds what the checks found
+            finding.job_id = decision.job_id
+    if exists is not None:
+        return f"checks failed; the incident already has {kind} decision {exists}"
+    state = "pending"
+    if settings.policy_mode == "shadow":
+        state = "shadow"
+    elif settings.policy_mode == "approval" or kind in settings.policy_approval_required_for:
+        state = "awaiting_approval"
+    what = "; ".join(f"{r.check} {r.subject}" for r in failed[:5]) + (
+        f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+    )
+    remedy = Decision(
+        incident_id=decision.incident_id,
+        job_id=decision.job_id,
+        node_id=node.id,
+        kind=kind,
+        gpu=gpu,
+        state=state,
+        confidence=REMEDY_CONFIDENCE,
+        reason=f"stop-time checks failed on {node.name}: {what}"[:1000],
+        evidence={
+            "checks": {
+                "directive_id": directive,
+                "diagnose_decision": decision.id,
+                "check_results": [r.id for r in failed],
+                "findings": findings,
+            }
+        },
+        created_at=now,
+        expires_at=now + timedelta(seconds=settings.decision_ttl_s),
+    )
+    session.add(remedy)
+    session.flush()
+    return f"checks failed: {kind} decision {remedy.id} ({state})"
