@@ -121,16 +121,20 @@ def allreduce(
     )
 
 
-def gpu_count() -> int:
+def gpu_count(procfs_root: str = "/proc") -> int:
+    """The node's NVIDIA GPUs, from the driver's /proc entries (the agent never imports PyTorch itself), or as
+    many as CUDA_VISIBLE_DEVICES names."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
     try:
-        import torch
-    except ImportError:
+        return len(os.listdir(os.path.join(procfs_root, "driver", "nvidia", "gpus")))
+    except OSError:
         return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run(check: str, *, peer: Peer | None = None, timeout: float = 180.0) -> CheckResult:
     gpus = gpu_count()
     if gpus == 0:
-        return CheckResult(check, "node", "not_available", evidence={"reason": "no CUDA GPU for NCCL (PyTorch)"})
+        return CheckResult(check, "node", "not_available", evidence={"reason": "no NVIDIA GPU on this node for NCCL"})
     return allreduce(check, nproc=gpus, peer=peer, timeout=timeout)

@@ -6,6 +6,9 @@ fails (a GPU that lost clocks or memory bandwidth stands out among identical nei
 At the service, against the fleet's recent passing runs on the same GPU model (ml/check_criteria.py), which also
 catches a node whose GPUs are all slow.
 
+They run in a child process (`run_isolated`): PyTorch and a CUDA context never enter the agent, whose idle cost
+stays what it was, and a GPU that hangs a kernel is killed with the child at the timeout.
+
 The numerics check runs the same GEMM, on the same inputs made on the host, on every GPU, twice: cuBLAS picks
 the same kernel for the same shape on the same model, so every result must have the same bits. A GPU whose bits
 differ from the majority, or from its own first run, computes wrongly (silent data corruption).
@@ -14,7 +17,10 @@ differ from the majority, or from its own first run, computes wrongly (silent da
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -206,3 +212,42 @@ def run(compute: Compute | None, check: str, *, why_not: str | None = None) -> l
     if compute is None:
         return [not_available(check, why_not or "no GPU runtime")]
     return numerics(compute) if check == "numerics" else measure(compute, check)
+
+
+def run_isolated(checks: tuple[str, ...] = CHECKS, *, timeout: float) -> list[CheckResult]:
+    """The checks in a child process (`python -m agents.checks.compute CHECK...`), killed at the timeout."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "agents.checks.compute", *checks],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return [
+            CheckResult(check, "node", "fail", evidence={"reason": f"timed out after {timeout:g} s"})
+            for check in checks
+        ]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    if done.returncode != 0 or not lines:
+        why = f"exit {done.returncode}: {done.stderr.strip()[-500:]}"
+        return [CheckResult(check, "node", "fail", evidence={"reason": why}) for check in checks]
+    return [CheckResult(**item) for item in json.loads(lines[-1])]
+
+
+def main(argv: list[str]) -> int:
+    unknown = set(argv) - set(CHECKS)
+    if unknown or not argv:
+        print(
+            f"usage: python -m agents.checks.compute {' '.join(CHECKS)} (unknown: {sorted(unknown)})", file=sys.stderr
+        )
+        return 2
+    runtime, why = open_torch()
+    results = [r for check in argv for r in run(runtime, check, why_not=why)]
+    print(json.dumps([r.to_wire() for r in results]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -3,7 +3,7 @@
 Levels (each includes the ones below it):
   1  seconds: NVML driver state, host memory/pressure/disk, RDMA ports, `dcgmi diag -r 1`
   2  minutes (target: <= 5 on an 8-GPU node): `dcgmi diag -r 2`, bf16 GEMM, memory and host-to-device bandwidth,
-     numerics, all-reduce across the node's GPUs
+     numerics (together, `compute`, in one child process), all-reduce across the node's GPUs
   3  `dcgmi diag -r 3` (up to half an hour) and, when the service names a peer, the cross-node all-reduce; it runs
      first, so that the two nodes (each told by its own directive, a ship interval apart at most) meet at once,
      and the peer, a known-good node, runs only that check (`only`)
@@ -43,7 +43,7 @@ class Options:
     volumes: list[str] = field(default_factory=list)
     sysfs_root: str = "/sys"
     procfs_root: str = "/proc"
-    compute_timeout_s: float = 120.0  # per compute check, all GPUs
+    compute_timeout_s: float = 240.0  # the four compute checks on every GPU, PyTorch's start included
     collective_timeout_s: float = 180.0
 
 
@@ -63,17 +63,9 @@ def plan(options: Options) -> list[Check]:
         ("dcgm", dcgm.TIMEOUT_S[min(level, 3)] + 10, lambda: dcgm.run(min(level, 3))),
     ]
     if level >= 2:
-        runtime: dict[str, Any] = {}
-
-        def lazily(check: str) -> Callable[[], list[CheckResult]]:
-            def one() -> list[CheckResult]:
-                if "compute" not in runtime:
-                    runtime["compute"], runtime["why"] = compute.open_torch()
-                return compute.run(runtime["compute"], check, why_not=runtime["why"])
-
-            return one
-
-        checks += [(check, options.compute_timeout_s, lazily(check)) for check in compute.CHECKS]
+        checks.append(
+            ("compute", options.compute_timeout_s, lambda: compute.run_isolated(timeout=options.compute_timeout_s))
+        )
         checks.append(
             (
                 "allreduce_node",

@@ -219,6 +219,15 @@ def test_without_a_gpu_runtime_compute_checks_are_not_available() -> None:
     assert result.status == "not_available" and "CUDA" in result.evidence["reason"]
 
 
+def test_compute_checks_run_in_a_child_process_that_never_brings_torch_into_the_agent() -> None:
+    pytest.importorskip("torch")
+    results = compute.run_isolated(timeout=120)  # this PyTorch is a CPU build: each says why it cannot run
+    assert [r.check for r in results] == list(compute.CHECKS)
+    assert {r.status for r in results} == {"not_available"} and "CUDA" in results[0].evidence["reason"]
+    [hung] = compute.run_isolated(("gemm_bf16",), timeout=0.05)
+    assert hung.status == "fail" and hung.evidence["reason"] == "timed out after 0.05 s"
+
+
 def test_the_torch_measurements_run_for_real_on_the_cpu() -> None:
     torch = pytest.importorskip("torch")
     real = compute.TorchCompute(
@@ -276,6 +285,17 @@ def test_a_peer_that_never_comes_fails_at_the_timeout_and_leaves_no_process() ->
     result = collectives.allreduce("allreduce_peer", nproc=1, backend="gloo", peer=peer, nbytes=2**16, timeout=4)
     assert result.status == "fail" and "timed out after 4 s" in result.evidence["errors"]
     assert time.monotonic() - started < 15
+
+
+def test_gpus_for_nccl_are_counted_without_pytorch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = tmp_path / "driver/nvidia/gpus"
+    for bus in ("0000:18:00.0", "0000:2a:00.0"):
+        (gpus / bus).mkdir(parents=True)
+    assert collectives.gpu_count(str(tmp_path)) == 2
+    assert collectives.gpu_count(str(tmp_path / "none")) == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    assert collectives.gpu_count(str(tmp_path)) == 3
 
 
 @pytest.mark.parametrize("raw", [{"addr": "a", "port": 0, "node_rank": 0}, {"addr": "a", "port": 80, "node_rank": 2}])
@@ -342,7 +362,7 @@ def test_a_check_that_hangs_or_raises_fails_without_stopping_the_others(tmp_path
 def test_levels_add_checks_and_the_cross_node_one_needs_a_peer() -> None:
     names = {level: [name for name, _, _ in plan(Options(level=level))] for level in (1, 2, 3)}
     assert names[1] == ["nvml_state", "host", "dcgm"]
-    assert names[2] == [*names[1], "gemm_bf16", "memory_bandwidth", "h2d_bandwidth", "numerics", "allreduce_node"]
+    assert names[2] == [*names[1], "compute", "allreduce_node"]
     assert names[3] == names[2]
     peer = Peer("10.0.0.7", 29533, 1)
     assert [n for n, _, _ in plan(Options(level=3, peer=peer))] == ["allreduce_peer", *names[2]]  # first: both meet
