@@ -169,6 +169,8 @@ class Directive(BaseModel):
     peer: dict[str, Any] | None = Field(
         default=None, description="run_checks level 3: {addr, port, node_rank} of the cross-node all-reduce."
     )
+    only: list[str] | None = Field(default=None, description="run_checks: just these checks (a peer's all-reduce).")
+    decision_id: int | None = Field(default=None, description="run_checks: the diagnose decision it answers.")
 
 
 class IngestResult(BaseModel):
