@@ -2,6 +2,9 @@
 stop-time checks; their results turn into a remedy (evict, or reset the one GPU a check names where the driver
 state calls for a reset) or, on a clean pass, return the node to service and resolve the incident.
 
+The same gate serves a node back from repair: checks asked with `return_on_pass` return it on a clean pass, and
+on a failure leave it out of service with the findings.
+
 A clean pass is no failing verdict, no refusal and at least one passing check: a node whose agent lacks PyTorch
 or DCGM returns on what it could check (the results it shipped list what was not available). A suite that was
 refused or only not available leaves the node to a person, as before.
@@ -63,25 +66,25 @@ def conclude(session: Session, *, directive_ids: set[str], now: datetime, settin
             continue  # an agent's own id (`faultline check` by hand): no decision waits on it
         directive = session.scalar(select(Directive).where(Directive.id == key).with_for_update())
         params = (directive.params or {}) if directive is not None else {}
-        if directive is None or not params.get("decision_id") or params.get("concluded"):
+        if directive is None or params.get("concluded"):
             continue
-        decision = session.get(Decision, params["decision_id"])
+        decision = session.get(Decision, params["decision_id"]) if params.get("decision_id") else None
         node = session.get(Node, directive.node_id) if directive.node_id is not None else None
-        if decision is None or node is None:
-            continue
+        if node is None or (decision is None and not params.get("return_on_pass")):
+            continue  # asked by a person only to look: nothing waits on the answer
         rows = list(session.scalars(select(CheckResult).where(CheckResult.directive_id == raw)))
         outcome = _act(session, decision=decision, node=node, rows=rows, directive=raw, now=now, settings=settings)
         directive.params = {**params, "concluded": outcome}
         directive.expires_at = min(directive.expires_at, now)  # answered: no longer delivered
         done[raw] = outcome
-        log.info("checks %s on %s (diagnose decision %d): %s", raw, node.name, decision.id, outcome)
+        log.info("checks %s on %s: %s", raw, node.name, outcome)
     return done
 
 
 def _act(
     session: Session,
     *,
-    decision: Decision,
+    decision: Decision | None,
     node: Node,
     rows: list[CheckResult],
     directive: str,
@@ -89,6 +92,8 @@ def _act(
     settings: Settings,
 ) -> str:
     failed = [r for r in rows if r.verdict == "fail"]
+    if failed and decision is None:
+        return f"checks failed ({', '.join(sorted({r.check for r in failed}))}): the node stays out of service"
     if failed:
         return _remedy(
             session, decision=decision, node=node, failed=failed, directive=directive, now=now, settings=settings
@@ -118,7 +123,7 @@ def _act(
             )
     except Conflict as exc:
         return f"checks passed, but the node cannot return: {exc}"
-    incident = session.get(Incident, decision.incident_id) if decision.incident_id is not None else None
+    incident = session.get(Incident, decision.incident_id) if decision and decision.incident_id is not None else None
     if incident is not None:
         incidents.resolve(
             session,

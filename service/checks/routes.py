@@ -48,6 +48,7 @@ def run_checks(name: str, body: RunChecksRequest, session: DbSession, principal:
         peer=peer,
         reason=body.reason,
         ttl_s=body.ttl_s,
+        return_on_pass=body.return_on_pass,
         requested_by=principal.name or f"token {principal.token_id}",
     )
     session.refresh(directives[0])

@@ -48,6 +48,10 @@ class RunChecksRequest(BaseModel):
         default=None,
         description="A known-good node for the cross-node all-reduce (level 3); its agent runs that check alone.",
     )
+    return_on_pass: bool = Field(
+        default=False,
+        description="The repair gate: return the node to service when every check passes (it stays out otherwise).",
+    )
     reason: str | None = Field(default=None, max_length=1000, examples=["diagnose: GPU 3 less busy than its peers"])
     ttl_s: Annotated[int, Field(ge=10, le=3600)] = Field(
         default=600, description="The agent receives the request if it reports within this many seconds."

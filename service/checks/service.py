@@ -189,6 +189,7 @@ def request_checks(
     reason: str | None,
     ttl_s: int,
     decision_id: int | None = None,
+    return_on_pass: bool = False,
 ) -> list[Directive]:
     """A run_checks directive for the node's agent; with a peer (level 3), one for the peer's agent too.
 
@@ -206,6 +207,8 @@ def request_checks(
     )
     if decision_id is not None:  # the diagnose decision the results answer (service/checks/loop.py)
         directive.params = {**(directive.params or {}), "decision_id": decision_id}
+    if return_on_pass:  # the repair gate: a clean pass returns the node (service/checks/loop.py)
+        directive.params = {**(directive.params or {}), "return_on_pass": True}
     directives = [directive]
     if peer is not None:
         directive.id = uuid.uuid4()

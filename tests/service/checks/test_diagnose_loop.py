@@ -132,3 +132,31 @@ def test_results_of_checks_run_by_hand_act_on_nothing(client, session, setup):
     _results(client, setup, "hand-run", [{"check": "numerics", "subject": "gpu:1", "status": "fail"}])
     session.expire_all()
     assert session.scalars(select(Decision).where(Decision.kind == "evict")).all() == []
+
+
+@pytest.mark.parametrize(("status", "state"), [("pass", "returned"), ("fail", "in_repair")])
+def test_the_repair_gate_returns_a_node_only_on_a_clean_pass(client, session, make_token, status, state):
+    client.app.state.directives.max_age = 0.0
+    agent, operator = bearer(make_token("agent")), bearer(make_token("operator"))
+    client.post("/api/v1/ingest", json=batch("repaired"), headers=agent)
+    node = session.scalar(select(Node).where(Node.name == "repaired"))
+    node.state = "in_repair"
+    session.flush()
+    asked = client.post("/api/v1/nodes/repaired/checks", json={"level": 1, "return_on_pass": True}, headers=operator)
+    assert asked.status_code == 201, asked.text
+    [directive] = asked.json()["directives"]
+    assert directive["params"]["return_on_pass"] is True
+    payload = batch("repaired", job_id=None, metrics=[], logs=[], processes=[])
+    payload["checks"] = [
+        {
+            "ts": datetime.now(UTC).isoformat(),
+            "directive_id": directive["id"],
+            "check": "nvml_state",
+            "subject": "gpu:0",
+            "status": status,
+        }
+    ]
+    assert client.post("/api/v1/ingest", json=payload, headers=agent).status_code == 200
+    session.expire_all()
+    assert session.get(Node, node.id).state == state
+    assert session.scalars(select(Decision).where(Decision.kind == "evict")).all() == []  # no incident: no eviction
