@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         if not addr:
             print("faultline check: --peer must be ADDR:PORT", file=sys.stderr)
             return 2
+        if args.level != 3:
+            print("faultline check: --peer is for the cross-node all-reduce, which runs at --level 3", file=sys.stderr)
+            return 2
     options = Options(level=args.level, force=args.force, peer=peer, volumes=args.volumes)
     try:
         results = run_suite(options, busy_ranks=ProcessScanner().scan(0.0))

@@ -440,3 +440,11 @@ def test_faultline_check_by_hand(tmp_path: Path) -> None:
         check=False,
     )
     assert bad.returncode == 2 and "--peer must be ADDR:PORT" in bad.stderr
+    low = subprocess.run(
+        [sys.executable, "-m", "faultline", "check", "--peer", "10.0.0.7:29533", "--level", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert low.returncode == 2 and "--level 3" in low.stderr
