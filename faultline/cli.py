@@ -13,7 +13,7 @@ from agents import cli as agent_cli
 from agents.schedulers import cli as adapter_cli
 from agents.sim import cli as sim_cli
 
-SCOPES = ("agent", "scheduler", "operator", "admin")
+SCOPES = ("agent", "scheduler", "operator", "admin", "enrol")
 
 
 def _data_dir_option(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     create = token_sub.add_parser("create", help="create a token and print it (shown once)")
     create.add_argument("--scope", required=True, choices=SCOPES)
     create.add_argument("--node", help="bind an agent token to one node name")
+    create.add_argument(
+        "--node-pattern", help="an enrolment token enrols only node names matching this shell pattern, e.g. 'gpu-*'"
+    )
     create.add_argument("--name", help="a label for listings")
     create.add_argument("--ttl-days", type=float, help="expire after this many days")
     _data_dir_option(create)
