@@ -121,6 +121,7 @@ def _positive(name: str, seconds: float) -> None:
 _LISTS = {"logs", "job_env", "step_patterns", "volumes"}
 _NAMES = {f.name for f in fields(AgentConfig)}
 _KNOWN = _NAMES | set(_ALIASES)
+SETTINGS = frozenset(_KNOWN)  # every setting name a file, FAULTLINE_AGENT_<NAME> or a flag may give
 
 
 def _coerce(name: str, value: Any) -> Any:

@@ -11,6 +11,7 @@ from pathlib import Path
 from agents import bench as agent_bench
 from agents import cli as agent_cli
 from agents.schedulers import cli as adapter_cli
+from agents.schedulers import slurm_jobs
 from agents.sim import cli as sim_cli
 
 SCOPES = ("agent", "scheduler", "operator", "admin", "enrol")
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cli.add_parser(sub)
     sim_cli.add_parser(sub)
     adapter_cli.add_parser(sub)
+    slurm_jobs.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
@@ -192,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         return sim_cli.run(args)
     if args.command == "adapter":
         return adapter_cli.run(args)
+    if args.command == "slurm":
+        return slurm_jobs.run(args)
     if args.command == "bench" and args.bench_command == "agent":
         return agent_bench.run(args)
     try:

@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from tests.deploy.manifests import KUSTOMIZE_MISSING
 from tests.paths import TESTS
 
 _state: dict[str, Any] = {}
@@ -128,6 +129,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(
             "PyTorch is not a dependency of faultline. To run them: .venv/bin/pip install torch==2.13.0 "
             "(the CPU build; CI does this)",
+            red=True,
+        )
+    kustomize = [r for r in terminalreporter.stats.get("skipped", []) if KUSTOMIZE_MISSING in str(r.longrepr)]
+    if kustomize:
+        terminalreporter.write_sep("!", f"KUBERNETES MANIFEST TESTS SKIPPED ({len(kustomize)})", red=True, bold=True)
+        terminalreporter.write_line(
+            "They render deploy/kubernetes with `kustomize build` or `kubectl kustomize`: "
+            "sudo apt-get install kubectl (CI does this)",
             red=True,
         )
     browser = [r for r in terminalreporter.stats.get("skipped", []) if "Chromium not installed" in str(r.longrepr)]
