@@ -109,7 +109,8 @@ def obtain_token(config: AgentConfig, *, transport: httpx.BaseTransport | None =
     if not config.enrol_token:
         raise EnrolmentFailed(f"no token: {path} does not exist and no enrolment token was given (--enrol-token)")
     assert config.server  # checked with the config
-    token = exchange(config.server, config.enrol_token, config.node_name, transport=transport)
+    # A Secret made from a file keeps its trailing newline, which no HTTP header may carry.
+    token = exchange(config.server, config.enrol_token.strip(), config.node_name, transport=transport)
     write_token_file(path, token)
     log.info("enrolled node %s; its agent token is kept in %s", config.node_name, path)
     return token
