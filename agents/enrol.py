@@ -12,11 +12,10 @@ import os
 from pathlib import Path
 
 import httpx
-import orjson
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import stop_after_delay
 
 from agents.config import AgentConfig
-from agents.http_errors import error_message, retryable
+from agents.http_errors import Unavailable, error_message, post_json
 
 log = logging.getLogger(__name__)
 ENROL_PATH = "/api/v1/tokens/enrol"
@@ -25,10 +24,6 @@ PATIENCE_S = 300.0  # the service may still be starting (a DaemonSet rolls out b
 
 class EnrolmentFailed(Exception):
     """No token: the file is unreadable, or the service refused the exchange; the message says what to do."""
-
-
-class _Unavailable(Exception):
-    pass
 
 
 def read_token_file(path: Path) -> str | None:
@@ -64,35 +59,16 @@ def exchange(
 ) -> str:
     """Trade the enrolment token for this node's agent token; retries while the service is unreachable."""
     with httpx.Client(base_url=server.rstrip("/"), timeout=10.0, transport=transport) as http:
-
-        def once() -> httpx.Response:
-            try:
-                response = http.post(
-                    ENROL_PATH,
-                    content=orjson.dumps({"node_name": node_name}),
-                    headers={"Authorization": f"Bearer {enrol_token}", "Content-Type": "application/json"},
-                )
-            except httpx.TransportError as exc:
-                raise _Unavailable(str(exc)) from exc
-            if retryable(response.status_code):
-                raise _Unavailable(f"HTTP {response.status_code}: {error_message(response)}")
-            return response
-
         try:
-            for attempt in Retrying(
-                retry=retry_if_exception_type(_Unavailable),
+            response = post_json(
+                http,
+                ENROL_PATH,
+                {"node_name": node_name},
+                headers={"Authorization": f"Bearer {enrol_token}"},
                 stop=stop_after_delay(patience_s),
-                wait=wait_random_exponential(multiplier=0.5, max=15),
-                before_sleep=lambda state: log.warning(
-                    "enrolment: service unavailable (%s); retrying", state.outcome and state.outcome.exception()
-                ),
-            ):
-                with attempt:
-                    response = once()
-        except RetryError as exc:
-            raise EnrolmentFailed(
-                f"could not reach {server} to enrol within {patience_s:g} s: {exc.last_attempt.exception()}"
-            ) from exc
+            )
+        except Unavailable as exc:
+            raise EnrolmentFailed(f"could not enrol within {patience_s:g} s: {exc}") from exc
     if response.status_code != 201:
         raise EnrolmentFailed(
             f"the service refused to enrol node {node_name!r} ({response.status_code}): {error_message(response)}"

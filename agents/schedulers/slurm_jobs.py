@@ -17,18 +17,16 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import hostlist
 import httpx
-import orjson
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import stop_after_attempt
 
-from agents.http_errors import error_message, retryable
-from agents.schedulers.cli import TOKEN_ENV, URL_ENV
+from agents.http_errors import Unavailable, error_message, post_json
+from agents.schedulers.cli import URL_ENV, add_service_arguments, read_token
+from agents.schedulers.loop import BackendConfigError
 
-log = logging.getLogger(__name__)
 GPUS_ENV = "FAULTLINE_GPUS_PER_NODE"
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 _ATTEMPTS = 3  # the job waits for the prolog: a few quick tries, then let it run unregistered
@@ -38,10 +36,6 @@ class HookError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
-
-
-class _Unavailable(Exception):
-    pass
 
 
 def expand_nodes(nodelist: str) -> list[str]:
@@ -81,27 +75,10 @@ def end_state(env: Mapping[str, str]) -> str:
 
 
 def _post(http: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
-    def once() -> httpx.Response:
-        try:
-            response = http.post(path, content=orjson.dumps(body), headers={"Content-Type": "application/json"})
-        except httpx.TransportError as exc:
-            raise _Unavailable(f"{http.base_url} unreachable: {exc}") from exc
-        if retryable(response.status_code):
-            raise _Unavailable(f"{http.base_url} answered {response.status_code}: {error_message(response)}")
-        return response
-
     try:
-        for attempt in Retrying(
-            retry=retry_if_exception_type(_Unavailable),
-            stop=stop_after_attempt(_ATTEMPTS),
-            wait=wait_random_exponential(multiplier=0.5, max=3),
-            reraise=False,
-        ):
-            with attempt:
-                return once()
-    except RetryError as exc:
-        raise HookError(str(exc.last_attempt.exception())) from exc
-    raise AssertionError("unreachable")  # Retrying either returns or raises
+        return post_json(http, path, body, stop=stop_after_attempt(_ATTEMPTS), max_wait_s=3)
+    except Unavailable as exc:
+        raise HookError(str(exc)) from exc
 
 
 def prolog(http: httpx.Client, env: Mapping[str, str], *, gpus_per_node: int, hang_timeout_s: int | None) -> str:
@@ -136,10 +113,7 @@ def add_parser(sub: Any) -> None:
     hooks = slurm.add_subparsers(dest="slurm_hook", required=True, metavar="HOOK")
     for name, text in (("prolog", "register the job, its nodes and rank layout"), ("epilog", "end the job")):
         hook = hooks.add_parser(name, help=text)
-        hook.add_argument("--url", default=os.environ.get(URL_ENV), help=f"faultline service URL (or {URL_ENV})")
-        hook.add_argument(
-            "--token-file", type=Path, help=f"file holding a token with scope scheduler (default: env {TOKEN_ENV})"
-        )
+        add_service_arguments(hook)
         if name == "prolog":
             hook.add_argument(
                 "--gpus-per-node",
@@ -150,16 +124,6 @@ def add_parser(sub: Any) -> None:
             hook.add_argument("--hang-timeout", type=int, help="seconds without progress before a hang (default 600)")
 
 
-def _token(args: argparse.Namespace) -> str:
-    try:
-        token = args.token_file.read_text().strip() if args.token_file else os.environ.get(TOKEN_ENV, "").strip()
-    except OSError as exc:
-        raise HookError(f"cannot read --token-file: {exc}", EXIT_CONFIG) from exc
-    if not token:
-        raise HookError(f"no token: pass --token-file FILE or set {TOKEN_ENV} (scope scheduler)", EXIT_CONFIG)
-    return token
-
-
 def run(args: argparse.Namespace) -> int:
     prog = f"faultline slurm {args.slurm_hook}"
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -168,7 +132,10 @@ def run(args: argparse.Namespace) -> int:
             raise HookError(f"no service URL: pass --url or set {URL_ENV}", EXIT_CONFIG)
         if args.slurm_hook == "prolog" and args.gpus_per_node < 1:
             raise HookError("--gpus-per-node must be at least 1", EXIT_CONFIG)
-        headers = {"Authorization": f"Bearer {_token(args)}"}
+        try:
+            headers = {"Authorization": f"Bearer {read_token(args)}"}
+        except BackendConfigError as exc:
+            raise HookError(str(exc), EXIT_CONFIG) from exc
         with httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=5.0) as http:
             if args.slurm_hook == "prolog":
                 done = prolog(http, os.environ, gpus_per_node=args.gpus_per_node, hang_timeout_s=args.hang_timeout)
