@@ -77,7 +77,8 @@ def test_each_path_the_agent_reads_is_mounted_read_only(pod):
         assert volumes[mount["name"]]["hostPath"]["path"] == host
     # /proc of the host's pid namespace: the training pods' processes, and py-spy's pids, are the host's.
     assert pod["hostPID"] is True
-    assert agent["securityContext"]["privileged"] is True  # /dev/kmsg and ptrace of other pods' processes
+    # /dev/kmsg, ptrace of other pods' processes: root and privileged (the image's default user is not root).
+    assert agent["securityContext"]["privileged"] is True and agent["securityContext"]["runAsUser"] == 0
 
 
 def test_the_token_file_and_spool_outlive_the_pod(pod):
