@@ -21,6 +21,17 @@ def add_parser(sub: Any) -> None:
     agent.add_argument("--config", type=Path, help=f"TOML file of settings (or {ENV_PREFIX}CONFIG)")
     agent.add_argument("--server", help="faultline service URL, e.g. https://faultline.example:8080")
     agent.add_argument("--token", help=f"agent-scope API token (prefer {ENV_PREFIX}TOKEN: flags show in ps)")
+    agent.add_argument(
+        "--enrol-token",
+        help=f"instead of --token: an enrolment token, exchanged once for this node's own agent token (prefer "
+        f"{ENV_PREFIX}ENROL_TOKEN)",
+    )
+    agent.add_argument(
+        "--token-file",
+        type=Path,
+        help="where this node's agent token is kept after enrolment, and read from on later starts "
+        "(default: beside the spool, <node name>.token)",
+    )
     agent.add_argument("--node-name", help="this node's name (default: the hostname)")
     agent.add_argument(
         "--sample-interval",
@@ -101,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         for name in (
             "server",
             "token",
+            "enrol_token",
+            "token_file",
             "node_name",
             "interval",
             "sample_interval",
@@ -137,6 +150,14 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would drown the agent's own
     from agents.agent import Agent, install_signal_handlers  # after the config: its errors come first
 
+    if not config.dry_run and not config.token:
+        from agents.enrol import EnrolmentFailed, obtain_token
+
+        try:
+            config.token = obtain_token(config)
+        except EnrolmentFailed as exc:
+            print(f"faultline agent: {exc}", file=sys.stderr)
+            return 2
     try:
         agent = Agent(config)
     except OSError as exc:

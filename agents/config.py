@@ -35,6 +35,10 @@ def _default_spool_root() -> Path:
 class AgentConfig:
     server: str | None = None
     token: str | None = None
+    # Instead of a token: an enrolment token (scope enrol) exchanged once for this node's own agent token,
+    # which is kept in token_file and read from there on every later start (agents/enrol.py).
+    enrol_token: str | None = None
+    token_file: Path | None = None  # default with an enrolment token: <spool dir's parent>/<node name>.token
     node_name: str = field(default_factory=socket.gethostname)
     # GPU counters are read every sample_interval (each sample keeps its own time) and shipped every
     # ship_interval: one request per node per ship tick. None: min(1 s, ship_interval).
@@ -72,13 +76,21 @@ class AgentConfig:
     def spool_path(self) -> Path:
         return self.spool_dir or _default_spool_root() / self.node_name
 
+    @property
+    def token_path(self) -> Path:
+        """Where an enrolled agent keeps its own token."""
+        return self.token_file or self.spool_path.parent / f"{self.node_name}.token"
+
     def check(self) -> None:
         if not self.dry_run:
             missing = [name for name in ("server", "token") if not getattr(self, name)]
+            if self.enrol_token or self.token_file:
+                missing = [name for name in missing if name != "token"]  # obtained at start (agents/enrol.py)
             if missing:
                 flags = " and ".join(f"--{name}" for name in missing)
                 envs = " / ".join(ENV_PREFIX + name.upper() for name in missing)
-                raise ConfigError(f"{flags} required (or {envs}, or the config file), unless --dry-run")
+                also = " (or --enrol-token / --token-file)" if "token" in missing else ""
+                raise ConfigError(f"{flags} required{also} (or {envs}, or the config file), unless --dry-run")
             if not self.server.startswith(("http://", "https://")):  # type: ignore[union-attr]
                 raise ConfigError(f"--server must be an http(s) URL, not {self.server!r}")
         self._check_intervals()
@@ -109,6 +121,7 @@ def _positive(name: str, seconds: float) -> None:
 _LISTS = {"logs", "job_env", "step_patterns", "volumes"}
 _NAMES = {f.name for f in fields(AgentConfig)}
 _KNOWN = _NAMES | set(_ALIASES)
+SETTINGS = frozenset(_KNOWN)  # every setting name a file, FAULTLINE_AGENT_<NAME> or a flag may give
 
 
 def _coerce(name: str, value: Any) -> Any:

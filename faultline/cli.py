@@ -12,9 +12,10 @@ from agents import bench as agent_bench
 from agents import cli as agent_cli
 from agents.checks import cli as check_cli
 from agents.schedulers import cli as adapter_cli
+from agents.schedulers import slurm_jobs
 from agents.sim import cli as sim_cli
 
-SCOPES = ("agent", "scheduler", "operator", "admin")
+SCOPES = ("agent", "scheduler", "operator", "admin", "enrol")
 
 
 def _data_dir_option(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     create = token_sub.add_parser("create", help="create a token and print it (shown once)")
     create.add_argument("--scope", required=True, choices=SCOPES)
     create.add_argument("--node", help="bind an agent token to one node name")
+    create.add_argument(
+        "--node-pattern", help="an enrolment token enrols only node names matching this shell pattern, e.g. 'gpu-*'"
+    )
     create.add_argument("--name", help="a label for listings")
     create.add_argument("--ttl-days", type=float, help="expire after this many days")
     _data_dir_option(create)
@@ -100,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     check_cli.add_parser(sub)
     sim_cli.add_parser(sub)
     adapter_cli.add_parser(sub)
+    slurm_jobs.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
@@ -193,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         return sim_cli.run(args)
     if args.command == "adapter":
         return adapter_cli.run(args)
+    if args.command == "slurm":
+        return slurm_jobs.run(args)
     if args.command == "bench" and args.bench_command == "agent":
         return agent_bench.run(args)
     try:

@@ -126,16 +126,25 @@ def _token(args: argparse.Namespace) -> int:
         with session_scope() as session:
             if args.token_command == "create":
                 ttl = timedelta(days=args.ttl_days) if args.ttl_days else None
-                new = tokens.create(session, scope=args.scope, name=args.name, node_name=args.node, ttl=ttl)
+                new = tokens.create(
+                    session,
+                    scope=args.scope,
+                    name=args.name,
+                    node_name=args.node,
+                    node_pattern=args.node_pattern,
+                    ttl=ttl,
+                )
                 bound = f", bound to node {args.node}" if args.node else ""
+                bound += f", for nodes matching {args.node_pattern}" if args.node_pattern else ""
                 print(f"created {args.scope} token id {new.record.id}{bound}; it is shown only once:", file=sys.stderr)
                 print(new.token)
             elif args.token_command == "list":
                 now = datetime.now(UTC)
                 for record in tokens.list_all(session):
                     state = tokens.state_of(record, now=now)
+                    nodes = record.node_name or record.node_pattern or "-"
                     print(
-                        f"{record.id}\t{record.prefix}…\t{record.scope}\t{record.node_name or '-'}\t"
+                        f"{record.id}\t{record.prefix}…\t{record.scope}\t{nodes}\t"
                         f"{record.name or '-'}\t{state}\texpires {record.expires_at or 'never'}"
                     )
             else:

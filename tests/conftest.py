@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from tests.deploy.manifests import KUSTOMIZE_MISSING
 from tests.paths import TESTS
 
 _state: dict[str, Any] = {}
@@ -120,24 +121,36 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 TORCH_MISSING = "PyTorch CPU not installed"
 
 
+# Tests skipped for a tool a plain machine may lack: (what the skip reason says, the banner, how to get the tool).
+_LOUD_SKIPS = (
+    (
+        TORCH_MISSING,
+        "REAL TORCHRUN TESTS SKIPPED ({n} modules)",
+        "PyTorch is not a dependency of faultline. To run them: .venv/bin/pip install torch==2.13.0 "
+        "(the CPU build; CI does this)",
+    ),
+    (
+        KUSTOMIZE_MISSING,
+        "KUBERNETES MANIFEST TESTS SKIPPED ({n})",
+        "They render deploy/kubernetes with `kustomize build` or `kubectl kustomize` (Kustomize v4+): "
+        "install kubectl (CI does this)",
+    ),
+    (
+        "Chromium not installed",
+        "WEB UI BROWSER TESTS SKIPPED ({n})",
+        "They drive Debian's Chromium at /usr/bin/chromium (or FAULTLINE_CHROMIUM): "
+        "sudo apt-get install chromium (CI does this)",
+    ),
+)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say loudly when the real torchrun tests did not run: a plain `make test` has no PyTorch."""
-    skipped = [r for r in terminalreporter.stats.get("skipped", []) if TORCH_MISSING in str(r.longrepr)]
-    if skipped:
-        terminalreporter.write_sep("!", f"REAL TORCHRUN TESTS SKIPPED ({len(skipped)} modules)", red=True, bold=True)
-        terminalreporter.write_line(
-            "PyTorch is not a dependency of faultline. To run them: .venv/bin/pip install torch==2.13.0 "
-            "(the CPU build; CI does this)",
-            red=True,
-        )
-    browser = [r for r in terminalreporter.stats.get("skipped", []) if "Chromium not installed" in str(r.longrepr)]
-    if browser:
-        terminalreporter.write_sep("!", f"WEB UI BROWSER TESTS SKIPPED ({len(browser)})", red=True, bold=True)
-        terminalreporter.write_line(
-            "They drive Debian's Chromium at /usr/bin/chromium (or FAULTLINE_CHROMIUM): "
-            "sudo apt-get install chromium (CI does this)",
-            red=True,
-        )
+    """Say loudly when tests did not run for want of a tool: a plain `make test` has no PyTorch, for one."""
+    for reason, banner, hint in _LOUD_SKIPS:
+        skipped = [r for r in terminalreporter.stats.get("skipped", []) if reason in str(r.longrepr)]
+        if skipped:
+            terminalreporter.write_sep("!", banner.format(n=len(skipped)), red=True, bold=True)
+            terminalreporter.write_line(hint, red=True)
 
 
 @pytest.fixture(scope="session")

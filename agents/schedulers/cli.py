@@ -26,13 +26,18 @@ def _wait_seconds(value: str) -> float:
     return seconds
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_service_arguments(parser: argparse.ArgumentParser) -> None:
+    """--url and --token-file: where the service is, and the scheduler token (never a flag: flags show in ps)."""
     parser.add_argument("--url", default=os.environ.get(URL_ENV), help=f"faultline service URL (or {URL_ENV})")
     parser.add_argument(
         "--token-file",
         type=Path,
         help=f"file holding a token with scope scheduler (default: env {TOKEN_ENV}; never on the command line)",
     )
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_service_arguments(parser)
     parser.add_argument(
         "--wait", type=_wait_seconds, default=30.0, help="long-poll seconds per request, 0 to 60 (default 30)"
     )
@@ -82,7 +87,7 @@ def add_parser(sub: Any) -> None:
     slurm.add_argument("--scontrol-timeout", type=float, default=30.0, help="seconds per scontrol call (default 30)")
 
 
-def _token(args: argparse.Namespace) -> str:
+def read_token(args: argparse.Namespace) -> str:
     if args.token_file:
         try:
             token = args.token_file.read_text().strip()
@@ -124,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not args.url:
             raise BackendConfigError(f"no service URL: pass --url or set {URL_ENV}")
-        token = _token(args)
+        token = read_token(args)
         backend = _backend(args)
     except BackendConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

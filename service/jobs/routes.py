@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 
 from service.deps import DbSession
 from service.jobs import ettr, service
-from service.jobs.schemas import EttrOut, JobIn, JobOut
+from service.jobs.schemas import EttrOut, JobEndIn, JobIn, JobOut
 from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -20,6 +20,17 @@ Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "ad
 def register_job(job_in: JobIn, session: DbSession, _: Reader) -> JobOut:
     """Register a job, or update it: world size, parallelism, hang timeout, optional rank placement."""
     job = service.register(session, job_in=job_in)
+    return service.describe(session, job=job)
+
+
+@router.post(
+    "/{job_id}/end",
+    response_model=JobOut,
+    responses={404: {"description": "Unknown job"}, 422: {"description": "Bad state"}},
+)
+def end_job(job_id: str, job_end: JobEndIn, session: DbSession, _: Reader) -> JobOut:
+    """Mark a job ended (finished or failed), e.g. from a Slurm epilog; registering the same id again reopens it."""
+    job = service.end(session, job_id=job_id, state=job_end.state)
     return service.describe(session, job=job)
 
 

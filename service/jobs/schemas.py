@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
@@ -81,6 +81,12 @@ class JobIn(BaseModel):
                     raise ValueError(f"rank {placement.rank} is placed twice")
                 seen.add(placement.rank)
         return self
+
+
+class JobEndIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"state": "finished"}]})
+
+    state: Literal["finished", "failed"] = Field(description="How the job ended, as its scheduler saw it.")
 
 
 class RankOut(BaseModel):

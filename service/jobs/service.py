@@ -27,6 +27,7 @@ def register(session: Session, *, job_in: JobIn) -> Job:
         "rank_order": p.order if p else None,
         "hang_timeout_s": job_in.hang_timeout_s,
         "source": "registered",
+        "state": "running",  # a job id registered again (a PyTorchJob's name, reused) runs again
     }
     stmt = insert(Job).values(external_id=job_in.job_id, **values)
     stmt = stmt.on_conflict_do_update(
@@ -59,6 +60,14 @@ def register(session: Session, *, job_in: JobIn) -> Job:
         )
     session.flush()
     return session.get_one(Job, job_id, populate_existing=True)
+
+
+def end(session: Session, *, job_id: str, state: str) -> Job:
+    """Mark a job finished or failed (a Slurm epilog, a launcher's exit): periodic diagnosis passes it by."""
+    job = get_by_external_id(session, job_id=job_id)
+    job.state = state
+    session.flush()
+    return job
 
 
 def get_by_external_id(session: Session, *, job_id: str) -> Job:

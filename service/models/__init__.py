@@ -1,6 +1,6 @@
 """ORM models, one module per table family; importing this package registers them all."""
 
-from service.models.auth import ApiToken, UiSession
+from service.models.auth import AgentEnrolment, ApiToken, UiSession
 from service.models.base import Base
 from service.models.checks import CheckResult
 from service.models.diagnosis import Decision, Finding, Incident
@@ -29,6 +29,7 @@ __all__ = [
     "NODE_COPY_TYPES",
     "NODE_SAMPLE_COLUMNS",
     "AgentBatch",
+    "AgentEnrolment",
     "ApiToken",
     "Base",
     "CheckResult",

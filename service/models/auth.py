@@ -9,7 +9,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, created_at_column, in_check
 
-SCOPES = ("agent", "scheduler", "operator", "admin")
+# "enrol": a token an agent exchanges, once per node, for its own node-bound agent token (service/tokens/enrolment.py).
+SCOPES = ("agent", "scheduler", "operator", "admin", "enrol")
+# Who may hold a web UI session: never an enrolment token.
+SESSION_SCOPES = ("agent", "scheduler", "operator", "admin")
 
 
 class ApiToken(Base):
@@ -24,6 +27,8 @@ class ApiToken(Base):
     scope: Mapped[str] = mapped_column(Text)
     # An agent token bound to a node may only write that node's data.
     node_name: Mapped[str | None] = mapped_column(Text)
+    # An enrolment token enrols only nodes whose name matches this shell-style pattern (e.g. gpu-*).
+    node_pattern: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = created_at_column()
     expires_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
@@ -35,7 +40,7 @@ class UiSession(Base):
 
     __tablename__ = "ui_sessions"
     __table_args__ = (
-        CheckConstraint(in_check("scope", SCOPES), name="scope"),
+        CheckConstraint(in_check("scope", SESSION_SCOPES), name="scope"),
         Index("ix_ui_sessions_expires_at", "expires_at"),
     )
 
@@ -49,3 +54,15 @@ class UiSession(Base):
     csrf_token: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = created_at_column()
     expires_at: Mapped[datetime]
+
+
+class AgentEnrolment(Base):
+    """A node's exchange of an enrolment token for its own agent token: one per node while that token lives."""
+
+    __tablename__ = "agent_enrolments"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    node_name: Mapped[str] = mapped_column(Text, index=True)
+    enrolment_token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    agent_token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), unique=True)
+    created_at: Mapped[datetime] = created_at_column()

@@ -10,11 +10,12 @@ from fastapi import APIRouter, Depends, status
 from service.deps import DbSession
 from service.params import Id
 from service.security import Principal, require_scope
-from service.tokens import service
-from service.tokens.schemas import TokenCreated, TokenIn, TokenOut
+from service.tokens import enrolment, service
+from service.tokens.schemas import EnrolmentIn, TokenCreated, TokenIn, TokenOut
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 Admin = Annotated[Principal, Depends(require_scope("admin"))]
+Enroller = Annotated[Principal, Depends(require_scope("enrol"))]
 
 
 @router.post(
@@ -49,3 +50,20 @@ def get_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
 def revoke_token(token_id: Id, session: DbSession, _: Admin) -> TokenOut:
     """Revoke a token (idempotent; the record stays). API processes honour it within `token_cache_seconds`."""
     return service.to_out(service.revoke(session, token_id=token_id), now=datetime.now(UTC))
+
+
+@router.post(
+    "/enrol",
+    status_code=status.HTTP_201_CREATED,
+    response_model=TokenCreated,
+    responses={
+        401: {"description": "The enrolment token is unknown, expired or revoked"},
+        403: {"description": "Not an enrolment token, or the node name is outside its pattern"},
+        409: {"description": "The node is already enrolled: revoke its agent token to enrol it again"},
+    },
+)
+def enrol_agent(enrolment_in: EnrolmentIn, session: DbSession, principal: Enroller) -> TokenCreated:
+    """Exchange an enrolment token (scope `enrol`) for this node's own agent token, once per node."""
+    return enrolment.enrol(
+        session, enrolment_token_id=principal.token_id, node_name=enrolment_in.node_name, now=datetime.now(UTC)
+    )

@@ -14,6 +14,14 @@ Scope = Literal[SCOPES]  # type: ignore[valid-type]
 TokenState = Literal["active", "expired", "revoked"]
 # A year-scale cap catches a TTL given in milliseconds by mistake; longer-lived tokens simply have none.
 MAX_TTL_S = 10 * 366 * 86_400
+# A node name with the shell wildcards * ? [ ] (fnmatch): gpu-*, gpu-0[0-4]?
+NodePattern = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9*?\[\]!._-]+$")]
+
+
+class EnrolmentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"node_name": "gpu-node-017"}]})
+
+    node_name: NodeName = Field(description="The node the new agent token will be bound to: this agent's node.")
 
 
 class TokenIn(BaseModel):
@@ -23,6 +31,7 @@ class TokenIn(BaseModel):
             "examples": [
                 {"scope": "agent", "name": "agent gpu-node-017", "node_name": "gpu-node-017", "ttl_s": 7_776_000},
                 {"scope": "scheduler", "name": "k8s adapter", "expires_at": "2027-06-30T00:00:00Z"},
+                {"scope": "enrol", "name": "rack 1-12 agents", "node_pattern": "gpu-*", "ttl_s": 86_400},
             ]
         },
     )
@@ -33,6 +42,10 @@ class TokenIn(BaseModel):
     )
     node_name: NodeName | None = Field(
         default=None, description="Agent tokens only: the token may then write that node's data and no other."
+    )
+    node_pattern: NodePattern | None = Field(
+        default=None,
+        description="Enrolment tokens only: enrol only nodes whose name matches this shell-style pattern (gpu-*).",
     )
     ttl_s: Annotated[float, Field(gt=0, le=MAX_TTL_S)] | None = Field(
         default=None, description="Expire this many seconds from now. Leave out, with `expires_at`, for no expiry."
@@ -52,6 +65,7 @@ _TOKEN_EXAMPLE = {
     "name": "k8s adapter",
     "scope": "scheduler",
     "node_name": None,
+    "node_pattern": None,
     "created_at": "2026-11-22T10:00:00Z",
     "expires_at": "2027-06-30T00:00:00Z",
     "revoked_at": None,
@@ -67,6 +81,7 @@ class TokenOut(BaseModel):
     name: str | None
     scope: str
     node_name: str | None
+    node_pattern: str | None
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None

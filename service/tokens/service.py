@@ -32,6 +32,7 @@ def create(
     scope: str,
     name: str | None = None,
     node_name: str | None = None,
+    node_pattern: str | None = None,
     ttl: timedelta | None = None,
     expires_at: datetime | None = None,
 ) -> NewToken:
@@ -40,6 +41,8 @@ def create(
         raise InvalidInput(f"unknown scope {scope!r}; expected one of {', '.join(SCOPES)}")
     if node_name is not None and scope != "agent":
         raise InvalidInput("only agent tokens can be bound to a node")
+    if node_pattern is not None and scope != "enrol":
+        raise InvalidInput("only enrolment tokens take a node pattern")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     record = ApiToken(
         token_hash=hash_token(token),
@@ -47,6 +50,7 @@ def create(
         name=name,
         scope=scope,
         node_name=node_name,
+        node_pattern=node_pattern,
         expires_at=datetime.now(UTC) + ttl if ttl else expires_at,
     )
     session.add(record)
@@ -70,7 +74,7 @@ def list_page(
     elif state == "expired":
         query = query.where(ApiToken.revoked_at.is_(None), ApiToken.expires_at <= now)
     elif state == "active":
-        query = query.where(_active(now))
+        query = query.where(active(now))
     if cursor:
         query = query.where(ApiToken.id < decode_cursor(cursor))
     rows = list(session.scalars(query))
@@ -81,7 +85,7 @@ def list_page(
     )
 
 
-def _active(now: datetime) -> ColumnElement[bool]:
+def active(now: datetime) -> ColumnElement[bool]:
     return and_(ApiToken.revoked_at.is_(None), or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now))
 
 
@@ -96,7 +100,7 @@ def revoke(session: Session, *, token_id: int, keep_an_admin: bool = True) -> Ap
         if keep_an_admin and record.scope == "admin" and state_of(record, now=now) == "active":
             # Locked, so two admins revoking each other at once cannot both succeed.
             admins = session.scalars(
-                select(ApiToken.id).where(ApiToken.scope == "admin", _active(now)).with_for_update()
+                select(ApiToken.id).where(ApiToken.scope == "admin", active(now)).with_for_update()
             ).all()
             if len(admins) <= 1:
                 raise Conflict(
@@ -138,6 +142,7 @@ def issue(session: Session, *, token_in: TokenIn, now: datetime) -> TokenCreated
         scope=token_in.scope,
         name=token_in.name,
         node_name=token_in.node_name,
+        node_pattern=token_in.node_pattern,
         ttl=timedelta(seconds=token_in.ttl_s) if token_in.ttl_s is not None else None,
         expires_at=token_in.expires_at,
     )

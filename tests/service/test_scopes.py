@@ -22,6 +22,7 @@ AGENT = frozenset({"agent"})
 READ = frozenset({"scheduler", "operator", "admin"})
 OPERATOR = frozenset({"operator", "admin"})
 ADMIN = frozenset({"admin"})
+ENROL = frozenset({"enrol"})
 ALERTS = frozenset({"agent", "operator", "admin"})
 
 SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
@@ -31,6 +32,7 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     # Schedulers register jobs, read what faultline found and decided, and acknowledge decisions.
     ("POST", "/api/v1/jobs"): READ,
     ("GET", "/api/v1/jobs/{job_id}"): READ,
+    ("POST", "/api/v1/jobs/{job_id}/end"): READ,
     ("GET", "/api/v1/jobs/{job_id}/ettr"): READ,
     ("POST", "/api/v1/jobs/{job_id}/stack-dumps"): OPERATOR,
     ("GET", "/api/v1/jobs/{job_id}/stack-dumps/{directive_id}"): READ,
@@ -71,14 +73,20 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/api/v1/tokens"): ADMIN,
     ("GET", "/api/v1/tokens/{token_id}"): ADMIN,
     ("DELETE", "/api/v1/tokens/{token_id}"): ADMIN,
+    # Agents trade an enrolment token for their node's own token; that is all an enrolment token can do.
+    ("POST", "/api/v1/tokens/enrol"): ENROL,
 }
 # Served without a token: probes and Prometheus scrapes.
 PUBLIC = {("GET", "/healthz"), ("GET", "/metrics")}
 # Endpoints an agent token reaches; and the one admin does not (agent data comes from agents).
 AGENT_ALLOWED = {("POST", INGEST_PATH), ("POST", "/api/v1/alertmanager")}
-NOT_FOR_ADMIN = {("POST", INGEST_PATH)}
+NOT_FOR_ADMIN = {("POST", INGEST_PATH), ("POST", "/api/v1/tokens/enrol")}
 # What a scheduler may change: its jobs and its acknowledgements. Everything else it only reads.
-SCHEDULER_WRITES = {("POST", "/api/v1/jobs"), ("POST", "/api/v1/decisions/{decision_id}/ack")}
+SCHEDULER_WRITES = {
+    ("POST", "/api/v1/jobs"),
+    ("POST", "/api/v1/jobs/{job_id}/end"),
+    ("POST", "/api/v1/decisions/{decision_id}/ack"),
+}
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 # FastAPI's own pages (Starlette routes, not APIRoutes): no data behind them.
 FRAMEWORK = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}

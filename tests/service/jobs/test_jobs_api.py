@@ -121,3 +121,22 @@ def test_an_agent_cannot_move_a_registered_rank_onto_its_own_node(client, sessio
     )
     ranks = client.get(f"/api/v1/jobs/{job}", headers=bearer(make_token("scheduler"))).json()["ranks"]
     assert ranks[0]["node"] == "node-b" and ranks[0]["pid"] == 4000
+
+
+def test_a_job_is_ended_and_registering_it_again_reopens_it(client, scheduler):
+    client.post("/api/v1/jobs", json=JOB, headers=scheduler)
+    ended = client.post("/api/v1/jobs/llm-42/end", json={"state": "failed"}, headers=scheduler)
+    assert ended.status_code == 200 and ended.json()["state"] == "failed"
+    assert client.get("/api/v1/jobs/llm-42", headers=scheduler).json()["state"] == "failed"
+    assert client.post("/api/v1/jobs", json=JOB, headers=scheduler).json()["state"] == "running"
+
+
+@pytest.mark.parametrize("body", [{}, {"state": "running"}, {"state": "finished", "x": 1}])
+def test_ending_with_a_bad_state_is_422_and_changes_nothing(client, scheduler, body):
+    client.post("/api/v1/jobs", json=JOB, headers=scheduler)
+    assert client.post("/api/v1/jobs/llm-42/end", json=body, headers=scheduler).status_code == 422
+    assert client.get("/api/v1/jobs/llm-42", headers=scheduler).json()["state"] == "running"
+
+
+def test_ending_an_unknown_job_is_404(client, scheduler):
+    assert client.post("/api/v1/jobs/nope/end", json={"state": "finished"}, headers=scheduler).status_code == 404
