@@ -55,12 +55,13 @@ def test_task_runs_after_commit_and_never_after_rollback(committed, redis_url, t
 
 
 def test_a_worker_and_the_api_each_load_the_hooks_their_domains_register(database_url, redis_url):
-    # A closed decision resolves its incident, and maintenance prunes the UI's sessions, through hooks the
-    # upper domains register when imported: the processes that run them must import those domains. Fresh
-    # interpreters, as a worker or an API process starts.
+    # A closed decision resolves its incident (and a diagnose one sends the stop-time checks), and maintenance
+    # prunes the UI's sessions, through hooks the upper domains register when imported: the processes that run
+    # them must import those domains. Fresh interpreters, as a worker or an API process starts.
     decided = (
         "from service.decisions import lifecycle; "
-        "assert [h.__name__ for h in lifecycle._after_finish] == ['_resolve_after_decision'], lifecycle._after_finish"
+        "hooks = sorted(h.__name__ for h in lifecycle._after_finish); "
+        "assert hooks == ['_checks_after_diagnose', '_resolve_after_decision'], hooks"
     )
     pruned = "from service.maintenance import service as m; assert 'ui_sessions' in m._pruners, m._pruners"
     env = {**os.environ, "FAULTLINE_DATABASE_URL": database_url, "FAULTLINE_REDIS_URL": redis_url}
