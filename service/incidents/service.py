@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
@@ -56,8 +56,13 @@ class Applied:
     created: set[int]  # ids of the incidents this pass opened
 
 
-def apply_proposals(session: Session, *, job: Job, proposals: Sequence[IncidentProposal], now: datetime) -> Applied:
-    """Bring the job's open incidents in line with the demarcation: one per proposal, in proposal order."""
+def apply_proposals(
+    session: Session, *, job: Job, proposals: Sequence[IncidentProposal], fresh: Collection[int], now: datetime
+) -> Applied:
+    """Bring the job's open incidents in line with the demarcation: one per proposal, in proposal order.
+
+    `fresh`: the ids of the findings that are new evidence this pass (stored, or a series that moved); only
+    they move an incident's `updated_at`, which the quiet resolution reads."""
     touched: list[Incident] = []
     created: set[int] = set()
     for proposal in proposals:
@@ -70,7 +75,8 @@ def apply_proposals(session: Session, *, job: Job, proposals: Sequence[IncidentP
         incident.severity = proposal.severity
         incident.summary = proposal.summary
         incident.suspects = [{**asdict(s), "finding_ids": list(s.finding_ids)} for s in proposal.suspects]
-        incident.updated_at = now
+        if new or not fresh.isdisjoint(proposal.finding_ids):
+            incident.updated_at = now
         session.execute(
             update(Finding)
             .where(Finding.id.in_(proposal.finding_ids), Finding.incident_id.is_distinct_from(incident.id))
@@ -150,7 +156,9 @@ def resolve_quiet(session: Session, *, now: datetime, quiet_s: float) -> list[in
         .with_for_update(skip_locked=True)
     ).all()
     minutes = f"{quiet_s / 60:g} min"
-    return [i.id for i in quiet if resolve(session, incident=i, resolution=f"no new evidence for {minutes}", now=now)]
+    return [
+        i.id for i in quiet if resolve(session, incident=i, resolution=f"quiet: no new evidence for {minutes}", now=now)
+    ]
 
 
 def get(session: Session, *, incident_id: int) -> IncidentOut:
