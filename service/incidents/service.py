@@ -11,9 +11,10 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ml.demarcation import IncidentProposal
+from service.config import Settings
 from service.decisions import lifecycle as decision_lifecycle
 from service.decisions import service as decisions
-from service.errors import NotFound
+from service.errors import Conflict, NotFound
 from service.fleet import stages as repair_stages
 from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage
 from service.jobs import service as jobs
@@ -112,6 +113,38 @@ def resolve(session: Session, *, incident: Incident, resolution: str, now: datet
     nodes.clear_suspects(session, incident=incident, now=now)
     notify.record_incident_event(session, incident=incident, event="resolved", now=now)
     return True
+
+
+def resolve_by_hand(
+    session: Session, *, incident_id: int, reason: str, actor: str, now: datetime, settings: Settings
+) -> IncidentOut:
+    """A person closes an incident, with a reason: what still waits on anyone for it is rejected in their name."""
+    incident = session.scalar(select(Incident).where(Incident.id == incident_id).with_for_update())
+    if incident is None:
+        raise NotFound(f"no incident {incident_id}")
+    if incident.state == "resolved":
+        raise Conflict(
+            f"incident {incident_id} is already resolved ({incident.resolved_at:%Y-%m-%d %H:%M:%S} UTC): "
+            f"{incident.resolution or 'no reason recorded'}"
+        )
+    resolve(session, incident=incident, resolution=f"by hand: {reason}", now=now)
+    incident.resolved_by = actor
+    waiting = session.scalars(
+        select(Decision.id).where(
+            Decision.incident_id == incident.id, Decision.state.in_(("pending", "awaiting_approval"))
+        )
+    ).all()
+    for decision_id in waiting:
+        decision_lifecycle.reject(
+            session,
+            decision_id=decision_id,
+            message=f"incident {incident.id} resolved by {actor}: {reason}"[:2000],
+            actor=actor,
+            now=now,
+            settings=settings,
+        )
+    session.flush()
+    return get(session, incident_id=incident.id)
 
 
 def resolve_if_mitigated(session: Session, *, incident: Incident, now: datetime) -> bool:
