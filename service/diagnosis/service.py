@@ -188,7 +188,9 @@ def _decide(
     result.new_findings = len(fresh)
 
     open_findings = _open_findings(session, job=job, now=now)
-    proposals = demarcation.demarcate([(fid, f) for fid, f, _ in open_findings])
+    proposals = demarcation.demarcate(
+        [(fid, f) for fid, f, _ in open_findings], earlier_faults=_earlier_faults(session, job=job, now=now)
+    )
     applied = incidents.apply_proposals(session, job=job, proposals=proposals, fresh=fresh, now=now)
     result.incidents = [i.id for i in applied.incidents]
     active_silences = silences.active_silences(session, now=now) if proposals else []
@@ -344,6 +346,25 @@ def _update_series(session: Session, *, job: Job, rows: dict[str, dict[str, Any]
         row.last_seen_at = values["last_seen_at"]
         updated.add(row.id)
     return updated
+
+
+def _earlier_faults(session: Session, *, job: Job, now: datetime) -> list[Finding]:
+    """The job's recent machine faults whose incidents are resolved: their victims' peer findings still come."""
+    rows = session.execute(
+        select(FindingRow, Node.name)
+        .join(Node, Node.id == FindingRow.node_id)
+        .join(Incident, Incident.id == FindingRow.incident_id)
+        .where(
+            FindingRow.job_id == job.id,
+            Incident.state == "resolved",
+            FindingRow.observed_at >= now - FINDING_HORIZON - demarcation.VICTIM_AFTER,
+            FindingRow.role == "cause",
+            FindingRow.detector.not_in(demarcation.PEER_DETECTORS),
+        )
+        .order_by(FindingRow.id.desc())
+        .limit(200)
+    ).all()
+    return [f for f in (row.to_ml(node) for row, node in rows) if demarcation.hard_fault(f)]
 
 
 def _open_findings(session: Session, *, job: Job, now: datetime) -> list[tuple[int, Finding, FindingRow]]:

@@ -82,6 +82,7 @@ class Finding(Base):
             role=self.role,
             action=self.action,
             key=self.dedup_key,
+            seen_until=self.last_seen_at,
             evidence=self.evidence,
         )
 
