@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from ml.findings import CATEGORIES, Finding
 
@@ -103,11 +103,55 @@ def _victim_of(f: Finding, faults: Sequence[Finding]) -> Finding | None:
         return None
     if any(fault.node == f.node for fault in faults):
         return None  # a machine with a fault of its own is no victim
-    for fault in faults:
-        end = (fault.seen_until or fault.observed_at) + VICTIM_AFTER
-        if fault.observed_at - VICTIM_SLACK <= f.observed_at <= end:
-            return fault
-    return None
+    return next((fault for fault in faults if _in_wake(fault, f.observed_at)), None)
+
+
+# What a GPU that failed does to its own links: PCIe replays, NVLink errors. On the failed GPU (or, where the
+# findings do not say which GPU, its node), from its failure on, they are the failure's symptoms.
+_GPU_CONSEQUENCES = ("pcie", "nvlink")
+
+
+def _gpus(f: Finding) -> set[int] | None:
+    """The GPU indexes a finding names, or None where it names none by index (a Xid names a PCI address)."""
+    listed = f.evidence.get("gpus") if isinstance(f.evidence, dict) else None
+    if isinstance(listed, list) and listed and all(isinstance(g, int) for g in listed):
+        return set(listed)
+    _, _, tail = f.subject.partition("/")
+    return {int(tail)} if f.subject_kind == "gpu" and tail.isdigit() else None
+
+
+def _fold_gpu_consequences(by_category: dict[str, list[tuple[int, Finding]]]) -> None:
+    """A link error on a GPU that had already failed joins the failure's incident as its symptom."""
+    failed = [f for _, f in by_category.get("gpu_hardware", ()) if f.node and f.role == "cause"]
+    if not failed:
+        return
+    for category in _GPU_CONSEQUENCES:
+        for fid, f in list(by_category.get(category, ())):
+            gpus = _gpus(f)
+            if any(
+                g.node == f.node
+                and f.observed_at >= g.observed_at - VICTIM_SLACK
+                and (gpus is None or (other := _gpus(g)) is None or gpus & other)
+                for g in failed
+            ):
+                by_category[category].remove((fid, f))
+                by_category["gpu_hardware"].append((fid, replace(f, role="symptom")))
+        if category in by_category and not by_category[category]:
+            del by_category[category]
+
+
+def _aftermath(symptom: Finding, current: Sequence[Finding], earlier_faults: Sequence[Finding]) -> bool:
+    """A symptom (a launcher's failure summary) from the restart after an earlier fault, which was dealt with,
+    before any of the current causes began: it belongs to that fault, not to the next one."""
+    causes = [f.observed_at for f in current if f.role == "cause"]
+    if causes and symptom.observed_at >= min(causes) - VICTIM_SLACK:
+        return False
+    return any(_in_wake(fault, symptom.observed_at) for fault in earlier_faults if hard_fault(fault))
+
+
+def _in_wake(fault: Finding, when: datetime) -> bool:
+    """Whether a moment falls in a fault's wake: from (just before) it until VICTIM_AFTER after its last sign."""
+    return fault.observed_at - VICTIM_SLACK <= when <= (fault.seen_until or fault.observed_at) + VICTIM_AFTER
 
 
 def demarcate(
@@ -131,6 +175,9 @@ def demarcate(
         else:
             category = finding.category if finding.category in CATEGORIES else "unknown"
             by_category[category].append((fid, finding))
+
+    _fold_gpu_consequences(by_category)
+    symptoms = [(fid, f) for fid, f in symptoms if not _aftermath(f, [f for _, f in findings], earlier_faults)]
 
     # A node-naming infrastructure cause explains the job's stall: fold job-level stall findings into it.
     explaining = [c for c in by_category if c in _EXPLAINS_STALLS and any(f.node for _, f in by_category[c])]
