@@ -12,33 +12,20 @@ from sqlalchemy.orm import Session
 from ml.findings import Finding
 from service.config import get_settings
 from service.decisions import lifecycle
-from service.diagnosis.service import DiagnosisResult, _decide
 from service.models import Decision, Job
 from tests import rows
+from tests.decide import decide, finding
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
 
 def _finding(node: str, *, detector: str, category: str, metric: str, at: datetime) -> Finding:
-    return Finding(
-        detector=detector,
-        category=category,
-        subject_kind="node",
-        subject=node,
-        confidence=0.95,
-        summary=f"{node}: {metric} unlike its peers" if detector == "peers" else f"{metric} on {node}",
-        observed_at=at,
-        node=node,
-        blame="infrastructure",
-        action="evict",
-        key=f"{node}:{category}:{metric}",
-    )
+    return finding(node, detector=detector, category=category, at=at, key=f"{node}:{category}:{metric}")
 
 
 def _decide_on(session: Session, job: Job, findings: list[Finding], now: datetime) -> list[Decision]:
-    result = DiagnosisResult(job_id=job.external_id)
-    _decide(session, job=job, findings=findings, result=result, settings=get_settings(), now=now)
-    return list(session.scalars(select(Decision).where(Decision.id.in_(result.decisions))))
+    ids = decide(session, job, findings, now).decisions
+    return list(session.scalars(select(Decision).where(Decision.id.in_(ids))))
 
 
 def test_a_rejected_suspect_is_not_accused_again_on_the_same_kind_of_evidence(session: Session) -> None:

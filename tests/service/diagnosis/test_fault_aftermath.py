@@ -9,69 +9,42 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ml.findings import Finding
-from service.config import get_settings
-from service.diagnosis.service import DiagnosisResult, _decide
 from service.incidents.service import resolve
 from service.models import Finding as FindingRow
 from service.models import Incident, Job
 from tests import rows
+from tests.decide import decide, finding
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
 
 def _xid79(node: str, at: datetime) -> Finding:
-    return Finding(
-        detector="signatures",
-        category="gpu_hardware",
-        subject_kind="gpu",
-        subject=f"{node}/0000:3b:00",
-        confidence=0.97,
-        summary=f"Xid 79 (GPU has fallen off the bus) on {node}",
-        observed_at=at,
-        node=node,
-        blame="infrastructure",
-        action="evict",
-        key=f"xid79:{node}:{at:%H%M%S}",
-        evidence={"pci": "0000:3b:00"},
-    )
+    key = f"xid79:{node}:{at:%H%M%S}"
+    return finding(node, detector="signatures", category="gpu_hardware", at=at, key=key, evidence={"pci": "0000:3b:00"})
 
 
 def _pcie_replays(node: str, gpu: int, at: datetime) -> Finding:
-    return Finding(
+    return finding(
+        node,
         detector="counters",
         category="pcie",
+        at=at,
+        key=f"pcie:{node}/{gpu}",
         subject_kind="gpu",
         subject=f"{node}/{gpu}",
-        confidence=0.5,
-        summary=f"PCIe replays on {node} GPU {gpu}: +120 (40/min) vs a job median of 0",
-        observed_at=at,
-        node=node,
-        blame="infrastructure",
         action="diagnose",
-        key=f"pcie:{node}/{gpu}",
         evidence={"gpus": [gpu]},
     )
 
 
 def _launcher_failed(at: datetime) -> Finding:
-    return Finding(
-        detector="signatures",
-        category="job_failure",
-        subject_kind="job",
-        subject="job",
-        confidence=0.6,
-        summary="torchrun: ChildFailedError (rank 5 exited with SIGKILL)",
-        observed_at=at,
-        role="symptom",
-        action="restart",
-        key=f"childfailed:{at:%H%M%S}",
-    )
+    key = f"childfailed:{at:%H%M%S}"
+    return finding(None, detector="signatures", category="job_failure", at=at, key=key, role="symptom")
 
 
 def _decide_on(session: Session, job: Job, findings: list[Finding], now: datetime) -> list[Incident]:
-    result = DiagnosisResult(job_id=job.external_id)
-    _decide(session, job=job, findings=findings, result=result, settings=get_settings(), now=now)
-    return list(session.scalars(select(Incident).where(Incident.id.in_(result.incidents))))
+    ids = decide(session, job, findings, now).incidents
+    return list(session.scalars(select(Incident).where(Incident.id.in_(ids))))
 
 
 def _incident_of(session: Session, key_part: str) -> int | None:

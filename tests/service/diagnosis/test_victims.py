@@ -12,52 +12,21 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ml.findings import Finding
-from service.config import get_settings
-from service.diagnosis.service import DiagnosisResult, _decide
 from service.incidents.service import resolve
 from service.models import Decision, Incident, Job, Node
 from service.models import Finding as FindingRow
 from tests import rows
+from tests.decide import decide, finding
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
 
 def _link_fault(node: str, at: datetime) -> Finding:
-    return Finding(
-        detector="counters",
-        category="nvlink",
-        subject_kind="gpu",
-        subject=f"{node}/3",
-        confidence=0.8,
-        summary=f"NVLink errors on {node} GPU 3: +900 (150/min) vs a job median of 0",
-        observed_at=at,
-        node=node,
-        blame="infrastructure",
-        action="evict",
-        key=f"nvlink:{node}/3",
-    )
+    return finding(node, detector="counters", category="nvlink", at=at, key=f"nvlink:{node}/3", confidence=0.8)
 
 
 def _unlike_peers(node: str, category: str, metric: str, at: datetime) -> Finding:
-    return Finding(
-        detector="peers",
-        category=category,
-        subject_kind="node",
-        subject=node,
-        confidence=0.95,
-        summary=f"peers' outlier, 3 episodes in 10 min (low {metric})",
-        observed_at=at,
-        node=node,
-        blame="infrastructure",
-        action="evict",
-        key=f"{node}:{category}:{metric}",
-    )
-
-
-def _decide_on(session: Session, job: Job, findings: list[Finding], now: datetime) -> DiagnosisResult:
-    result = DiagnosisResult(job_id=job.external_id)
-    _decide(session, job=job, findings=findings, result=result, settings=get_settings(), now=now)
-    return result
+    return finding(node, detector="peers", category=category, at=at, key=f"{node}:{category}:{metric}")
 
 
 def _decided_nodes(session: Session, job: Job) -> set[str]:
@@ -70,7 +39,7 @@ def test_a_peer_outlier_after_another_machines_link_fault_is_its_victim(session:
     job, broken, healthy = rows.job(session), rows.node(session), rows.node(session)
     fault = _link_fault(broken.name, T0)
     victim = _unlike_peers(healthy.name, "nvlink", "nvlink_rx_bytes", T0 + timedelta(minutes=2))
-    result = _decide_on(session, job, [fault, victim], T0 + timedelta(minutes=2))
+    result = decide(session, job, [fault, victim], T0 + timedelta(minutes=2))
 
     (incident,) = session.scalars(select(Incident).where(Incident.id.in_(result.incidents)))
     assert [s["node"] for s in incident.suspects] == [broken.name]
@@ -82,7 +51,7 @@ def test_a_peer_outlier_after_another_machines_link_fault_is_its_victim(session:
 def test_a_victim_after_the_fault_was_dealt_with_opens_nothing(session: Session) -> None:
     job, broken, healthy = rows.job(session), rows.node(session), rows.node(session)
     fault = _link_fault(broken.name, T0)
-    result = _decide_on(session, job, [fault], T0 + timedelta(seconds=20))
+    result = decide(session, job, [fault], T0 + timedelta(seconds=20))
     (incident,) = session.scalars(select(Incident).where(Incident.id.in_(result.incidents)))
     resolve(session, incident=incident, resolution="mitigated: evict done", now=T0 + timedelta(minutes=1))
 
@@ -92,13 +61,13 @@ def test_a_victim_after_the_fault_was_dealt_with_opens_nothing(session: Session)
         _unlike_peers(healthy.name, "nvlink", "nvlink_rx_bytes", later),
         _unlike_peers(healthy.name, "pcie", "pcie_rx_bytes", later),
     ]
-    again = _decide_on(session, job, victims, later)
+    again = decide(session, job, victims, later)
     assert again.incidents == [] and again.decisions == []
     assert _decided_nodes(session, job) == {broken.name}
 
     # Long after the fault, the same comparison is a finding of its own again.
     much_later = T0 + timedelta(minutes=30)
-    alone = _decide_on(session, job, [_unlike_peers(healthy.name, "pcie", "pcie_tx_bytes", much_later)], much_later)
+    alone = decide(session, job, [_unlike_peers(healthy.name, "pcie", "pcie_tx_bytes", much_later)], much_later)
     assert alone.incidents and healthy.name in _decided_nodes(session, job)
 
 
@@ -106,18 +75,6 @@ def test_a_straggler_that_began_before_another_machines_fault_is_still_accused(s
     """two_faults: a straggler first, then a GPU lost on another machine: both are faults, both decided."""
     job, slow, lost = rows.job(session), rows.node(session), rows.node(session)
     straggler = _unlike_peers(slow.name, "straggler", "sm_clock", T0)
-    xid = Finding(
-        detector="signatures",
-        category="gpu_hardware",
-        subject_kind="gpu",
-        subject=f"{lost.name}/2",
-        confidence=0.97,
-        summary=f"Xid 79 (GPU has fallen off the bus) on {lost.name}",
-        observed_at=T0 + timedelta(minutes=3),
-        node=lost.name,
-        blame="infrastructure",
-        action="evict",
-        key=f"xid79:{lost.name}",
-    )
-    _decide_on(session, job, [straggler, xid], T0 + timedelta(minutes=3))
+    xid = finding(lost.name, detector="signatures", category="gpu_hardware", at=T0 + timedelta(minutes=3), key="xid")
+    decide(session, job, [straggler, xid], T0 + timedelta(minutes=3))
     assert _decided_nodes(session, job) == {slow.name, lost.name}

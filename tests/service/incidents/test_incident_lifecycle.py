@@ -13,10 +13,11 @@ from ml import counters
 from ml.findings import JobInfo
 from ml.metrics import NVLINK_CRC_FLIT_ERRORS
 from service.config import get_settings
-from service.diagnosis.service import DiagnosisResult, _decide
+from service.diagnosis.service import DiagnosisResult
 from service.incidents.service import resolve_quiet
 from service.models import Decision, Finding, Incident, Job
 from tests import rows
+from tests.decide import decide
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=5)
@@ -40,10 +41,7 @@ def _climbing(job: Job, nodes: list[str], *, bad: str, until: timedelta, stop: t
 def _pass(session: Session, job: Job, info: JobInfo, metrics: pd.DataFrame, now: datetime) -> DiagnosisResult:
     """One diagnosis pass's counters over the last window, through the service's store/demarcate/decide step."""
     window = metrics[(metrics["ts"] > now - WINDOW) & (metrics["ts"] <= now)]
-    found = counters.detect(info, window, now=now)
-    result = DiagnosisResult(job_id=job.external_id)
-    _decide(session, job=job, findings=found, result=result, settings=get_settings(), now=now)
-    return result
+    return decide(session, job, counters.detect(info, window, now=now), now)
 
 
 def _setup(session: Session) -> tuple[Job, JobInfo, list[str]]:
