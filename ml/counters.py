@@ -126,7 +126,7 @@ def _increases(df: pd.DataFrame, column: str) -> pd.DataFrame:
     the first increase, the values around it and how many resets were seen."""
     values = _numeric(df, column)
     if values is None:
-        return pd.DataFrame(columns=["node", "gpu", "increase", "first_ts", "before", "after", "resets"])
+        return pd.DataFrame(columns=["node", "gpu", "increase", "first_ts", "before", "after", "resets", "last_ts"])
     keys = [df["node"], df["gpu"]]
     filled = values.groupby(keys).ffill()  # a missing sample does not break the chain of differences
     previous = filled.groupby(keys).shift()
@@ -148,7 +148,8 @@ def _increases(df: pd.DataFrame, column: str) -> pd.DataFrame:
     out = grouped.agg(increase=("inc", "sum"), resets=("reset", "sum")).reset_index()
     firsts = frame[frame["rising"]].groupby(_KEYS, sort=True).first()[["ts", "before", "after"]]
     firsts = firsts.rename(columns={"ts": "first_ts"}).reset_index()
-    return out.merge(firsts, on=_KEYS, how="left")
+    lasts = frame[frame["rising"]].groupby(_KEYS, sort=True)["ts"].last().rename("last_ts").reset_index()
+    return out.merge(firsts, on=_KEYS, how="left").merge(lasts, on=_KEYS, how="left")
 
 
 def _span_minutes(df: pd.DataFrame) -> pd.Series:
@@ -196,6 +197,8 @@ def _gpu_finding(
     observed_at: datetime,
     action: str,
     signals: list[SignalRef],
+    series: str = "",
+    seen_until: datetime | None = None,
     **extra: Any,
 ) -> Finding:
     one = len(gpus) == 1
@@ -219,6 +222,8 @@ def _gpu_finding(
         role="cause",
         action=action,
         key=key,
+        series=series,
+        seen_until=seen_until,
         evidence=evidence,
     )
 
@@ -352,10 +357,11 @@ def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str,
     if recovery is not None and not recovery.empty and recovery_median == 0.0:
         for (node, gpu), value in recovery[recovery > 0].items():
             flagged.setdefault((node, int(gpu)), {"errors": 0.0, "per_min": 0.0})["recoveries"] = float(value)
-    first_ts = _first_rise(df, (*NVLINK_ERRORS, NVLINK_RECOVERY_ERRORS))
+    columns = (*NVLINK_ERRORS, NVLINK_RECOVERY_ERRORS)
     return _grouped_findings(
         flagged,
-        first_ts,
+        _first_rise(df, columns),
+        _last_rise(df, columns),
         key="nvlink",
         category="nvlink",
         what="NVLink errors",
@@ -375,6 +381,7 @@ def _pcie(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, f
     return _grouped_findings(
         flagged,
         _first_rise(df, (PCIE_REPLAY,)),
+        _last_rise(df, (PCIE_REPLAY,)),
         key=PCIE_REPLAY,
         category="pcie",
         what="PCIe replays",
@@ -386,21 +393,32 @@ def _pcie(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, f
 
 def _first_rise(df: pd.DataFrame, columns: Sequence[str]) -> dict[tuple[str, int], pd.Timestamp]:
     """Per GPU: the earliest first increase over `columns`."""
-    firsts: dict[tuple[str, int], pd.Timestamp] = {}
+    return _rise(df, columns, "first_ts", min)
+
+
+def _last_rise(df: pd.DataFrame, columns: Sequence[str]) -> dict[tuple[str, int], pd.Timestamp]:
+    """Per GPU: the latest increase over `columns`."""
+    return _rise(df, columns, "last_ts", max)
+
+
+def _rise(
+    df: pd.DataFrame, columns: Sequence[str], which: str, pick: Callable[[Any, Any], Any]
+) -> dict[tuple[str, int], pd.Timestamp]:
+    found: dict[tuple[str, int], pd.Timestamp] = {}
     for column in columns:
         if column not in df.columns:
             continue
         inc = _increases(df, column)
         for _, row in inc[inc["increase"] > 0].iterrows():
             k = (row["node"], int(row["gpu"]))
-            if k not in firsts or row["first_ts"] < firsts[k]:
-                firsts[k] = row["first_ts"]
-    return firsts
+            found[k] = pick(found[k], row[which]) if k in found else row[which]
+    return found
 
 
 def _grouped_findings(
     flagged: dict[tuple[str, int], dict[str, Any]],
     first_ts: dict[tuple[str, int], pd.Timestamp],
+    last_ts: dict[tuple[str, int], pd.Timestamp],
     *,
     key: str,
     category: str,
@@ -428,6 +446,10 @@ def _grouped_findings(
                 node,
                 gpus,
                 key=f"{key}:{node}/{'+'.join(map(str, gpus))}:{'evict' if bad else 'diagnose'}:{_stamp(first)}",
+                # The window slides over a counter that keeps climbing: its first rise, GPUs and severity move,
+                # the claim (this signature on this node) does not.
+                series=f"{key}:{node}",
+                seen_until=_dt(max((last_ts[(node, g)] for g in gpus if (node, g) in last_ts), default=first)),
                 category=category,
                 confidence=confidence(bad, rate),
                 summary=f"{what} on {node} {where}: +{int(errors)} ({rate:.0f}/min) vs a job median of {median:.0f}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 
 from ml.findings import CATEGORIES, Finding
 
@@ -19,6 +20,13 @@ _EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network", "host
 _STALLS = frozenset({"hang", "straggler", "job_failure"})
 # Job-level findings that a localizer (stacks, peers) turns into a machine.
 _LOCALIZED = frozenset({"hang", "straggler"})
+# Detectors whose claim is "this machine is unlike its peers": a fault elsewhere in the job (a link down, a
+# GPU lost, the job restarted around it) changes what its peers do to it, so such a claim can be a victim's.
+PEER_DETECTORS = frozenset({"peers", "node_signals"})
+# A machine unlike its peers from shortly after another machine's hard fault until this long after it is that
+# fault's victim (its traffic fell with the link it talks over; it restarted later or sooner than the others).
+VICTIM_AFTER = timedelta(minutes=15)
+VICTIM_SLACK = timedelta(seconds=30)  # windows and clocks: a victim's first window may start just before
 _SEVERITY = {
     "gpu_hardware": "critical",
     "nvlink": "major",
@@ -78,16 +86,98 @@ def _noisy_or(confidences: Sequence[float]) -> float:
     return 1.0 - miss
 
 
-def demarcate(findings: Sequence[tuple[int, Finding]]) -> list[IncidentProposal]:
-    """Group (finding id, finding) pairs of one job into incident proposals, most severe first."""
+def hard_fault(f: Finding) -> bool:
+    """A machine's own fault, seen directly (a Xid, an error counter, an alert), not by comparing it with peers."""
+    return (
+        f.role == "cause"
+        and f.node is not None
+        and f.detector not in PEER_DETECTORS
+        and f.category in _EXPLAINS_STALLS
+        and f.action in ("evict", "diagnose")
+    )
+
+
+def _victim_of(f: Finding, faults: Sequence[Finding]) -> Finding | None:
+    """The hard fault on another machine that explains a peer comparison's finding about this one, if any."""
+    if f.detector not in PEER_DETECTORS or f.role != "cause" or f.node is None:
+        return None
+    if any(fault.node == f.node for fault in faults):
+        return None  # a machine with a fault of its own is no victim
+    return next((fault for fault in faults if _in_wake(fault, f.observed_at)), None)
+
+
+# What a GPU that failed does to its own links: PCIe replays, NVLink errors. On the failed GPU (or, where the
+# findings do not say which GPU, its node), from its failure on, they are the failure's symptoms.
+_GPU_CONSEQUENCES = ("pcie", "nvlink")
+
+
+def _gpus(f: Finding) -> set[int] | None:
+    """The GPU indexes a finding names, or None where it names none by index (a Xid names a PCI address)."""
+    listed = f.evidence.get("gpus") if isinstance(f.evidence, dict) else None
+    if isinstance(listed, list) and listed and all(isinstance(g, int) for g in listed):
+        return set(listed)
+    _, _, tail = f.subject.partition("/")
+    return {int(tail)} if f.subject_kind == "gpu" and tail.isdigit() else None
+
+
+def _fold_gpu_consequences(by_category: dict[str, list[tuple[int, Finding]]]) -> None:
+    """A link error on a GPU that had already failed joins the failure's incident as its symptom."""
+    failed = [f for _, f in by_category.get("gpu_hardware", ()) if f.node and f.role == "cause"]
+    if not failed:
+        return
+    for category in _GPU_CONSEQUENCES:
+        for fid, f in list(by_category.get(category, ())):
+            gpus = _gpus(f)
+            if any(
+                g.node == f.node
+                and f.observed_at >= g.observed_at - VICTIM_SLACK
+                and (gpus is None or (other := _gpus(g)) is None or gpus & other)
+                for g in failed
+            ):
+                by_category[category].remove((fid, f))
+                by_category["gpu_hardware"].append((fid, replace(f, role="symptom")))
+        if category in by_category and not by_category[category]:
+            del by_category[category]
+
+
+def _aftermath(symptom: Finding, current: Sequence[Finding], earlier_faults: Sequence[Finding]) -> bool:
+    """A symptom (a launcher's failure summary) from the restart after an earlier fault, which was dealt with,
+    before any of the current causes began: it belongs to that fault, not to the next one."""
+    causes = [f.observed_at for f in current if f.role == "cause"]
+    if causes and symptom.observed_at >= min(causes) - VICTIM_SLACK:
+        return False
+    return any(_in_wake(fault, symptom.observed_at) for fault in earlier_faults if hard_fault(fault))
+
+
+def _in_wake(fault: Finding, when: datetime) -> bool:
+    """Whether a moment falls in a fault's wake: from (just before) it until VICTIM_AFTER after its last sign."""
+    return fault.observed_at - VICTIM_SLACK <= when <= (fault.seen_until or fault.observed_at) + VICTIM_AFTER
+
+
+def demarcate(
+    findings: Sequence[tuple[int, Finding]], *, earlier_faults: Sequence[Finding] = ()
+) -> list[IncidentProposal]:
+    """Group (finding id, finding) pairs of one job into incident proposals, most severe first.
+
+    A peer comparison's finding about a machine that starts while another machine has a hard fault (among the
+    findings, or in `earlier_faults`: the job's recent ones already dealt with) is that fault's victim, not a
+    second cause: a symptom of the fault's incident when it is open, and no incident when it is not."""
+    faults = [f for _, f in findings if hard_fault(f)] + [f for f in earlier_faults if hard_fault(f)]
     by_category: dict[str, list[tuple[int, Finding]]] = defaultdict(list)
     symptoms: list[tuple[int, Finding]] = []
+    victims: dict[str, list[tuple[int, Finding]]] = defaultdict(list)  # category of the fault -> its victims
     for fid, finding in findings:
-        if finding.role == "symptom":
+        fault = _victim_of(finding, faults)
+        if fault is not None:
+            victims[fault.category].append((fid, replace(finding, role="symptom")))
+        elif finding.role == "symptom":
             symptoms.append((fid, finding))
         else:
             category = finding.category if finding.category in CATEGORIES else "unknown"
             by_category[category].append((fid, finding))
+
+    _fold_gpu_consequences(by_category)
+    symptoms = [(fid, f) for fid, f in symptoms if not _aftermath(f, [f for _, f in findings], earlier_faults)]
 
     # A node-naming infrastructure cause explains the job's stall: fold job-level stall findings into it.
     explaining = [c for c in by_category if c in _EXPLAINS_STALLS and any(f.node for _, f in by_category[c])]
@@ -114,6 +204,9 @@ def demarcate(findings: Sequence[tuple[int, Finding]]) -> list[IncidentProposal]
             del by_category[stall]
 
     proposals = [_proposal(category, items) for category, items in by_category.items()]
+    for proposal in proposals:
+        # Victims corroborate their fault's open incident; a fault already dealt with leaves them in none.
+        proposal.finding_ids.extend(fid for fid, _ in victims.get(proposal.root_cause, ()))
     if symptoms:
         if proposals:
             # Victims' symptoms corroborate the most severe cause rather than open their own incident.

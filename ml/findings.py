@@ -126,6 +126,11 @@ class Finding:
     # Stable identity: the same claim about the same evidence gets the same key on every run, so a
     # re-run stores nothing new. The service prefixes the job and detector.
     key: str = ""
+    # An ongoing claim's identity without its moment (a counter that keeps climbing: its node and signature):
+    # each pass's finding of one series updates the one open row of it rather than adding a row. "" for none.
+    series: str = ""
+    # A series finding's latest evidence (the counter's last rise): a pass moves the series row only past it.
+    seen_until: datetime | None = None
     # JSON-able: {"signals": [{"type": "log"|"metric"|"stack"|"process", "id": ..., ...}], plus detector details},
     # shaped as the detector's TypedDict in ml/evidence.py (a Mapping, so that a TypedDict is accepted).
     evidence: Mapping[str, Any] = field(default_factory=dict)

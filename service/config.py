@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     policy_reset_gpu_enabled: bool = True
     policy_reset_gpu_window_s: float = Field(default=86400.0, gt=0)
     policy_reset_gpu_max_per_window: int = Field(default=1, ge=1)
+    # A machine whose decision a person rejected is not accused again on the same kind of evidence (see
+    # service/decisions/rejects.py) for this long, unless different evidence about it arrives.
+    policy_reject_memory_s: float = Field(default=86400.0, ge=0)
     # A decision nobody acknowledged by then expires.
     decision_ttl_s: float = Field(default=1800.0, gt=0)
     # The longest a `GET /decisions?wait=` long poll may hold a request.

@@ -28,6 +28,8 @@ class PolicyContext:
     gpu_indexes: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # (node, GPU index) -> times of its reset_gpu decisions within the reset window, other incidents' included.
     gpu_resets: Mapping[tuple[str, int], Sequence[datetime]] = field(default_factory=dict)
+    # node -> why: machines a person cleared on the same kind of evidence as they are accused on now (rejects.py).
+    overruled: Mapping[str, str] = field(default_factory=dict)
 
 
 # Decisions in these states did not (and will not) act: they count for neither cooldowns nor blast radius.
@@ -58,6 +60,7 @@ def build_context(
     settings: Settings,
     gpu_indexes: Mapping[tuple[str, str], int] | None = None,
     gpu_resets: Mapping[tuple[str, int], Sequence[datetime]] | None = None,
+    overruled: Mapping[str, str] | None = None,
 ) -> PolicyContext:
     """The guard rails' view of the past: blast radius, cooldowns; shared by the live path and the backtest."""
     active = [d for d in prior if d.state not in INACTIVE]
@@ -78,6 +81,7 @@ def build_context(
         already_decided=already_decided,
         gpu_indexes=gpu_indexes or {},
         gpu_resets=gpu_resets or {},
+        overruled=overruled or {},
     )
 
 
@@ -154,6 +158,9 @@ def _for_suspect(
     node = suspect.node
     if proposal.blame == "user_code":
         return _skip(notes, node, "blame", "user code: a user's bug never costs a machine")
+    if node in ctx.overruled:
+        # A person said this evidence does not condemn the machine; only different evidence reopens the question.
+        return _skip(notes, node, "rejected", ctx.overruled[node])
     if suspect.action == "evict" and suspect.confidence >= settings.policy_evict_min_confidence:
         rails["confidence"] = f"{suspect.confidence:.2f} >= {settings.policy_evict_min_confidence:.2f}"
         if proposal.root_cause == "network":

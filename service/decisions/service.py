@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from ml.demarcation import IncidentProposal
 from service.config import Settings
+from service.decisions import rejects
 from service.decisions.policy import (
     INACTIVE,
     DecisionPlan,
@@ -130,6 +131,7 @@ def _context(
         settings=settings,
         gpu_indexes=gpu_indexes,
         gpu_resets=gpu_resets,
+        overruled=rejects.overruled(session, proposal=proposal, now=now, settings=settings),
     )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
@@ -183,11 +184,14 @@ def _decide(
     session: Session, *, job: Job, findings: list[Finding], result: DiagnosisResult, settings: Settings, now: datetime
 ) -> None:
     """Store the pass's findings, group the open ones into incidents, decide, and ask for stacks."""
-    result.new_findings = store_findings(session, job=job, findings=findings)
+    fresh = store_findings(session, job=job, findings=findings, now=now)
+    result.new_findings = len(fresh)
 
     open_findings = _open_findings(session, job=job, now=now)
-    proposals = demarcation.demarcate([(fid, f) for fid, f, _ in open_findings])
-    applied = incidents.apply_proposals(session, job=job, proposals=proposals, now=now)
+    proposals = demarcation.demarcate(
+        [(fid, f) for fid, f, _ in open_findings], earlier_faults=_earlier_faults(session, job=job, now=now)
+    )
+    applied = incidents.apply_proposals(session, job=job, proposals=proposals, fresh=fresh, now=now)
     result.incidents = [i.id for i in applied.incidents]
     active_silences = silences.active_silences(session, now=now) if proposals else []
     for incident, proposal in zip(applied.incidents, proposals, strict=True):
@@ -263,10 +267,12 @@ def finding_key(job: Job, finding: Finding) -> str:
     return f"{job.id}:{finding.detector}:{own}"[:500]
 
 
-def store_findings(session: Session, *, job: Job, findings: list[Finding]) -> int:
-    """Insert findings not stored yet (by key); returns how many were new."""
+def store_findings(session: Session, *, job: Job, findings: list[Finding], now: datetime) -> set[int]:
+    """Insert findings not stored yet (by key), and move each open series row to its pass's finding.
+
+    Returns the ids of the rows that are new evidence: inserted, or a series row whose claim moved."""
     if not findings:
-        return 0
+        return set()
     node_ids = dict(
         session.execute(select(Node.name, Node.id).where(Node.name.in_({f.node for f in findings if f.node}))).all()
     )
@@ -288,14 +294,77 @@ def store_findings(session: Session, *, job: Job, findings: list[Finding]) -> in
             "action": f.action,
             "evidence": f.evidence,
             "observed_at": f.observed_at,
+            "series_key": f"{job.id}:{f.detector}:{f.series}"[:500] if f.series else None,
+            "last_seen_at": f.seen_until or f.observed_at if f.series else None,
         }
-    inserted = session.execute(
-        insert(FindingRow)
-        .values(list(rows.values()))
-        .on_conflict_do_nothing(index_elements=["dedup_key"])
-        .returning(FindingRow.id)
+    fresh = _update_series(session, job=job, rows=rows, now=now)
+    if rows:
+        fresh.update(
+            session.scalars(
+                insert(FindingRow)
+                .values(list(rows.values()))
+                .on_conflict_do_nothing(index_elements=["dedup_key"])
+                .returning(FindingRow.id)
+            ).all()
+        )
+    return fresh
+
+
+def _update_series(session: Session, *, job: Job, rows: dict[str, dict[str, Any]], now: datetime) -> set[int]:
+    """A pass's finding of a series with an open row is taken out of `rows`; when its evidence goes past the
+    row's last (the counter rose again), it updates that row: claim, evidence, last seen. A series whose row is
+    in a resolved incident starts a new row (a new fault). The window sliding over old evidence moves nothing."""
+    series = {r["series_key"]: key for key, r in rows.items() if r["series_key"]}
+    if not series:
+        return set()
+    stored = set(session.scalars(select(FindingRow.dedup_key).where(FindingRow.dedup_key.in_(rows))))
+    open_rows = session.scalars(
+        select(FindingRow)
+        .outerjoin(Incident, Incident.id == FindingRow.incident_id)
+        .where(
+            FindingRow.job_id == job.id,
+            FindingRow.series_key.in_(series),
+            FindingRow.created_at >= now - FINDING_HORIZON,
+            (FindingRow.incident_id.is_(None)) | (Incident.state != "resolved"),
+        )
+        .order_by(FindingRow.id.desc())
+        .with_for_update(of=FindingRow)
     ).all()
-    return len(inserted)
+    updated: set[int] = set()
+    seen: set[str] = set()
+    for row in open_rows:
+        if row.series_key in seen:
+            continue  # an older row of the series (stored before series existed): the newest carries it on
+        seen.add(row.series_key)
+        key = series[row.series_key]
+        values = rows.pop(key)
+        if key in stored or values["last_seen_at"] <= (row.last_seen_at or row.observed_at):
+            continue
+        for column in ("dedup_key", "node_id", "subject_kind", "subject", "confidence", "summary", "action"):
+            setattr(row, column, values[column])
+        row.evidence = values["evidence"]
+        row.last_seen_at = values["last_seen_at"]
+        updated.add(row.id)
+    return updated
+
+
+def _earlier_faults(session: Session, *, job: Job, now: datetime) -> list[Finding]:
+    """The job's recent machine faults whose incidents are resolved: their victims' peer findings still come."""
+    rows = session.execute(
+        select(FindingRow, Node.name)
+        .join(Node, Node.id == FindingRow.node_id)
+        .join(Incident, Incident.id == FindingRow.incident_id)
+        .where(
+            FindingRow.job_id == job.id,
+            Incident.state == "resolved",
+            FindingRow.observed_at >= now - FINDING_HORIZON - demarcation.VICTIM_AFTER,
+            FindingRow.role == "cause",
+            FindingRow.detector.not_in(demarcation.PEER_DETECTORS),
+        )
+        .order_by(FindingRow.id.desc())
+        .limit(200)
+    ).all()
+    return [f for f in (row.to_ml(node) for row, node in rows) if demarcation.hard_fault(f)]
 
 
 def _open_findings(session: Session, *, job: Job, now: datetime) -> list[tuple[int, Finding, FindingRow]]:

@@ -2,8 +2,10 @@
 often they were right, over every run of the eval; and what that says about the policy's thresholds.
 
 A finding that names a machine is right when that machine is one of the run's faulty ones; a job-level finding
-is right when the run had a fault at all (on a healthy run, any finding is wrong). Symptoms (a victim's
-watchdog timeout) are left out: they corroborate a cause and never decide on their own.
+is right when the run had a fault at all (on a healthy run, any finding is wrong). A finding behind a decision
+a person rejected is wrong whatever the ground truth says: the person's verdict is the live calibration's only
+truth, and the eval counts it the same way. Symptoms (a victim's watchdog timeout) are left out: they
+corroborate a cause and never decide on their own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from service.evaluation.scoring import GroundTruth
 
+PERSON_SCOPES = ("operator:", "admin:")  # the actors of a person's reject (scheduler tokens act for machines)
 BINS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0001)  # [0, 0.5) below the diagnose threshold, then tenths
 
 
@@ -46,6 +49,8 @@ class Bin:
 def judge(truth: GroundTruth, incidents: Iterable[Mapping[str, Any]]) -> list[Judged]:
     """Each cause finding of the run's incidents (each once), right or wrong against the ground truth."""
     faulty, seen, out = truth.faulty_nodes, set(), []
+    incidents = list(incidents)
+    overruled = rejected_findings(incidents)
     for incident in incidents:
         for f in incident.get("findings") or ():
             if not isinstance(f, Mapping) or f.get("role", "cause") != "cause" or f.get("id") in seen:
@@ -56,8 +61,23 @@ def judge(truth: GroundTruth, incidents: Iterable[Mapping[str, Any]]) -> list[Ju
             except (TypeError, ValueError):
                 continue
             node = f.get("node")
-            right = node in faulty if node else not truth.healthy
+            right = (node in faulty if node else not truth.healthy) and f.get("id") not in overruled
             out.append(Judged(str(f.get("detector") or "?"), confidence, bool(node), right))
+    return out
+
+
+def rejected_findings(incidents: Iterable[Mapping[str, Any]]) -> set[Any]:
+    """The ids of the findings behind the incidents' decisions that a person (an operator or admin) rejected."""
+    out = set()
+    for incident in incidents:
+        for d in incident.get("decisions") or ():
+            if not isinstance(d, Mapping) or d.get("state") != "rejected":
+                continue
+            if not str(d.get("actor") or "").startswith(PERSON_SCOPES):
+                continue  # a scheduler's refusal to act says nothing about the evidence
+            for f in (d.get("evidence") or {}).get("findings") or ():
+                if isinstance(f, Mapping) and f.get("id") is not None:
+                    out.add(f["id"])
     return out
 
 

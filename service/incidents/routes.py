@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from service.deps import DbSession
+from service.errors import ErrorBody
 from service.incidents import service
-from service.incidents.schemas import IncidentOut, IncidentPage
+from service.incidents.schemas import IncidentOut, IncidentPage, ResolveIn
 from service.models.diagnosis import INCIDENT_STATES
 from service.params import Cursor, Id
 from service.security import Principal, require_scope
 
 router = APIRouter(prefix="/api/v1/incidents", tags=["incidents"])
 Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]
+Operator = Annotated[Principal, Depends(require_scope("operator", "admin"))]
 State = Literal[(*INCIDENT_STATES, "unresolved")]  # type: ignore[valid-type]
 Severity = Literal["critical", "major", "minor"]
 
@@ -40,3 +43,27 @@ def list_incidents(
 def get_incident(incident_id: Id, session: DbSession, _: Reader) -> IncidentOut:
     """One incident: root cause, blame, ranked suspects, its findings with evidence, and its decisions."""
     return service.get(session, incident_id=incident_id)
+
+
+@router.post(
+    "/{incident_id}/resolve",
+    response_model=IncidentOut,
+    responses={
+        404: {"model": ErrorBody, "description": "Unknown incident"},
+        409: {"model": ErrorBody, "description": "Already resolved: the message says when and why"},
+        422: {"model": ErrorBody, "description": "No reason, or an unknown field"},
+    },
+)
+def resolve_incident(
+    incident_id: Id, body: ResolveIn, request: Request, session: DbSession, principal: Operator
+) -> IncidentOut:
+    """A person closes an incident with a reason, kept with their name and the time (`resolved_by`,
+    `resolved_at`, `resolution`). Decisions of it still waiting on anyone are rejected in their name."""
+    return service.resolve_by_hand(
+        session,
+        incident_id=incident_id,
+        reason=body.reason,
+        actor=principal.actor,
+        now=datetime.now(UTC),
+        settings=request.app.state.settings,
+    )

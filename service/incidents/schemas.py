@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from service.decisions.schemas import DecisionOut
 from service.pagination import page_config
@@ -66,6 +66,7 @@ class IncidentOut(BaseModel):
                     "updated_at": "2026-11-22T10:00:03Z",
                     "resolved_at": None,
                     "resolution": None,
+                    "resolved_by": None,
                     "silence_id": None,
                     "findings": [],
                     "decisions": [],
@@ -87,6 +88,7 @@ class IncidentOut(BaseModel):
     updated_at: datetime
     resolved_at: datetime | None
     resolution: str | None = Field(default=None, description="Why it resolved: mitigated, quiet, merged, by hand.")
+    resolved_by: str | None = Field(default=None, description="Who resolved it by hand; null when it resolved itself.")
     silence_id: int | None = Field(default=None, description="The maintenance window that kept it quiet.")
     findings: list[FindingOut] = Field(default_factory=list)
     decisions: list[DecisionOut] = Field(default_factory=list)
@@ -97,3 +99,13 @@ class IncidentPage(BaseModel):
 
     items: list[IncidentOut]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page; null at the end.")
+
+
+class ResolveIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"reason": "node-003's link replaced; job runs clean"}]}
+    )
+
+    reason: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=400)] = Field(
+        description="Why a person closes it (kept with their name and the time)."
+    )

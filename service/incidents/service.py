@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
@@ -11,9 +11,10 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ml.demarcation import IncidentProposal
+from service.config import Settings
 from service.decisions import lifecycle as decision_lifecycle
 from service.decisions import service as decisions
-from service.errors import NotFound
+from service.errors import Conflict, NotFound
 from service.fleet import stages as repair_stages
 from service.incidents.schemas import FindingOut, IncidentOut, IncidentPage
 from service.jobs import service as jobs
@@ -56,8 +57,13 @@ class Applied:
     created: set[int]  # ids of the incidents this pass opened
 
 
-def apply_proposals(session: Session, *, job: Job, proposals: Sequence[IncidentProposal], now: datetime) -> Applied:
-    """Bring the job's open incidents in line with the demarcation: one per proposal, in proposal order."""
+def apply_proposals(
+    session: Session, *, job: Job, proposals: Sequence[IncidentProposal], fresh: Collection[int], now: datetime
+) -> Applied:
+    """Bring the job's open incidents in line with the demarcation: one per proposal, in proposal order.
+
+    `fresh`: the ids of the findings that are new evidence this pass (stored, or a series that moved); only
+    they move an incident's `updated_at`, which the quiet resolution reads."""
     touched: list[Incident] = []
     created: set[int] = set()
     for proposal in proposals:
@@ -70,7 +76,8 @@ def apply_proposals(session: Session, *, job: Job, proposals: Sequence[IncidentP
         incident.severity = proposal.severity
         incident.summary = proposal.summary
         incident.suspects = [{**asdict(s), "finding_ids": list(s.finding_ids)} for s in proposal.suspects]
-        incident.updated_at = now
+        if new or not fresh.isdisjoint(proposal.finding_ids):
+            incident.updated_at = now
         session.execute(
             update(Finding)
             .where(Finding.id.in_(proposal.finding_ids), Finding.incident_id.is_distinct_from(incident.id))
@@ -106,6 +113,38 @@ def resolve(session: Session, *, incident: Incident, resolution: str, now: datet
     nodes.clear_suspects(session, incident=incident, now=now)
     notify.record_incident_event(session, incident=incident, event="resolved", now=now)
     return True
+
+
+def resolve_by_hand(
+    session: Session, *, incident_id: int, reason: str, actor: str, now: datetime, settings: Settings
+) -> IncidentOut:
+    """A person closes an incident, with a reason: what still waits on anyone for it is rejected in their name."""
+    incident = session.scalar(select(Incident).where(Incident.id == incident_id).with_for_update())
+    if incident is None:
+        raise NotFound(f"no incident {incident_id}")
+    if incident.state == "resolved":
+        raise Conflict(
+            f"incident {incident_id} is already resolved ({incident.resolved_at:%Y-%m-%d %H:%M:%S} UTC): "
+            f"{incident.resolution or 'no reason recorded'}"
+        )
+    resolve(session, incident=incident, resolution=f"by hand: {reason}", now=now)
+    incident.resolved_by = actor
+    waiting = session.scalars(
+        select(Decision.id).where(
+            Decision.incident_id == incident.id, Decision.state.in_(("pending", "awaiting_approval"))
+        )
+    ).all()
+    for decision_id in waiting:
+        decision_lifecycle.reject(
+            session,
+            decision_id=decision_id,
+            message=f"incident {incident.id} resolved by {actor}: {reason}"[:2000],
+            actor=actor,
+            now=now,
+            settings=settings,
+        )
+    session.flush()
+    return get(session, incident_id=incident.id)
 
 
 def resolve_if_mitigated(session: Session, *, incident: Incident, now: datetime) -> bool:
@@ -150,7 +189,9 @@ def resolve_quiet(session: Session, *, now: datetime, quiet_s: float) -> list[in
         .with_for_update(skip_locked=True)
     ).all()
     minutes = f"{quiet_s / 60:g} min"
-    return [i.id for i in quiet if resolve(session, incident=i, resolution=f"no new evidence for {minutes}", now=now)]
+    return [
+        i.id for i in quiet if resolve(session, incident=i, resolution=f"quiet: no new evidence for {minutes}", now=now)
+    ]
 
 
 def get(session: Session, *, incident_id: int) -> IncidentOut:

@@ -40,6 +40,7 @@ class Finding(Base):
         Index("ix_findings_incident_id", "incident_id"),
         Index("ix_findings_node_id", "node_id"),
         Index("ix_findings_created_at", "created_at"),
+        Index("ix_findings_job_id_series_key", "job_id", "series_key", postgresql_where=text("series_key IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -61,6 +62,10 @@ class Finding(Base):
     evidence: Mapped[dict[str, Any]] = mapped_column(JSONB)
     observed_at: Mapped[datetime]
     created_at: Mapped[datetime] = created_at_column()
+    # An ongoing claim (a counter still climbing) is one row that each pass updates: the claim's identity
+    # without its moment, and the last pass that saw it move (observed_at stays the first time).
+    series_key: Mapped[str | None] = mapped_column(Text)
+    last_seen_at: Mapped[datetime | None]
 
     def to_ml(self, node: str | None) -> MlFinding:
         """The stored claim in the detectors' shape (its node's name given: the row keeps only its id)."""
@@ -77,6 +82,7 @@ class Finding(Base):
             role=self.role,
             action=self.action,
             key=self.dedup_key,
+            seen_until=self.last_seen_at,
             evidence=self.evidence,
         )
 
@@ -112,6 +118,8 @@ class Incident(Base):
     resolved_at: Mapped[datetime | None]
     # Why it resolved: mitigated by a decision, quiet, merged, or closed by a person.
     resolution: Mapped[str | None] = mapped_column(Text)
+    # Who resolved it by hand (the token's actor); null when it resolved by itself.
+    resolved_by: Mapped[str | None] = mapped_column(Text)
     # The maintenance window that covered it: its findings are kept, but it decides and alerts nothing.
     silence_id: Mapped[int | None] = mapped_column(ForeignKey("silences.id", ondelete="SET NULL"))
 

@@ -39,6 +39,7 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/api/v1/incidents"): READ,
     ("GET", "/api/v1/incidents/{incident_id}"): READ,
     ("GET", "/api/v1/incidents/{incident_id}/repair-times"): READ,
+    ("POST", "/api/v1/incidents/{incident_id}/resolve"): OPERATOR,
     ("GET", "/api/v1/repair-times"): READ,
     ("GET", "/api/v1/spares"): READ,
     ("GET", "/api/v1/jobs/{job_id}/spares"): READ,

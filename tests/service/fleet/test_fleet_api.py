@@ -197,10 +197,10 @@ def test_metrics_observe_detect_when_an_incident_opens_and_decide_at_its_first_d
         suspects=[suspect],
     )
     detects, decides = _count(client, "detect"), _count(client, "decide")
-    applied = apply_proposals(session, job=job, proposals=[proposal], now=now)
+    applied = apply_proposals(session, job=job, proposals=[proposal], fresh={finding.id}, now=now)
     assert _count(client, "detect") == detects + 1
     # The same incident again (the next diagnosis pass) opens nothing.
-    apply_proposals(session, job=job, proposals=[proposal], now=now)
+    apply_proposals(session, job=job, proposals=[proposal], fresh={finding.id}, now=now)
     assert _count(client, "detect") == detects + 1
 
     incident, settings = applied.incidents[0], get_settings()

@@ -1,0 +1,80 @@
+"""A healthy machine unlike its peers because another machine broke is that fault's victim, never its suspect.
+
+The demo: node-003's NVLink failed and the job restarted around it; node-000, never faulted, then had all its GPUs
+"peers' outlier (low nvlink_rx_bytes)", which was merged into node-003's incident as "evict node-000 100%", and
+after a reject came back on pcie_rx_bytes under another incident."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ml.findings import Finding
+from service.incidents.service import resolve
+from service.models import Decision, Incident, Job, Node
+from service.models import Finding as FindingRow
+from tests import rows
+from tests.decide import decide, finding
+
+T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+
+
+def _link_fault(node: str, at: datetime) -> Finding:
+    return finding(node, detector="counters", category="nvlink", at=at, key=f"nvlink:{node}/3", confidence=0.8)
+
+
+def _unlike_peers(node: str, category: str, metric: str, at: datetime) -> Finding:
+    return finding(node, detector="peers", category=category, at=at, key=f"{node}:{category}:{metric}")
+
+
+def _decided_nodes(session: Session, job: Job) -> set[str]:
+    return set(
+        session.scalars(select(Node.name).join(Decision, Decision.node_id == Node.id).where(Decision.job_id == job.id))
+    )
+
+
+def test_a_peer_outlier_after_another_machines_link_fault_is_its_victim(session: Session) -> None:
+    job, broken, healthy = rows.job(session), rows.node(session), rows.node(session)
+    fault = _link_fault(broken.name, T0)
+    victim = _unlike_peers(healthy.name, "nvlink", "nvlink_rx_bytes", T0 + timedelta(minutes=2))
+    result = decide(session, job, [fault, victim], T0 + timedelta(minutes=2))
+
+    (incident,) = session.scalars(select(Incident).where(Incident.id.in_(result.incidents)))
+    assert [s["node"] for s in incident.suspects] == [broken.name]
+    stored = session.scalar(select(FindingRow).where(FindingRow.node_id == healthy.id))
+    assert stored is not None and stored.incident_id == incident.id, "kept as corroboration of the fault"
+    assert _decided_nodes(session, job) == {broken.name}
+
+
+def test_a_victim_after_the_fault_was_dealt_with_opens_nothing(session: Session) -> None:
+    job, broken, healthy = rows.job(session), rows.node(session), rows.node(session)
+    fault = _link_fault(broken.name, T0)
+    result = decide(session, job, [fault], T0 + timedelta(seconds=20))
+    (incident,) = session.scalars(select(Incident).where(Incident.id.in_(result.incidents)))
+    resolve(session, incident=incident, resolution="mitigated: evict done", now=T0 + timedelta(minutes=1))
+
+    # The job restarted around the broken machine; the healthy one's traffic differs from its peers' a while.
+    later = T0 + timedelta(minutes=4)
+    victims = [
+        _unlike_peers(healthy.name, "nvlink", "nvlink_rx_bytes", later),
+        _unlike_peers(healthy.name, "pcie", "pcie_rx_bytes", later),
+    ]
+    again = decide(session, job, victims, later)
+    assert again.incidents == [] and again.decisions == []
+    assert _decided_nodes(session, job) == {broken.name}
+
+    # Long after the fault, the same comparison is a finding of its own again.
+    much_later = T0 + timedelta(minutes=30)
+    alone = decide(session, job, [_unlike_peers(healthy.name, "pcie", "pcie_tx_bytes", much_later)], much_later)
+    assert alone.incidents and healthy.name in _decided_nodes(session, job)
+
+
+def test_a_straggler_that_began_before_another_machines_fault_is_still_accused(session: Session) -> None:
+    """two_faults: a straggler first, then a GPU lost on another machine: both are faults, both decided."""
+    job, slow, lost = rows.job(session), rows.node(session), rows.node(session)
+    straggler = _unlike_peers(slow.name, "straggler", "sm_clock", T0)
+    xid = finding(lost.name, detector="signatures", category="gpu_hardware", at=T0 + timedelta(minutes=3), key="xid")
+    decide(session, job, [straggler, xid], T0 + timedelta(minutes=3))
+    assert _decided_nodes(session, job) == {slow.name, lost.name}

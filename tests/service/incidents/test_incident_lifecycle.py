@@ -1,0 +1,98 @@
+"""An incident's life on the real database: one finding per climbing counter, `updated_at` on new evidence only,
+and the quiet resolution that depends on it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pandas as pd
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ml import counters
+from ml.findings import JobInfo
+from ml.metrics import NVLINK_CRC_FLIT_ERRORS
+from service.config import get_settings
+from service.diagnosis.service import DiagnosisResult
+from service.incidents.service import resolve_quiet
+from service.models import Decision, Finding, Incident, Job
+from tests import rows
+from tests.decide import decide
+
+T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+WINDOW = timedelta(minutes=5)
+
+
+def _climbing(job: Job, nodes: list[str], *, bad: str, until: timedelta, stop: timedelta | None = None) -> pd.DataFrame:
+    """Every GPU samples its NVLink CRC counter each 10 s; `bad`'s GPU 1 adds 40 errors a sample until `stop`."""
+    samples = []
+    for step in range(int(until.total_seconds() // 10) + 1):
+        ts = T0 + timedelta(seconds=10 * step)
+        for node in nodes:
+            for gpu in range(2):
+                climbing = node == bad and gpu == 1 and (stop is None or ts - T0 <= stop)
+                errors = 40 * step if climbing else step // 30
+                if node == bad and gpu == 1 and stop is not None and ts - T0 > stop:
+                    errors = 40 * int(stop.total_seconds() // 10)
+                samples.append({"ts": ts, "node": node, "gpu": gpu, NVLINK_CRC_FLIT_ERRORS: float(errors)})
+    return pd.DataFrame(samples)
+
+
+def _pass(session: Session, job: Job, info: JobInfo, metrics: pd.DataFrame, now: datetime) -> DiagnosisResult:
+    """One diagnosis pass's counters over the last window, through the service's store/demarcate/decide step."""
+    window = metrics[(metrics["ts"] > now - WINDOW) & (metrics["ts"] <= now)]
+    return decide(session, job, counters.detect(info, window, now=now), now)
+
+
+def _setup(session: Session) -> tuple[Job, JobInfo, list[str]]:
+    job = rows.job(session)
+    nodes = [rows.node(session).name for _ in range(4)]
+    info = JobInfo(job_id=job.external_id, world_size=8, rank_nodes={r: nodes[r // 2] for r in range(8)})
+    return job, info, nodes
+
+
+def test_a_climbing_counter_is_one_finding_updated_pass_after_pass(session: Session) -> None:
+    job, info, nodes = _setup(session)
+    metrics = _climbing(job, nodes, bad=nodes[2], until=timedelta(minutes=20))
+    keys = set()
+    for minute in range(5, 21, 1):
+        now = T0 + timedelta(minutes=minute)
+        window = metrics[(metrics["ts"] > now - WINDOW) & (metrics["ts"] <= now)]
+        keys |= {f.key for f in counters.detect(info, window, now=now)}
+        _pass(session, job, info, metrics, now)
+    assert len(keys) > 5, "the premise: the sliding window gives the detector a new key most passes"
+
+    (finding,) = session.scalars(select(Finding).where(Finding.job_id == job.id, Finding.detector == "counters"))
+    assert finding.node_id is not None and finding.category == "nvlink"
+    assert finding.observed_at < T0 + timedelta(minutes=1), "first seen stays the first rise"
+    assert finding.last_seen_at == T0 + timedelta(minutes=20), "the counter's last rise"
+    assert finding.evidence["errors"] >= 40 * 29, "the last pass's count, not the first one's"
+    (incident,) = session.scalars(select(Incident).where(Incident.job_id == job.id))
+    assert incident.updated_at == T0 + timedelta(minutes=20), "a counter that keeps climbing is new evidence"
+
+
+def test_updated_at_moves_only_on_new_evidence_and_a_quiet_incident_resolves(session: Session) -> None:
+    job, info, nodes = _setup(session)
+    stop = timedelta(minutes=6)
+    metrics = _climbing(job, nodes, bad=nodes[1], until=timedelta(minutes=40), stop=stop)
+    quiet_s = get_settings().incident_quiet_resolve_s
+    _pass(session, job, info, metrics, T0 + timedelta(minutes=5))
+    (incident,) = session.scalars(select(Incident).where(Incident.job_id == job.id))
+    last_evidence = incident.updated_at
+    # Passes over a window that still holds the old rise (and then none): nothing new, nothing moves.
+    for seconds in range(330, 660, 10):
+        result = _pass(session, job, info, metrics, T0 + timedelta(seconds=seconds))
+        if seconds > 6 * 60 + 10:
+            assert result.new_findings == 0
+    assert incident.updated_at <= T0 + stop + timedelta(seconds=20)
+    assert incident.updated_at >= last_evidence
+    # The beat's quiet resolution: not yet, then once the quiet time has passed since the last evidence.
+    # Its decision is still waiting for a scheduler: reject it, as a person would.
+    for decision in session.scalars(select(Decision).where(Decision.incident_id == incident.id)):
+        decision.state = "rejected"
+    session.flush()
+    soon = incident.updated_at + timedelta(seconds=quiet_s - 30)
+    assert resolve_quiet(session, now=soon, quiet_s=quiet_s) == []
+    later = incident.updated_at + timedelta(seconds=quiet_s + 1)
+    assert resolve_quiet(session, now=later, quiet_s=quiet_s) == [incident.id]
+    assert incident.state == "resolved" and incident.resolution.startswith("quiet")
