@@ -2,7 +2,7 @@
 directives, addressed to one node
 
 Revision ID: 0017
-Revises: 0010
+Revises: 0013
 Create Date: 2026-11-26 23:00:00
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0017"
-down_revision: str | None = "0010"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
