@@ -164,6 +164,7 @@ class SparePool:
         self._loop_note("reset_gpu", machine, f"gpu {gpu}")
         if machine in self._slot_of:
             self._stop_job(f"GPU {gpu} of {name} reset")
+            self._restart_when_ready()
             return f"GPU {gpu} of {name} reset; the job's ranks restart from its last checkpoint"
         return f"GPU {gpu} of {name} reset"
 
@@ -244,8 +245,7 @@ class SparePool:
     # --- the job ---
 
     def _stop_job(self, why: str) -> None:
-        """torchrun on every node stops its ranks; the job comes back `restart_seconds` later (or when a spare
-        fills its empty node rank)."""
+        """torchrun on every node stops its ranks; the job waits (paused) until `_restart_when_ready`."""
         job = self.job
         self._epoch += 1  # the faulty timeline's pending events (watchdog, teardown, repeats) are void now
         if job.state == "running" and job.pause != RESTART_PAUSE:
@@ -266,8 +266,6 @@ class SparePool:
         self._torn_down.clear()
         self.restarts += 1
         self._loop_note("restart", self.slots[0], why)
-        if not self.vacant:
-            self._restart_when_ready()
 
     def _restart_when_ready(self) -> None:
         self.job.pause_until = self.t + self.config.restart_seconds
