@@ -116,6 +116,8 @@ class SimConfig:
     agent_command: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "faultline", "agent"))
     host: str = "127.0.0.1"
     port: int = 0
+    # With a scheduler token, the scheduler stand-in (agents/sim/scheduler.py) acts on the service's decisions.
+    scheduler_token: str | None = None
 
     def resolved(self) -> SimConfig:
         """Fill in seed, job id and start time, so every later reader sees the same values."""

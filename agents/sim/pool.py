@@ -252,8 +252,8 @@ class SparePool:
             for n in list(self.slots):
                 live = [r for r in self.ranks_on(n) if self.modes[r] not in DEAD]
                 if live:
-                    lines = fmt.torchrun_death_signal(self._node_ts(n), self._launcher_pid(n), [self._pid(r) for r in live])
-                    self._train(n, lines)
+                    pids = [self._pid(r) for r in live]
+                    self._train(n, fmt.torchrun_death_signal(self._node_ts(n), self._launcher_pid(n), pids))
         for r in range(self.world):
             self._set_mode(r, TERMINATED)
         self._stop_pause()
@@ -280,4 +280,3 @@ class SparePool:
     def _loop_note(self, kind: str, machine: int, detail: str = "") -> None:
         self.loop_events.append(LoopEvent(self.t, self._ts(), kind, self.node_names[machine], detail))
         self.faults_version += 1  # the runner rewrites the ground truth on this
-
