@@ -23,7 +23,7 @@ from agents.sim.faults import FaultRecord
 from agents.sim.gpu import Gpu
 from agents.sim.host import Host
 from agents.sim.modes import DEAD, TERMINATED
-from agents.sim.realism import RESTART_PAUSE
+from agents.sim.realism import RESTART_PAUSE, RealState
 
 if TYPE_CHECKING:
     from agents.sim.model import Job
@@ -81,6 +81,8 @@ class SparePool:
     _failed_order: list[int]
     _torn_down: set[int]
     loader_wait: dict[int, float]
+    real: RealState | None
+    step_history: list[tuple[int, float, float]]
 
     if TYPE_CHECKING:
 
@@ -257,6 +259,8 @@ class SparePool:
         for r in range(self.world):
             self._set_mode(r, TERMINATED)
         self._stop_pause()
+        if self.real is None:  # no checkpoint lines without realism: the job saved on the realism's interval
+            job.last_checkpoint = self._checkpointed_step()
         job.comm_factor, job.stall_until, job.nan = 1.0, 0.0, False
         job.stuck_rank = job.stall_rank = None
         job.state = "running"
@@ -266,6 +270,13 @@ class SparePool:
         self._torn_down.clear()
         self.restarts += 1
         self._loop_note("restart", self.slots[0], why)
+
+    def _checkpointed_step(self) -> int:
+        """The last step finished by the latest whole checkpoint interval (the job's start when none yet)."""
+        every = self.config.realism_params.checkpoint_every_s
+        saved_by = (self.t // every) * every
+        done = [step for step, end, _ in self.step_history if end <= saved_by]
+        return max([self.job.last_checkpoint, *done[-1:]])
 
     def _restart_when_ready(self) -> None:
         self.job.pause_until = self.t + self.config.restart_seconds
