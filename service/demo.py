@@ -213,8 +213,8 @@ def run_demo(
             f"               adapter: FAULTLINE_TOKEN=<scheduler token> faultline adapter slurm --url {url} --dry-run"
         )
         cluster = (
-            f"{nodes} simulated nodes x {gpus_per_node} GPUs running job {DEMO_JOB}, one agent each; "
-            f"a fault after {fault_after:g} s, then every {fault_every:g} s; {spares} spare node(s)\n"
+            f"{nodes} simulated nodes x {gpus_per_node} GPUs running job {DEMO_JOB} and {spares} idle spare(s), "
+            f"one agent each;\n               a fault after {fault_after:g} s, then every {fault_every:g} s\n"
             f"               (injections: {logs / 'sim.log'}; ground truth: {data_dir / 'sim' / 'ground_truth.json'})"
             if simulate
             else "none (--no-sim): point agents at the API with the agent token"

@@ -90,6 +90,8 @@ class SimConfig:
     # A simulated training step takes about this long (the straggler makes it 30-50% longer).
     step_seconds: float = 1.0
     fault_after: float = 30.0
+    # A one-fault scenario's node rank; None: drawn by the plan. (Tests put one fault on every node in turn.)
+    fault_node: int | None = None
     fault_every: float = 120.0
     # NCCL watchdog, scaled down from PyTorch's 10 minutes so faults end the job quickly...
     watchdog_seconds: float = 20.0

@@ -168,11 +168,9 @@ class SimRunner:
             if config.agents and cluster.agent_delay(n) <= 0:  # a late node's agent starts when the model says
                 self._start_agent(n, name)
             agent = f", agent pid {self.agents[n].pid}" if n in self.agents else ""
-            first = n * config.gpus_per_node
-            self._say(
-                f"{name} up: {self.server.url(name)}, launcher pid {self.launchers[n].pid} "
-                f"(ranks {first}-{first + config.gpus_per_node - 1}){agent}"
-            )
+            ranks = cluster.ranks_on(n)
+            role = f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "spare"
+            self._say(f"{name} up: {self.server.url(name)}, launcher pid {self.launchers[n].pid} ({role}){agent}")
 
     def _start_agent(self, n: int, name: str) -> None:
         config = self.config
