@@ -188,6 +188,10 @@ def run_demo(
         services.migrate()
         tokens = _demo_tokens(data_dir)
 
+        if simulate and scheduler and "FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR" not in os.environ:
+            # A fault every few minutes is months of a real fleet's: at the default 25% of the job's nodes per
+            # hour, every eviction after the first would wait for a person, and the loop would stop.
+            services.env["FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR"] = "1.0"
         url = services.start_processes(port)
         if simulate:
             # A simulated cluster: per node a dcgm-exporter endpoint, kernel and training logs, rank

@@ -371,7 +371,13 @@ class SimRunner:
                 self._say(f"t={fault.t:.1f}s injected {fault.kind} on {where}{ranks}; blame {fault.blame}, {evict}")
             if fault.repaired_at is not None and i not in self._repairs_reported:
                 self._repairs_reported.add(i)
-                self._say(f"repaired {fault.kind} on {', '.join(fault.nodes) or 'the job'}; job restarted")
+                where = ", ".join(fault.nodes) or "the job"
+                how = {
+                    "evict": "in the repair shop, after its eviction",
+                    "diagnose": "in the repair shop, after its check",
+                    "reset_gpu": "by the GPU reset",
+                }.get(fault.resolved_by, "by the scenario; job restarted")
+                self._say(f"repaired {fault.kind} on {where} {how}")
         self._faults_reported = len(cluster.faults)
         for event in cluster.loop_events[self._loop_reported :]:
             detail = f" ({event.detail})" if event.detail else ""
