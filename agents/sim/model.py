@@ -24,7 +24,7 @@ from typing import Any
 from agents.sim import logformat as fmt
 from agents.sim.config import RealismParams, SimConfig
 from agents.sim.fabric import Fabric
-from agents.sim.faults import FaultInjection, FaultRecord
+from agents.sim.faults import FaultRecord
 from agents.sim.gpu import (
     BUSY,
     COMM,
@@ -86,7 +86,7 @@ class Job:
     loss_spike: float = 0.0  # the loss's current excess over its trend, as a fraction
 
 
-class Cluster(FaultInjection, RealLife, SparePool):
+class Cluster(SparePool, RealLife):  # SparePool builds on FaultInjection
     def __init__(self, config: SimConfig) -> None:
         config = config.resolved()
         if config.scenario not in SCENARIOS:

@@ -17,16 +17,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from agents.sim import logformat as fmt
-from agents.sim.config import SimConfig
-from agents.sim.fabric import Fabric
-from agents.sim.faults import FaultRecord
-from agents.sim.gpu import Gpu
-from agents.sim.host import Host
+from agents.sim.faults import FaultInjection, FaultRecord
 from agents.sim.modes import DEAD, TERMINATED
 from agents.sim.realism import RESTART_PAUSE, RealState
-
-if TYPE_CHECKING:
-    from agents.sim.model import Job
 
 IN_JOB, SPARE, REPAIR, CHECK, CORDONED = "job", "spare", "repair", "check", "cordoned"
 # Fault kinds a GPU reset clears: a hung GSP, and a row remap that waits for the reset to be applied.
@@ -56,47 +49,25 @@ def check_machine(cluster: SparePool, machine: int) -> bool:
     return not cluster.faults_on(machine)
 
 
-class SparePool:
-    """Cluster's closed loop (agents/sim/model.py mixes this in); the state below is the cluster's."""
+class SparePool(FaultInjection):
+    """Cluster's closed loop (agents/sim/model.py mixes this in), on top of its faults; the state below, beside
+    FaultInjection's, is the cluster's."""
 
-    config: SimConfig
-    node_names: list[str]
     machines: int
-    gpn: int
-    world: int
-    gpus: list[list[Gpu]]
-    hosts: list[Host]
-    fabrics: list[Fabric]
-    modes: list[str]
-    job: Job
-    faults: list[FaultRecord]
-    faults_version: int
-    generation: int
-    control_version: int
-    slots: list[int]
     _slot_of: dict[int, int]
-    _epoch: int
     _event_seq: int
     _events: list[tuple[float, int, int, Callable[[], None]]]
-    _failed_order: list[int]
-    _torn_down: set[int]
-    loader_wait: dict[int, float]
     real: RealState | None
     step_history: list[tuple[int, float, float]]
 
     if TYPE_CHECKING:
 
-        @property
-        def t(self) -> float: ...
         def _ts(self, offset: float = 0.0) -> datetime: ...
-        def _node_ts(self, node: int, offset: float = 0.0) -> datetime: ...
         def _kern(self, node: int, *messages: str) -> None: ...
         def _train(self, node: int, lines: list[str]) -> None: ...
         def _pid(self, rank: int) -> int: ...
         def _launcher_pid(self, node: int) -> int: ...
         def _set_mode(self, rank: int, mode: str) -> None: ...
-        def _stop_pause(self) -> None: ...
-        def ranks_on(self, node: int) -> list[int]: ...
 
     def _init_pool(self) -> None:
         self.place: dict[int, str] = {m: IN_JOB for m in self.slots}
