@@ -33,7 +33,7 @@ class LoopEvent:
     t: float
     at: datetime
     kind: str  # swap_out | swap_in | reset_gpu | to_repair | to_check | to_pool | cordon | restart
-    node: str
+    node: str  # the machine, or the job's id for a restart
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -240,7 +240,7 @@ class SparePool(FaultInjection):
         self._failed_order.clear()
         self._torn_down.clear()
         self.restarts += 1
-        self._loop_note("restart", self.slots[0], why)
+        self._loop_note("restart", None, why)
 
     def _checkpointed_step(self) -> int:
         """The last step finished by the latest whole checkpoint interval (the job's start when none yet)."""
@@ -259,6 +259,8 @@ class SparePool(FaultInjection):
         self._event_seq += 1
         heapq.heappush(self._events, (self.t + delay, self._event_seq, -1, action))
 
-    def _loop_note(self, kind: str, machine: int, detail: str = "") -> None:
-        self.loop_events.append(LoopEvent(self.t, self._ts(), kind, self.node_names[machine], detail))
+    def _loop_note(self, kind: str, machine: int | None, detail: str = "") -> None:
+        """One loop event on a machine (None: the job as a whole)."""
+        node = self.node_names[machine] if machine is not None else str(self.config.job_id)
+        self.loop_events.append(LoopEvent(self.t, self._ts(), kind, node, detail))
         self.faults_version += 1  # the runner rewrites the ground truth on this

@@ -52,6 +52,13 @@ def test_evict_swaps_a_spare_in_and_restarts_from_the_checkpoint_with_new_proces
     assert all(m == TERMINATED for m in c.modes)  # torchrun stopped every rank
     assert c.faults[0].left_job_at is not None and c.faults[0].resolved_by == "evict"
     assert c.faults[0].repaired_at is None  # still broken, in the shop
+    loop = c.ground_truth()["loop"]
+    assert [(e["kind"], e["node"]) for e in loop] == [
+        ("restart", c.config.job_id),
+        ("swap_out", name),
+        ("to_repair", name),
+        ("swap_in", "node-003"),
+    ]
 
     c.advance(45.0 + 15.0 + 10.0)  # down, then the checkpoint's load
     assert c.generation == generation + 1 and c.job.state == "running" and c.modes == [NORMAL] * c.world
