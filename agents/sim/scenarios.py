@@ -264,6 +264,8 @@ def _demo(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
     # restarted) after two thirds of the period, so the next one starts from a healthy cluster.
     at = config.fault_after
     hold = max(config.fault_every * 2 / 3, min(config.fault_every - 1.0, config.watchdog_seconds + 10.0))
+    if config.spares:  # a closed loop: eviction is the repair; the scenario's own only just before the next fault
+        hold = max(1.0, config.fault_every - 1.0)
     bag: list[str] = []
     last = None
     while True:
