@@ -49,26 +49,18 @@ def summarize(
 ) -> dict[str, Any]:
     """The run's numbers. A fault's window on its node: from its injection to its repair (or now), with GRACE."""
     faults = ground_truth.get("faults", [])
-    windows: dict[str, list[tuple[datetime, datetime]]] = {}
+    spans: list[tuple[datetime, datetime]] = []
     for f in faults:
         start = _at(f["injected_at"])
-        end = _at(f.get("repaired_at")) or now
         assert start is not None
-        for node in f["nodes"]:
-            windows.setdefault(node, []).append((start - GRACE, end + GRACE))
+        spans.append((start - GRACE, (_at(f.get("repaired_at")) or now) + GRACE))
 
-    def in_window(d: DecisionRow) -> bool:
-        return any(a <= d.created_at <= b for a, b in windows.get(d.node or "", []))
+    def hits(d: DecisionRow, i: int) -> bool:
+        return d.node in faults[i]["nodes"] and spans[i][0] <= d.created_at <= spans[i][1]
 
     on_nodes = [d for d in decisions if d.kind in NODE_ACTIONS and d.node]
-    false = [d for d in on_nodes if not in_window(d)]
-    evicted_faulty = {
-        (d.node, i)
-        for d in on_nodes
-        if d.kind == "evict"
-        for i, f in enumerate(faults)
-        if d.node in f["nodes"] and in_window(d)
-    }
+    false = [d for d in on_nodes if not any(hits(d, i) for i in range(len(faults)))]
+    evicted_faulty = {i for d in on_nodes if d.kind == "evict" for i in range(len(faults)) if hits(d, i)}
     loop = ground_truth.get("loop", [])
     by_fault = Counter(f.get("resolved_by") or ("plan repair" if f.get("repaired_at") else "open") for f in faults)
     return {
@@ -76,7 +68,7 @@ def summarize(
         "fault_kinds": dict(Counter(f["kind"] for f in faults)),
         "faults_resolved_by": dict(by_fault),
         "faults_expecting_eviction": sum(1 for f in faults if f.get("expect_action") == "evict"),
-        "faults_evicted": len({i for _, i in evicted_faulty}),
+        "faults_evicted": len(evicted_faulty),
         "decisions": dict(Counter(d.kind for d in decisions)),
         "decision_states": dict(Counter(d.state for d in decisions)),
         "false_accusations": len(false),

@@ -39,16 +39,17 @@ def test_decisions_in_a_fault_window_hit_it_and_the_others_are_false_accusations
         _d(3, "diagnose", "n-2", 470),  # within the minute's grace after the nvlink fault's repair
         _d(4, "reset_gpu", "n-2", 600),  # long after it: false
         _d(5, "restart", None, 90),  # a job action names no node: not an accusation
+        _d(6, "evict", "n-2", 100),  # before n-2's fault: false, and it does not count as evicting that fault
     ]
     s = summarize(TRUTH, decisions, open_incidents=1, incidents=3, ettr_ratio=0.91, now=T0 + timedelta(hours=1))
     assert s["faults"] == 2 and s["faults_expecting_eviction"] == 2 and s["faults_evicted"] == 1
-    assert s["false_accusations"] == 2
-    assert [d.split()[0] for d in s["false_accusation_details"]] == ["#2", "#4"]
+    assert s["false_accusations"] == 3
+    assert [d.split()[0] for d in s["false_accusation_details"]] == ["#2", "#4", "#6"]
     assert s["faults_resolved_by"] == {"evict": 1, "plan repair": 1}
-    assert s["decisions"] == {"evict": 2, "diagnose": 1, "reset_gpu": 1, "restart": 1}
+    assert s["decisions"] == {"evict": 3, "diagnose": 1, "reset_gpu": 1, "restart": 1}
     assert (s["restarts_on_spares"], s["repairs_completed"], s["incidents_open"]) == (1, 1, 1)
     text = format_summary(s)
-    assert "false accusations      2" in text and "job ETTR               0.910" in text
+    assert "false accusations      3" in text and "job ETTR               0.910" in text
 
 
 def test_an_unrepaired_fault_stays_open_until_now() -> None:
