@@ -133,7 +133,11 @@ class SimRunner:
         self._make_trees()
         if config.scheduler_token and config.server:
             self.scheduler = SchedulerStandIn(
-                config.server, config.scheduler_token, job_id=str(config.job_id), say=self._say
+                config.server,
+                config.scheduler_token,
+                job_id=str(config.job_id),
+                nodes=cluster.node_names,
+                say=self._say,
             )
             self.scheduler.register(cluster.rank_map(), cluster.world)  # as the job's launcher would at its start
             self.scheduler.start()

@@ -70,15 +70,31 @@ class ClusterBackend:
             served.append((decision, outcome))
 
 
+class ClusterLoop(AdapterLoop):
+    """The adapters' loop, for this cluster's machines only: a decision about another node (another scheduler's,
+    or one made by hand through the API) is left pending for whoever runs that node."""
+
+    def __init__(self, *args: Any, nodes: set[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nodes = nodes
+
+    def handle(self, decision: Mapping[str, Any]) -> None:
+        if decision.get("node") not in self.nodes:
+            self._finish(int(decision["id"]))  # remembered, not acknowledged
+            return
+        super().handle(decision)
+
+
 class SchedulerStandIn:
     """The adapter loop in a thread, and the job's registrations in order, one at a time."""
 
-    def __init__(self, url: str, token: str, *, job_id: str, say: Callable[[str], None]) -> None:
+    def __init__(self, url: str, token: str, *, job_id: str, nodes: list[str], say: Callable[[str], None]) -> None:
         self.job_id, self.say = job_id, say
         self.stop = threading.Event()
         self.client = FaultlineClient(url, token, stop=self.stop)
         self.backend = ClusterBackend(self.stop)
-        self.loop = AdapterLoop(self.client, self.backend, LoopOptions(wait_s=20.0, kinds=LOOP_KINDS), stop=self.stop)
+        options = LoopOptions(wait_s=20.0, kinds=LOOP_KINDS)
+        self.loop = ClusterLoop(self.client, self.backend, options, stop=self.stop, nodes=set(nodes))
         self._thread = threading.Thread(target=self.loop.run, name="sim-scheduler", daemon=True)
         self._registrar = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-register")
 

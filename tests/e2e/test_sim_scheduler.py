@@ -55,9 +55,11 @@ def test_evict_swaps_a_spare_in_registers_the_new_rank_map_and_the_ack_resolves_
         # The launcher's registration at the start: the job and where its ranks run.
         wait_for(lambda: len(_job(api, token, job_id).get("ranks", [])) == 4, what="the job registered", timeout=30)
         evicted, spare = f"{prefix}001", f"{prefix}002"
+        elsewhere = make_decision(committed, node=f"other{prefix}001")  # not this cluster's: left to its scheduler
         decision = make_decision(committed, node=evicted, job=job_id)
         wait_for(lambda: read_decision(api, token, decision)["state"] == "done", what="the ack", timeout=60)
 
+        assert read_decision(api, token, elsewhere)["state"] == "pending"
         acked = read_decision(api, token, decision)
         assert acked["outcome"] == "done" and f"{spare} swapped in" in acked["outcome_message"]
         wait_for(
