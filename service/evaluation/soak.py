@@ -73,6 +73,7 @@ class SoakJob:
     # Healthy in a soak; the tests give a job a fault, to show the harness's data reaches the detectors.
     scenario: str = "healthy"
     fault_after: float = 30.0
+    fault_node: int | None = None  # the fault's node rank; None: the plan draws it
 
 
 # Jobs of different sizes and shapes at once, on one service (8 nodes, 40 GPUs): small enough that a simulated
@@ -165,6 +166,7 @@ class Soak:
                 gpus_per_node=spec.gpus_per_node,
                 scenario=spec.scenario,
                 fault_after=spec.fault_after,
+                fault_node=spec.fault_node,
                 seed=self.config.seed * 1000 + i,
                 job_id=job_id,
                 node_prefix=f"soak{self.run_id}{spec.name}-",
@@ -202,8 +204,8 @@ class Soak:
         if c.generation == run.generation:
             return
         run.generation = c.generation
-        for n, agent in enumerate(run.agents):
-            c.set_pids(n, {lr: agent.pid(n * c.gpn + lr) for lr in range(c.gpn)})
+        for n, agent in enumerate(run.agents):  # one agent per machine; spares run no ranks
+            c.set_pids(n, {lr: agent.pid(rank) for lr, rank in enumerate(c.ranks_on(n))})
             c.launcher_pids[n] = 90_000 + n
 
     # -- the loop --
