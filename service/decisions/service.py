@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -28,7 +28,7 @@ from service.decisions.schemas import DecisionOut, DecisionPage
 from service.errors import NotFound
 from service.fleet import stages as repair_stages
 from service.jobs import service as jobs
-from service.models import Decision, Finding, Gpu, Incident, Job, Node
+from service.models import Decision, Finding, Gpu, Incident, Job, Node, Rank
 from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
 
@@ -95,21 +95,49 @@ def decide_incident(
     return stored
 
 
+def _rejoined_after_eviction(session: Session, *, rows: Sequence[Any]) -> dict[str, datetime]:
+    """When each node carried out of a job by an eviction last got ranks assigned again (a scheduler put it back
+    after its repair): from then on that eviction no longer holds the node in cooldown, so a new fault on it is
+    decided like any other (the demo's repaired node-001 lost a GPU and nothing was decided)."""
+    evicted = {node for kind, node, state, *_ in rows if kind == "evict" and state == "done" and node}
+    if not evicted:
+        return {}
+    return dict(
+        session.execute(  # type: ignore[arg-type]
+            select(Node.name, func.max(Rank.updated_at))
+            .join(Rank, Rank.node_id == Node.id)
+            .where(Node.name.in_(evicted))
+            .group_by(Node.name)
+        ).all()
+    )
+
+
 def _context(
     session: Session, *, job: Job, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
 ) -> PolicyContext:
     since = now - prior_window(settings)
+    rows = session.execute(
+        select(
+            Decision.kind,
+            Node.name,
+            Decision.state,
+            Decision.created_at,
+            Decision.job_id,
+            Decision.incident_id,
+            Decision.acked_at,
+        )
+        .outerjoin(Node, Node.id == Decision.node_id)
+        .where(
+            Decision.created_at >= since,
+            Decision.state.not_in(INACTIVE),
+            or_(Decision.kind == "evict", and_(Decision.job_id == job.id, Decision.node_id.is_(None))),
+        )
+    ).all()
+    rejoined = _rejoined_after_eviction(session, rows=rows)
     prior = [
         PriorDecision(kind=kind, node=node, state=state, created_at=at, job_id=job_id, incident_id=incident_id)
-        for kind, node, state, at, job_id, incident_id in session.execute(
-            select(Decision.kind, Node.name, Decision.state, Decision.created_at, Decision.job_id, Decision.incident_id)
-            .outerjoin(Node, Node.id == Decision.node_id)
-            .where(
-                Decision.created_at >= since,
-                Decision.state.not_in(INACTIVE),
-                or_(Decision.kind == "evict", and_(Decision.job_id == job.id, Decision.node_id.is_(None))),
-            )
-        )
+        for kind, node, state, at, job_id, incident_id, acked in rows
+        if not (kind == "evict" and state == "done" and node in rejoined and acked and rejoined[node] > acked)
     ]
     already = {
         (kind, node)

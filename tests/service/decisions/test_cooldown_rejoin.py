@@ -1,0 +1,47 @@
+"""An eviction holds its node in cooldown only until a scheduler puts the repaired node back into a job: a new fault
+on it is then decided like any other (the closed-loop demo: node-001 evicted, repaired, rejoined the job, lost a
+GPU 7 minutes later, and nothing was decided)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from service.config import get_settings
+from service.decisions import lifecycle
+from service.models import Rank
+from tests import rows
+from tests.decide import decide, finding
+
+
+def test_a_repaired_node_back_in_the_job_is_evicted_again_on_a_new_fault(session: Session) -> None:
+    settings = get_settings()
+    job, node = rows.job(session), rows.node(session)
+    # Times in the recent past: the rank map's updated_at is the database's now().
+    t0 = datetime.now(UTC) - timedelta(minutes=40)
+    first = finding(node.name, detector="signatures", category="gpu_hardware", at=t0, key="xid79-a")
+    (evicted,) = decide(session, job, [first], t0).decisions
+    lifecycle.acknowledge(
+        session,
+        decision_id=evicted,
+        outcome="done",
+        message="drained",
+        actor="scheduler",
+        now=t0 + timedelta(seconds=30),
+        settings=settings,
+    )
+
+    # Out of the job: a second fault within the cooldown is not decided (the eviction's guard rail holds).
+    t1 = t0 + timedelta(minutes=5)
+    second = finding(node.name, detector="signatures", category="gpu_hardware", at=t1, key="xid79-b")
+    assert decide(session, job, [second], t1).decisions == []
+
+    # Repaired and given ranks again by the scheduler: the next fault is decided.
+    session.add(Rank(job_id=job.id, rank=0, node_id=node.id, local_rank=0, gpu_index=0))
+    session.flush()
+    t2 = t0 + timedelta(minutes=20)
+    third = finding(node.name, detector="signatures", category="gpu_hardware", at=t2, key="xid79-c")
+    made = decide(session, job, [third], t2).decisions
+    assert len(made) == 1
+    assert t2 - t0 < timedelta(seconds=settings.policy_node_cooldown_s)
