@@ -316,3 +316,11 @@ def subject_against_peers(
 def latest_node_samples(session: Session, *, name: str, since: datetime, columns: Sequence[str]) -> Sequence[Row[Any]]:
     """The node's latest machine-level reading of each subject since `since` (subject, ts and `columns`)."""
     return _latest_of_each(session, node_samples, "subject", name=name, since=since, columns=columns)
+
+
+def gpu_inventory(session: Session, *, nodes: Sequence[str]) -> Sequence[Row[tuple[str, int, str | None]]]:
+    """(node, GPU index, PCI bus id) for these nodes' GPUs, as their agents last reported them."""
+    if not nodes:
+        return []
+    query = select(Node.name, Gpu.index, Gpu.pci_bus_id).join(Gpu, Gpu.node_id == Node.id)
+    return session.execute(query.where(Node.name.in_(list(nodes)))).all()

@@ -12,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.responses import RedirectResponse, Response
 
 from service.errors import FaultlineError
+from service.ui import formatting
 from service.ui.auth import CSRF_FIELD, SignInRequired, set_session_cookie
 
 HERE = Path(__file__).parent
@@ -53,10 +54,6 @@ def duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def percent(value: float | None, digits: int = 0) -> str:
-    return "—" if value is None else f"{value * 100:.{digits}f}%"
-
-
 def dict_with(params: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return {**params, **changes}
 
@@ -66,7 +63,13 @@ def dict_without(params: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 
 templates.env.filters.update(
-    ago=ago, timestamp=timestamp, duration=duration, percent=percent, dict_with=dict_with, dict_without=dict_without
+    ago=ago,
+    timestamp=timestamp,
+    duration=duration,
+    percent=formatting.percent,
+    number=formatting.number,
+    dict_with=dict_with,
+    dict_without=dict_without,
 )
 templates.env.globals.update(CSRF_FIELD=CSRF_FIELD)
 
