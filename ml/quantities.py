@@ -7,7 +7,7 @@ import math
 
 _SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 _IEC = ((2**50, "PiB"), (2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
-_MAX_DECIMALS = 6
+_MAX_DECIMALS = 9
 
 
 def significant(value: float, digits: int = 3) -> str:

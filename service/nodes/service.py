@@ -118,10 +118,11 @@ def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDe
     )
 
 
-def states_and_jobs(session: Session) -> Sequence[Row[str, str, bool, str | None]]:
-    """Every node's name, state and lemon flag, with its current job's external id, by name: one query."""
+def states_and_jobs(session: Session) -> Sequence[Row[str, str, bool, str | None, dict[str, Any] | None]]:
+    """Every node's name, state and lemon flag, its current job's external id and its inventory labels (rack,
+    switch), by name: one query."""
     return session.execute(
-        select(Node.name, Node.state, Node.lemon, Job.external_id)
+        select(Node.name, Node.state, Node.lemon, Job.external_id, Node.labels)
         .outerjoin(Job, Job.id == Node.current_job_id)
         .order_by(Node.name)
     ).all()

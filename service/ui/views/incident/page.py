@@ -109,6 +109,9 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
         for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence, f.observed_at))
     ]
     timeline, omitted = capped(merged_timeline(incident, logs=logs, dumps=dumps, findings=findings), TIMELINE_LIMIT)
+    for entry in timeline:
+        if entry.finding_id is not None:
+            entry.detail = gpus.text(entry.nodes[0] if entry.nodes else None, entry.detail)
     return IncidentPage(
         incident=incident,
         suspects=[
