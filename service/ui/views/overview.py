@@ -80,7 +80,7 @@ class Overview:
     groups: list[TileGroup]
     node_states: Counter[str]
     node_count: int
-    attention: list[Tile]  # every node not healthy, or with a ringed anomaly score: findable at a glance
+    attention: list[Tile]  # ringed (accused) nodes first, then every node not healthy: findable at a glance
     group_by: str  # job, rack or switch
     groupings: list[str]  # those the inventory allows: job always; rack, switch where some node is labelled
 
@@ -160,7 +160,7 @@ def overview(
         node_count=sum(states.values()),
         attention=sorted(
             (t for g in groups for t in g.tiles if t.state != "healthy" or t.ring),
-            key=lambda t: (_STATE_ORDER.get(t.state, 9), -t.score, t.name),
+            key=lambda t: (-t.ring, _STATE_ORDER.get(t.state, 9), -t.score, t.name),
         ),
         group_by=group_by if group_by in groupings else "job",
         groupings=groupings,

@@ -202,3 +202,31 @@ def test_the_on_call_points_in_a_real_browser(committed, tmp_path) -> None:
         browser.close()
     # ReDoc's own "powered by" badge is an image on its CDN: offline it is missing, and the page reads the same.
     assert all(u.startswith("https://cdn.redoc.ly/") for u in foreign), foreign
+
+
+def test_the_cluster_map_at_2048_nodes_fits_and_shows_who_needs_a_look(committed, tmp_path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    factory = sessionmaker(bind=committed)
+    with factory() as session:
+        uidata.seed(session, nodes=2048, nodes_per_job=256, incidents=60, open_incidents=10, prefix="big")
+        admin = tokens.create(session, scope="admin", name="night-shift").token
+        session.commit()
+    with api_server(log=tmp_path / "api.log") as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1024, "height": 900})
+        page.goto(f"{url}/login")
+        page.fill("input[name=token]", admin)
+        page.click("button[type=submit]")
+        for width in (1024, 1440):
+            page.set_viewport_size({"width": width, "height": 900})
+            page.goto(f"{url}/")
+            expect(page.locator("#cluster-map .tile")).to_have_count(2048)
+            _no_wider_than_viewport(page, f"the overview of 2,048 nodes at {width} px")
+        # The suspect and evicted nodes are listed by name above the tiles, each a link to its page.
+        attention = page.locator("#map-attention a.chip")
+        assert attention.count() > 0
+        first = attention.first.inner_text()
+        assert page.locator(f"#map-attention a.chip[href='/nodes/{first}']").count() == 1
+        page.screenshot(path=str(SCREENSHOTS / "overview-2048.png"), full_page=True)
+        browser.close()
