@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.templating import Jinja2Templates
 from starlette.responses import RedirectResponse, Response
 
+from ml.quantities import significant
 from service.errors import FaultlineError
 from service.ui import formatting
 from service.ui.auth import CSRF_FIELD, SignInRequired, set_session_cookie
@@ -54,6 +55,13 @@ def duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def duration_fine(seconds: float | None) -> str:
+    """A short span with its fraction: 0.42 s, 1.5 s, then as `duration`."""
+    if seconds is None:
+        return "—"
+    return f"{significant(seconds, 3)} s" if seconds < 10 else duration(seconds)
+
+
 def dict_with(params: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return {**params, **changes}
 
@@ -66,6 +74,7 @@ templates.env.filters.update(
     ago=ago,
     timestamp=timestamp,
     duration=duration,
+    duration_fine=duration_fine,
     percent=formatting.percent,
     number=formatting.number,
     dict_with=dict_with,
