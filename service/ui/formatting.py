@@ -93,12 +93,13 @@ class GpuNames:
         return f"{owner} GPU {index if index is not None else gpu}"
 
     def text(self, node: str | None, text: str) -> str:
-        """A detector's sentence with each "GPU <PCI address>" the inventory knows as "GPU 7 (PCI ...)"."""
-        if not node:
-            return text
+        """A detector's sentence with each "GPU <PCI address>" the inventory knows as "GPU 7 (PCI ...)"; without
+        a node, the one node of the inventory that has that address and whose name the sentence mentions."""
 
         def named(m: re.Match[str]) -> str:
-            index = self.index(node, m.group(1))
+            key = kernel_pci(m.group(1))
+            owners = [node] if node else [n for n, pci in self._index if pci == key and n in text]
+            index = self.index(owners[0], m.group(1)) if len(owners) == 1 else None
             return m.group(0) if index is None else f"GPU {index} (PCI {m.group(1)})"
 
         return _GPU_PCI.sub(named, text)

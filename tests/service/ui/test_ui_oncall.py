@@ -75,6 +75,9 @@ def test_gpus_by_index_where_the_inventory_knows_the_pci_address() -> None:
     assert names.subject("n1", "n1/3") == "n1 GPU 3"
     assert names.text("n1", "Xid 79 on n1 GPU 0000:df:00") == "Xid 79 on n1 GPU 7 (PCI 0000:df:00)"
     assert names.text("n2", "Xid 79 on n2 GPU 0000:df:00") == "Xid 79 on n2 GPU 0000:df:00"  # unknown: as it was
+    summary = "gpu hardware: Xid 79 on n1 GPU 0000:df:00"
+    assert names.text(None, summary) == "gpu hardware: Xid 79 on n1 GPU 7 (PCI 0000:df:00)"
+    assert names.text(None, "Xid 79 on GPU 0000:df:00") == "Xid 79 on GPU 0000:df:00"  # no node named: as it was
 
 
 def test_evidence_numbers_carry_units_and_no_exponent() -> None:

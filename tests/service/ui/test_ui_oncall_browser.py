@@ -41,43 +41,26 @@ def _seed(engine: Any) -> dict[str, Any]:
         incident = rows.incident(session, job=job, suspects=[node.name])
         # One fault seen 17 times by the counters detector, with counters large and small enough to tempt a
         # formatter into scientific notation, and an Xid finding naming the GPU by its PCI address.
+        on_gpu = {"job_id": job.id, "incident_id": incident.id, "node_id": node.id, "subject_kind": "gpu"}
+        on_gpu |= {"role": "cause", "action": "evict"}
         for i in range(17):
             session.add(
                 Finding(
-                    dedup_key=f"oncall-counter-{i}",
-                    job_id=job.id,
-                    incident_id=incident.id,
-                    node_id=node.id,
-                    detector="counters",
-                    category="nvlink",
-                    subject_kind="gpu",
-                    subject=f"{node.name}/7",
-                    confidence=0.5 + i * 0.02,
+                    **on_gpu, dedup_key=f"oncall-counter-{i}", detector="counters", category="nvlink",
+                    subject=f"{node.name}/7", confidence=0.5 + i * 0.02,
                     summary=f"NVLink errors rising on {node.name} GPU 7",
-                    role="cause",
-                    action="evict",
                     evidence={"nvlink_tx_bytes": 7.036e10 + i, "error_rate": 1.2e-7, "window_s": 30.0},
                     observed_at=now - timedelta(minutes=30 - i),
                 )
-            )
+            )  # fmt: skip
         session.add(
             Finding(
-                dedup_key="oncall-xid",
-                job_id=job.id,
-                incident_id=incident.id,
-                node_id=node.id,
-                detector="signatures",
-                category="gpu_hardware",
-                subject_kind="gpu",
-                subject=f"{node.name}/{PCI}",
-                confidence=0.95,
+                **on_gpu, dedup_key="oncall-xid", detector="signatures", category="gpu_hardware",
+                subject=f"{node.name}/{PCI}", confidence=0.95,
                 summary=f"Xid 79 (GPU has fallen off the bus) on {node.name} GPU {PCI}",
-                role="cause",
-                action="evict",
-                evidence={"xid": 79},
-                observed_at=now - timedelta(minutes=5),
+                evidence={"xid": 79}, observed_at=now - timedelta(minutes=5),
             )
-        )
+        )  # fmt: skip
         decision = rows.decision(session, incident=incident, node=node, state="awaiting_approval")
         made = {
             "admin": tokens.create(session, scope="admin", name="night-shift").token,
