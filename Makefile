@@ -12,8 +12,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# `make demo PORT=8090 DATA_DIR=/tmp/fl` passes them on; empty means faultline's defaults.
+PORT ?=
+DATA_DIR ?=
 demo: $(VENV)/.installed
-	$(VENV)/bin/faultline demo
+	$(VENV)/bin/faultline demo $(if $(PORT),--port $(PORT)) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 # lint-imports checks the import contracts in pyproject.toml; the graph builds in a second, so no cache folder.
 lint: $(VENV)/.installed

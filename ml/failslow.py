@@ -24,6 +24,7 @@ import pandas as pd
 from ml import parallel
 from ml.findings import FailslowRound, Finding, JobInfo, LogRecord
 from ml.progress import StepPoint, is_dead, process_frame, snapshot_interval, step_points, utc
+from ml.quantities import significant
 
 DETECTOR = "failslow"
 
@@ -297,7 +298,7 @@ def _job_slowdown(job: JobInfo, points: list[StepPoint], now: datetime, rounds: 
             subject=job.job_id,
             confidence=round(0.5 + 0.3 * min(1.0, (ratio - SLOWDOWN_RATIO) / 0.7), 3),
             summary=(
-                f"steps take {ratio:.2f}x the job's usual {baseline:.3g} s in all {rounds} rounds "
+                f"steps take {ratio:.2f}x the job's usual {significant(baseline)} s in all {rounds} rounds "
                 f"(slow since step {onset.step})"
             ),
             observed_at=onset.ts,

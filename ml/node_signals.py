@@ -52,6 +52,7 @@ from ml.node_metrics import (
     SYMBOL_ERROR,
     is_port,
 )
+from ml.quantities import significant
 
 DETECTOR = "node_signals"
 
@@ -475,8 +476,8 @@ def _down_or_slow(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mappi
                     confidence=0.85,
                     action="evict",
                     summary=(
-                        f"{_port_name(subject)} on {node} runs at {value:g} Gb/s; "
-                        f"the same port on its peers at {peer_rate:g} Gb/s"
+                        f"{_port_name(subject)} on {node} runs at {significant(value)} Gb/s; "
+                        f"the same port on its peers at {significant(peer_rate)} Gb/s"
                     ),
                     at=last["last_ts"],
                     key_at=recent.iloc[0]["window_start"],

@@ -37,6 +37,7 @@ from ml.peer_spans import (
     summarize_span,
 )
 from ml.peer_spans import SPECS as SPECS  # re-exported: the service reads peers.SPECS
+from ml.quantities import significant
 
 DETECTOR = "peers"
 SUPPORT_WEIGHT = 0.5  # a supporting metric (SUPPORT_Z) counts for this fraction of its weight
@@ -237,8 +238,8 @@ def _findings(
                 confidence=confidence,
                 summary=(
                     f"{node} GPU {gpu} is its peers' outlier for {len(lead['windows']) * window_s:.0f} s "
-                    f"({lead['direction']} {lead['metric']}: {lead['windows'][0]['value']:.4g} vs peers "
-                    f"{lead['windows'][0]['peer_median']:.4g}); metrics: {names}"
+                    f"({lead['direction']} {lead['metric']}: {significant(lead['windows'][0]['value'], 4)} vs peers "
+                    f"{significant(lead['windows'][0]['peer_median'], 4)}); metrics: {names}"
                     + ("; less busy than its peers: waiting for its input, not slow" if idle else "")
                 ),
                 observed_at=onset,

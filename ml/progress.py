@@ -21,6 +21,7 @@ import pandas as pd
 
 from ml.findings import Finding, JobInfo, LogRecord, ProgressEvidence
 from ml.metrics import FB_USED, POWER_USAGE, SM_ACTIVE, TENSOR_ACTIVE
+from ml.quantities import significant
 
 DETECTOR = "progress"
 
@@ -404,7 +405,8 @@ def _collapse(
         **_live_evidence(live),
     }
     summary = (
-        f"no step records and GPU {column} collapsed across the job ({prior:.3g} -> {float(during.median()):.3g}) "
+        f"no step records and GPU {column} collapsed across the job "
+        f"({significant(prior)} -> {significant(float(during.median()))}) "
         f"for {stalled:.0f} s while {_alive_text(live)}"
     )
     at = onset_at + timedelta(seconds=timeout)

@@ -16,7 +16,6 @@ starved of CPU, a slow filesystem) works less, and its clock drops with it as an
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +25,7 @@ import numpy as np
 from ml.evidence import PeerEpisode
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
 from ml.peer_spans import _spec, _utc, starved, strength
+from ml.quantities import significant
 
 DETECTOR = "peers"
 # Ten minutes: three episodes of a cycle up to ~4 min (on + off), well inside the 20 min a fail-slow GPU costs
@@ -232,7 +232,7 @@ def _window(ep: Episode, span_s: float) -> PeerWindow:
 
 
 def _num(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, int | float) and math.isfinite(value) else "?"
+    return significant(value, 4) if isinstance(value, int | float) else "?"
 
 
 def _median_s(gaps: list[float]) -> str:

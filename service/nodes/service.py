@@ -118,10 +118,11 @@ def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDe
     )
 
 
-def states_and_jobs(session: Session) -> Sequence[Row[str, str, bool, str | None]]:
-    """Every node's name, state and lemon flag, with its current job's external id, by name: one query."""
+def states_and_jobs(session: Session) -> Sequence[Row[str, str, bool, str | None, dict[str, Any] | None]]:
+    """Every node's name, state and lemon flag, its current job's external id and its inventory labels (rack,
+    switch), by name: one query."""
     return session.execute(
-        select(Node.name, Node.state, Node.lemon, Job.external_id)
+        select(Node.name, Node.state, Node.lemon, Job.external_id, Node.labels)
         .outerjoin(Job, Job.id == Node.current_job_id)
         .order_by(Node.name)
     ).all()
@@ -316,3 +317,11 @@ def subject_against_peers(
 def latest_node_samples(session: Session, *, name: str, since: datetime, columns: Sequence[str]) -> Sequence[Row[Any]]:
     """The node's latest machine-level reading of each subject since `since` (subject, ts and `columns`)."""
     return _latest_of_each(session, node_samples, "subject", name=name, since=since, columns=columns)
+
+
+def gpu_inventory(session: Session, *, nodes: Sequence[str]) -> Sequence[Row[tuple[str, int, str | None]]]:
+    """(node, GPU index, PCI bus id) for these nodes' GPUs, as their agents last reported them."""
+    if not nodes:
+        return []
+    query = select(Node.name, Gpu.index, Gpu.pci_bus_id).join(Gpu, Gpu.node_id == Node.id)
+    return session.execute(query.where(Node.name.in_(list(nodes)))).all()

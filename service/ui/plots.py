@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ml.quantities import si, significant
+
 # What a metric is measured in, for the axis label (DCGM field units; counters arrive as per-second rates).
 UNITS: dict[str, str] = {
     "power_usage": "W",
@@ -47,8 +49,6 @@ UNITS: dict[str, str] = {
     "psi_mem_full_avg10": "%",
     "mem_available_mib": "MiB",
 }
-
-_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,15 +145,8 @@ def nice_step(span: float, target: int = 4) -> float:
 
 
 def format_value(value: float) -> str:
-    """Short labels: 486, 0.32, 1.5k, 2.3G; no trailing zeros."""
-    magnitude = abs(value)
-    if magnitude >= 1e4:
-        for size, suffix in _SI:
-            if magnitude >= size:
-                return f"{value / size:.3g}{suffix}"
-    if magnitude == 0:
-        return "0"
-    return f"{value:.3g}" if magnitude < 1 else f"{value:.4g}"
+    """Short axis labels: 486, 0.32, 15k, 2.3G; never in scientific notation."""
+    return si(value, sep="") if abs(value) >= 1e4 else significant(value, 4 if abs(value) >= 1 else 3)
 
 
 def _domain(windows: Sequence[Window]) -> tuple[float, float, float]:

@@ -11,7 +11,9 @@ from fastapi import Request
 from fastapi.templating import Jinja2Templates
 from starlette.responses import RedirectResponse, Response
 
+from ml.quantities import significant
 from service.errors import FaultlineError
+from service.ui import formatting
 from service.ui.auth import CSRF_FIELD, SignInRequired, set_session_cookie
 
 HERE = Path(__file__).parent
@@ -53,8 +55,11 @@ def duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def percent(value: float | None, digits: int = 0) -> str:
-    return "—" if value is None else f"{value * 100:.{digits}f}%"
+def duration_fine(seconds: float | None) -> str:
+    """A short span with its fraction: 0.42 s, 1.5 s, then as `duration`."""
+    if seconds is None:
+        return "—"
+    return f"{significant(seconds, 3)} s" if seconds < 10 else duration(seconds)
 
 
 def dict_with(params: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -66,7 +71,14 @@ def dict_without(params: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 
 templates.env.filters.update(
-    ago=ago, timestamp=timestamp, duration=duration, percent=percent, dict_with=dict_with, dict_without=dict_without
+    ago=ago,
+    timestamp=timestamp,
+    duration=duration,
+    duration_fine=duration_fine,
+    percent=formatting.percent,
+    number=formatting.number,
+    dict_with=dict_with,
+    dict_without=dict_without,
 )
 templates.env.globals.update(CSRF_FIELD=CSRF_FIELD)
 

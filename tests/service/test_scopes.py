@@ -89,8 +89,8 @@ SCHEDULER_WRITES = {
     ("POST", "/api/v1/decisions/{decision_id}/ack"),
 }
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
-# FastAPI's own pages (Starlette routes, not APIRoutes): no data behind them.
-FRAMEWORK = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+# The API's docs: the schema, Swagger UI and ReDoc pages and their files (fastapi-offline): no data behind them.
+FRAMEWORK = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/static-offline-docs"}
 # The web UI answers people with a session cookie, not a bearer token: every page and form outside /api needs a
 # signed-in operator or admin, except these; pages under UI_ADMIN need an admin (tests/service/ui/test_ui_auth.py: how).
 UI_PUBLIC = {("GET", "/login"), ("POST", "/login"), ("*", "/static")}
@@ -118,7 +118,7 @@ def _served(app: Any) -> dict[tuple[str, str], Any]:
     for context in contexts:
         route = getattr(context, "original_route", context)
         path = context.path
-        if path in FRAMEWORK and not isinstance(route, APIRoute):
+        if path in FRAMEWORK and (not isinstance(route, APIRoute) or not route.include_in_schema):
             continue
         methods = context.methods or {"*"}  # a mount: no methods, and nobody decided anything for it
         for method in methods - {"HEAD"}:

@@ -69,7 +69,10 @@ def _act(request: Request, return_to: str, action: Callable[..., DecisionOut], v
         return redirect(request, return_to, flash=f"Not done: {exc.message}", refused=True)
     if is_htmx(request):
         context = {"d": decision, "return_to": return_to, "done": verb, "override_nodes": choices}
-        return page(request, "_decision.html", context)
+        response = page(request, "_decision.html", context)
+        # Parts of the page that summarize decisions (the incident's header) listen for this and re-read.
+        response.headers["HX-Trigger"] = "decision-changed"
+        return response
     return redirect(
         request, return_to, flash=f"Decision {decision.id} {verb}: {decision.kind} is now {decision.state}."
     )

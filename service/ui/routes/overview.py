@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
@@ -16,7 +17,9 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/")
-def overview(request: Request, session: DbSession, _: ViewerDep) -> Response:
+def overview(
+    request: Request, session: DbSession, _: ViewerDep, group: Literal["job", "rack", "switch"] = "job"
+) -> Response:
     settings = request.app.state.settings
-    o = view.overview(session, now=datetime.now(UTC), window_s=settings.diagnosis_window_s)
+    o = view.overview(session, now=datetime.now(UTC), window_s=settings.diagnosis_window_s, group_by=group)
     return page(request, "overview.html", {"o": o})

@@ -20,37 +20,28 @@ from service.deps import DbSession
 from service.errors import FaultlineError, InvalidInput
 from service.ui.auth import ViewerDep
 from service.ui.render import page
-from service.ui.views import admin
+from service.ui.views import admin, policy_form
 
 router = APIRouter(include_in_schema=False)
-_LIST = "policy_approval_required_for"
-APPROVAL_KINDS = ("evict", "restart", "rollback", "diagnose")
-MODES = ("act", "shadow", "approval")
-
-
-def _shown(value: Any) -> Any:
-    return list(value) if isinstance(value, list) else str(value)
 
 
 @router.get("/whatif")
 def whatif(request: Request, session: DbSession, _: ViewerDep) -> Response:
     settings = request.app.state.settings
     query = request.query_params
-    form: dict[str, Any] = {name: _shown(value) for name, value in overrides.current(settings).items()}
+    form: dict[str, Any] = overrides.current(settings)
     window = {"since": query.get("since", "7d"), "until": query.get("until", ""), "jobs": query.get("jobs", "")}
     context: dict[str, Any] = {
-        "form": form,
+        "fields": policy_form.fields(form),
         "window": window,
-        "approval_kinds": APPROVAL_KINDS,
-        "modes": MODES,
         "result": None,
         "errors": [],
     }
     if "run" not in query:
         return page(request, "whatif.html", context)
     # The form as typed, shown again whatever happens.
-    form.update({name: query.get(name, "") for name in overrides.POLICY_SETTINGS if name != _LIST})
-    form[_LIST] = query.getlist(_LIST)
+    form = policy_form.from_query(query)
+    context["fields"] = policy_form.fields(form)
     try:
         candidate = overrides.candidate(settings, form)
         try:

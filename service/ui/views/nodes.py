@@ -196,18 +196,18 @@ def _pcie_link(v: dict[str, float | None]) -> Cell:
 
 # (header, formatter): the GPU table's counter columns, in order.
 COUNTER_CELLS: tuple[tuple[str, Callable[[dict[str, float | None]], Cell]], ...] = (
-    ("util", lambda v: _pct(v["gpu_util"], ratio=False)),
-    ("SM active", lambda v: _pct(v["sm_active"], ratio=True)),
-    ("tensor", lambda v: _pct(v["tensor_active"], ratio=True)),
-    ("power", lambda v: Cell(_pair(v["power_usage"], v["power_limit"], " W"), title="usage / limit")),
-    ("temp", _temperature),
-    ("memory", _memory),
+    ("util %", lambda v: _pct(v["gpu_util"], ratio=False)),
+    ("SM active %", lambda v: _pct(v["sm_active"], ratio=True)),
+    ("tensor active %", lambda v: _pct(v["tensor_active"], ratio=True)),
+    ("power W (used / limit)", lambda v: Cell(_pair(v["power_usage"], v["power_limit"], " W"), title="usage / limit")),
+    ("temp °C (GPU / memory)", _temperature),
+    ("memory GiB (used / total)", _memory),
     (
-        "ECC SBE / DBE",
+        "ECC errors (single / double bit)",
         lambda v: _errors(v["ecc_sbe_volatile"], v["ecc_dbe_volatile"], title="volatile single / double-bit errors"),
     ),
     (
-        "remapped rows",
+        "remapped rows (correctable / uncorrectable / failed)",
         lambda v: _errors(
             v["remapped_rows_correctable"],
             v["remapped_rows_uncorrectable"],

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -15,6 +17,10 @@ from service.nodes import service as nodes
 
 # The ring on a tile: none below 0.3, then three steps up to a confident suspect.
 _SCORE_STEPS = (0.3, 0.6, 0.85)
+
+
+# The order nodes needing attention are listed in: the ones a person acts on first.
+_STATE_ORDER = {"suspect": 0, "evicted": 1, "cordoned": 2, "in_repair": 3, "returned": 4, "healthy": 5}
 
 
 @dataclass
@@ -45,9 +51,20 @@ class Tile:
 
 @dataclass
 class TileGroup:
-    job_id: str | None  # None: nodes running no job
+    job_id: str | None  # None: nodes running no job (or, grouped by rack or switch, no such label)
     tiles: list[Tile]
     states: Counter[str] = field(default_factory=Counter)
+    label: str | None = None  # the rack's or switch's name when grouped by one
+
+    @property
+    def short_names(self) -> list[tuple[Tile, str]]:
+        """Each tile with the part of its name that tells it from the group's others (the shared prefix cut)."""
+        names = [t.name for t in self.tiles]
+        cut = len(os.path.commonprefix(names)) if len(names) > 1 else 0  # noqa: RUF071 (characters, on purpose)
+        # Keep a whole trailing number: "node-0017" and "node-0018" read as "0017", "0018", not "7", "8".
+        while cut and names[0][cut - 1].isdigit():
+            cut -= 1
+        return [(t, t.name[cut:] or t.name) for t in self.tiles]
 
     @property
     def worst(self) -> float:
@@ -63,6 +80,9 @@ class Overview:
     groups: list[TileGroup]
     node_states: Counter[str]
     node_count: int
+    attention: list[Tile]  # ringed (accused) nodes first, then every node not healthy: findable at a glance
+    group_by: str  # job, rack or switch
+    groupings: list[str]  # those the inventory allows: job always; rack, switch where some node is labelled
 
 
 def open_incidents(session: Session, *, limit: int) -> tuple[list[OpenIncident], dict[str, int], int]:
@@ -88,23 +108,45 @@ def open_incidents(session: Session, *, limit: int) -> tuple[list[OpenIncident],
     return items, {s: counts.get(s, 0) for s in incidents.SEVERITIES}, max(0, total - len(items))
 
 
-def cluster_map(session: Session, *, now: datetime, window_s: float) -> list[TileGroup]:
-    """Every node as a tile, grouped by the job it runs; groups with the sickest node first."""
+# Node labels that name where a machine sits, by the grouping they serve.
+LOCATION_LABELS = {"rack": ("rack", "topology.kubernetes.io/rack"), "switch": ("switch", "leaf_switch", "tor")}
+
+
+def _location(labels: dict[str, Any] | None, by: str) -> str | None:
+    for key in LOCATION_LABELS.get(by, ()):
+        if labels and labels.get(key) not in (None, ""):
+            return str(labels[key])
+    return None
+
+
+def cluster_map(
+    session: Session, *, now: datetime, window_s: float, by: str = "job"
+) -> tuple[list[TileGroup], list[str]]:
+    """Every node as a tile, grouped by the job it runs (or its rack or switch); groups with the sickest node first.
+    Also the groupings the inventory allows."""
     scores = incidents.anomaly_scores(session, now=now, window_s=window_s)
     rows = nodes.states_and_jobs(session)
+    groupings = ["job"] + [g for g in LOCATION_LABELS if any(_location(r[4], g) for r in rows)]
     groups: dict[str | None, TileGroup] = defaultdict(lambda: TileGroup(job_id=None, tiles=[]))
-    for name, state, lemon, job_id in rows:
-        group = groups[job_id]
-        group.job_id = job_id
+    for name, state, lemon, job_id, labels in rows:
+        key = job_id if by == "job" else _location(labels, by)
+        group = groups[key]
+        group.job_id = job_id if by == "job" else None
+        group.label = None if by == "job" else key
         group.tiles.append(Tile(name=name, state=state, score=scores.get(name, 0.0), lemon=lemon))
         group.states[state] += 1
-    return sorted(groups.values(), key=lambda g: (g.job_id is None, -g.worst, g.job_id or ""))
+    ordered = sorted(
+        groups.values(), key=lambda g: (g.job_id is None and g.label is None, -g.worst, g.job_id or g.label or "")
+    )
+    return ordered, groupings
 
 
-def overview(session: Session, *, now: datetime, window_s: float, incident_limit: int = 50) -> Overview:
+def overview(
+    session: Session, *, now: datetime, window_s: float, incident_limit: int = 50, group_by: str = "job"
+) -> Overview:
     incidents, counts, more = open_incidents(session, limit=incident_limit)
     waiting = decisions.list_decisions(session, state=["awaiting_approval", "pending"], limit=50).items
-    groups = cluster_map(session, now=now, window_s=window_s)
+    groups, groupings = cluster_map(session, now=now, window_s=window_s, by=group_by)
     states: Counter[str] = Counter()
     for group in groups:
         states.update(group.states)
@@ -116,4 +158,10 @@ def overview(session: Session, *, now: datetime, window_s: float, incident_limit
         groups=groups,
         node_states=states,
         node_count=sum(states.values()),
+        attention=sorted(
+            (t for g in groups for t in g.tiles if t.state != "healthy" or t.ring),
+            key=lambda t: (-t.ring, _STATE_ORDER.get(t.state, 9), -t.score, t.name),
+        ),
+        group_by=group_by if group_by in groupings else "job",
+        groupings=groupings,
     )

@@ -153,13 +153,21 @@ def test_the_job_page_shows_the_ettr_plot_and_the_time_lost_per_incident(ui, sto
     page = ui.get("/jobs/ettr-42")
     assert page.status_code == 200
     card = page.text.split('id="job-progress"', 1)[1].split("</section>", 1)[0]
-    # 120 of 330 s productive, since the start and over the last hour (the job's whole life).
-    assert re.findall(r'<b class="ettr [^"]+">([\d.]+%)</b>', card) == ["36.4%", "36.4%"]
+    # One ETTR on the page, from step progress: 120 of 330 s productive, since the start and over the last hour
+    # (the job's whole life); the incidents' open time is context, not a second ratio.
+    ettr_card = page.text.split('id="job-ettr"', 1)[1].split("</section>", 1)[0]
+    assert re.findall(r'<b class="ettr [^"]+">([\d.]+%)</b>', ettr_card) == ["36.4%", "36.4%"]
+    assert re.findall(r'<b class="ettr', page.text.split('id="job-ettr"', 1)[1]) == re.findall(
+        r'<b class="ettr', ettr_card
+    )
     assert "step 13" in card and "1 restart " in card and "last checkpoint 5" in card
     assert '<svg class="plot"' in card and re.search(r'class="suspect ettr-total" d="M[\d.,L]+"', card)
     (row,) = re.findall(r"<tr>(.*?)</tr>", card.split("<tbody>", 1)[1], flags=re.S)
     cells = [" ".join(re.sub(r"<[^>]+>", " ", c).split()) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
     assert cells[3:] == ["10", "6", "5", "5", "1.7 min", "50 s", "2.5 min"]
+    # The incidents table's lost time is the same computation's.
+    costly = page.text.split('id="job-incidents"', 1)[1].split("</section>", 1)[0]
+    assert "lost (step progress)" in costly and "2.5 min" in costly
 
 
 def test_gauges_keep_at_most_max_gauge_jobs(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC
 from typing import Any
 
 from ml.findings import FailslowEvidence, PeerEvidence, failslow_evidence, peer_evidence, signal_refs
 from service.incidents.schemas import FindingOut
-from service.ui import plots
+from service.ui import formatting, plots
 
 # Evidence fields that are plumbing, not something an engineer weighs.
 _NOT_NUMBERS = {"signature", "stack_request", "job_id", "unit", "dominant", "covering_group", "tree"}
@@ -25,34 +24,9 @@ class Chart:
     reference: str  # what the dashed line is: the peers' median, the job's usual pace
 
 
-def _short(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, str):
-        ts = plots.parse_time(value) if len(value) >= 19 and value[10:11] == "T" else None
-        if ts is not None:
-            return f"{ts.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
-        return value if 0 < len(value) <= 80 else None
-    if isinstance(value, list) and value and all(isinstance(v, int | str) and not isinstance(v, bool) for v in value):
-        text = ", ".join(str(v) for v in value[:8]) + (f" (+{len(value) - 8})" if len(value) > 8 else "")
-        return text if len(text) <= 120 else None
-    return None
-
-
 def numbers(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The evidence's short scalar fields (counts, rates, ratios, codes) as label/value pairs."""
-    out = []
-    for key, value in evidence.items():
-        if key in _NOT_NUMBERS or key in ("signals", "lines", "messages", "why"):
-            continue
-        text = _short(value)
-        if text is not None:
-            out.append((key.replace("_", " "), text))
-    return out
+    """The evidence's short scalar fields (counts, rates, ratios, codes) as label/value pairs, with their units."""
+    return formatting.evidence_numbers(evidence, skip=(*_NOT_NUMBERS, "signals", "lines", "messages", "why"))
 
 
 def _gpu_subject(finding: FindingOut, evidence: PeerEvidence) -> str:
@@ -125,3 +99,13 @@ def node_charts(finding: FindingOut, windows: NodeWindows) -> list[Chart]:
         if plot:
             out.append(Chart(finding, f"{node} {subject}", metric, None, plot, "peers' median"))
     return out
+
+
+def distinct_charts(found: Iterable[Chart]) -> list[Chart]:
+    """One chart per (subject, metric): the one from the latest finding, which covers the most recent windows."""
+    latest: dict[tuple[str, str], Chart] = {}
+    for chart in found:
+        key = (chart.subject, chart.metric)
+        if key not in latest or chart.finding.observed_at >= latest[key].finding.observed_at:
+            latest[key] = chart
+    return sorted(latest.values(), key=lambda c: (c.finding.role != "cause", -c.finding.confidence, c.subject))

@@ -26,7 +26,9 @@ from service.incidents import service as incidents
 from service.incidents.schemas import FindingOut, IncidentOut
 from service.nodes import service as nodes
 from service.silences import service as silences
-from service.ui.views.incident.evidence import Chart, NodeWindows, charts, node_charts, numbers
+from service.ui.formatting import GpuNames
+from service.ui.views.incident.evidence import Chart, NodeWindows, charts, distinct_charts, node_charts, numbers
+from service.ui.views.incident.finding_groups import FindingGroup, FindingRow, group_findings
 from service.ui.views.incident.logs import LogGroup, cited_lines, log_groups
 from service.ui.views.incident.stacks import StackView, stack_views
 from service.ui.views.incident.timeline import Dump, Entry, capped, merged_timeline
@@ -48,13 +50,6 @@ class SuspectView:
 
 
 @dataclass
-class FindingRow:
-    finding: FindingOut
-    numbers: list[tuple[str, str]]  # the evidence's scalar fields, for counters and anything not plotted
-    accuses: bool  # listed by a suspect
-
-
-@dataclass
 class SilenceView:
     id: int
     node_pattern: str | None
@@ -69,6 +64,7 @@ class IncidentPage:
     incident: IncidentOut
     suspects: list[SuspectView]
     findings: list[FindingRow]
+    finding_groups: list[FindingGroup]
     charts: list[Chart]
     stacks: list[StackView]
     timeline: list[Entry]
@@ -80,6 +76,7 @@ class IncidentPage:
     silence: SilenceView | None
     decisions: list[DecisionOut]  # the ones waiting on someone first, then newest first
     waiting: int  # how many wait for a person or a scheduler
+    gpus: GpuNames  # names the incident's GPUs by index
 
     @property
     def localizing(self) -> bool:
@@ -100,7 +97,21 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
     states = incidents.node_states(session, incident_id=incident.id, suspects=suspect_names)
     by_id = {f.id: f for f in findings}
     accused = {i for s in incident.suspects for i in s.finding_ids}
+    gpus = GpuNames(nodes.gpu_inventory(session, nodes=sorted({f.node for f in findings if f.node})))
+    rows = [
+        FindingRow(
+            finding=f,
+            numbers=numbers(evidence_of(f.detector, f.evidence) or {}),
+            accuses=f.id in accused,
+            subject=gpus.subject(f.node, f.subject),
+            summary=gpus.text(f.node, f.summary),
+        )
+        for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence, f.observed_at))
+    ]
     timeline, omitted = capped(merged_timeline(incident, logs=logs, dumps=dumps, findings=findings), TIMELINE_LIMIT)
+    for entry in timeline:
+        if entry.finding_id is not None:
+            entry.detail = gpus.text(entry.nodes[0] if entry.nodes else None, entry.detail)
     return IncidentPage(
         incident=incident,
         suspects=[
@@ -114,13 +125,12 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
             )
             for s in incident.suspects
         ],
-        findings=[
-            FindingRow(finding=f, numbers=numbers(evidence_of(f.detector, f.evidence) or {}), accuses=f.id in accused)
-            for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence, f.observed_at))
-        ],
-        charts=[
+        findings=rows,
+        finding_groups=group_findings(rows),
+        # One plot per signal: a fault that fires every pass cites the same metric again and again.
+        charts=distinct_charts(
             chart for f in findings for chart in (*charts(f), *node_charts(f, _node_windows(session, incident, f)))
-        ],
+        ),
         stacks=stack_views(findings),
         timeline=timeline,
         timeline_omitted=omitted,
@@ -131,6 +141,7 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
         silence=_silence(session, silence_id=incident.silence_id) if incident.silence_id else None,
         decisions=sorted(incident.decisions, key=lambda d: (d.state not in _OPEN, -d.id)),
         waiting=sum(d.state in _OPEN for d in incident.decisions),
+        gpus=gpus,
     )
 
 

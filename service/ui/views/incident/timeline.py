@@ -82,10 +82,14 @@ def _signal_entries(
 
 def _merge(entries: list[Entry]) -> list[Entry]:
     """Signals of one kind within a second of the first (15 ranks' watchdog timeouts, interleaved with their
-    exceptions) become one line."""
+    exceptions) become one line; so do findings that repeat the one before them (a detector firing every pass)."""
     out: list[Entry] = []
     open_groups: dict[str, Entry] = {}
     for e in entries:
+        last = out[-1] if out else None
+        if e.kind == "finding" and last and last.kind == "finding" and (last.title, last.nodes) == (e.title, e.nodes):
+            last.count += 1
+            continue
         group = open_groups.get(e.title) if e.kind == "signal" else None
         if group is not None and e.at - group.at <= timedelta(seconds=1):
             group.count += 1

@@ -1,0 +1,121 @@
+"""One formatting layer for the web UI's values: percentages and confidences, figures with their units (never in
+scientific notation), and GPUs by index. Templates reach these as filters (registered in render.py)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC
+from typing import Any
+
+from ml.quantities import iec, quantity, significant
+from service.decisions.service import kernel_pci
+from service.ui import plots
+
+
+def percent(value: float | None, digits: int = 0) -> str:
+    """A share or a confidence (0 to 1) as a percentage: every confidence on every page goes through this."""
+    return "—" if value is None else f"{value * 100:.{digits}f}%"
+
+
+# Evidence keys by their suffix: what unit the number is in.
+_SUFFIX_UNITS = (
+    ("_bytes_per_s", "B/s"),
+    ("_bytes", "B"),
+    ("_mib", "MiB"),
+    ("_pct", "%"),
+    ("_ms", "ms"),
+    ("_s", "s"),
+    ("_gbps", "Gb/s"),
+    ("_w", "W"),
+)
+_FRACTIONS = ("confidence", "share", "fraction")
+
+
+def evidence_value(key: str, value: float) -> str:
+    """A number from a finding's evidence, in the unit its name or its metric says."""
+    name = key.lower()
+    if any(name == f or name.endswith(f"_{f}") for f in _FRACTIONS) and 0 <= value <= 1:
+        return percent(value)
+    if unit := plots.unit_of(name):
+        return quantity(value, unit)
+    for suffix, unit in _SUFFIX_UNITS:
+        if name.endswith(suffix):
+            if unit == "MiB":
+                return iec(value * 2**20)
+            return quantity(value, unit)
+    if isinstance(value, int) and abs(value) < 10**6:
+        return f"{value:,}"
+    return quantity(value)
+
+
+def short(key: str, value: Any) -> str | None:
+    """A finding's short scalar evidence field as text, or None when it is not short or not a scalar."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float):
+        return evidence_value(key, value)
+    if isinstance(value, str):
+        ts = plots.parse_time(value) if len(value) >= 19 and value[10:11] == "T" else None
+        if ts is not None:
+            return f"{ts.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+        return value if 0 < len(value) <= 80 else None
+    if isinstance(value, list) and value and all(isinstance(v, int | str) and not isinstance(v, bool) for v in value):
+        text = ", ".join(str(v) for v in value[:8]) + (f" (+{len(value) - 8})" if len(value) > 8 else "")
+        return text if len(text) <= 120 else None
+    return None
+
+
+def number(value: float | None, unit: str = "") -> str:
+    """A figure with its unit for a template: `{{ x | number("B") }}`; blank when unknown."""
+    return "" if value is None else quantity(value, unit) if unit else significant(value, 4)
+
+
+class GpuNames:
+    """GPUs named by index where the inventory knows the PCI address a kernel line gave: "GPU 7 (PCI 0000:df:00)"."""
+
+    def __init__(self, inventory: Iterable[tuple[str, int, str | None]]) -> None:
+        self._index: dict[tuple[str, str], int] = {}
+        for node, index, pci in inventory:
+            if (key := kernel_pci(pci)) is not None:
+                self._index[(node, key)] = index
+
+    def index(self, node: str | None, gpu: str) -> int | None:
+        key = kernel_pci(gpu)
+        return self._index.get((node, key)) if node and key else None
+
+    def subject(self, node: str | None, subject: str) -> str:
+        """A finding's subject ("node-3/0000:df:00", "node-3/7") as "node-3 GPU 7"."""
+        owner, _, gpu = subject.rpartition("/")
+        if not owner or not gpu:
+            return subject
+        index = self.index(node or owner, gpu)
+        return f"{owner} GPU {index if index is not None else gpu}"
+
+    def text(self, node: str | None, text: str) -> str:
+        """A detector's sentence with each "GPU <PCI address>" the inventory knows as "GPU 7 (PCI ...)"; without
+        a node, the one node of the inventory that has that address and whose name the sentence mentions."""
+
+        def named(m: re.Match[str]) -> str:
+            key = kernel_pci(m.group(1))
+            owners = [node] if node else [n for n, pci in self._index if pci == key and n in text]
+            index = self.index(owners[0], m.group(1)) if len(owners) == 1 else None
+            return m.group(0) if index is None else f"GPU {index} (PCI {m.group(1)})"
+
+        return _GPU_PCI.sub(named, text)
+
+
+_GPU_PCI = re.compile(r"GPU ((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
+
+
+def evidence_numbers(evidence: Mapping[str, Any], skip: Iterable[str]) -> list[tuple[str, str]]:
+    """The evidence's short scalar fields (counts, rates, ratios, codes) as label/value pairs."""
+    skipped = set(skip)
+    out = []
+    for key, value in evidence.items():
+        if key in skipped:
+            continue
+        text = short(key, value)
+        if text is not None:
+            out.append((key.replace("_", " "), text))
+    return out

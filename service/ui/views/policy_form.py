@@ -1,0 +1,97 @@
+"""The what-if page's policy form: one control per FAULTLINE_POLICY_* setting, chosen from the setting's type,
+with a human label and the setting's name as help text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+from annotated_types import Ge, Gt, Le, Lt
+
+from service.config import Settings
+from service.decisions.overrides import POLICY_SETTINGS
+
+# What an on-call engineer calls each setting; a setting added later without a label reads from its name.
+LABELS: dict[str, str] = {
+    "policy_mode": "Mode",
+    "policy_approval_required_for": "Always wait for a person before",
+    "policy_evict_min_confidence": "Evict at confidence of at least",
+    "policy_diagnose_min_confidence": "Diagnose at confidence of at least",
+    "policy_rollback_min_confidence": "Roll back at confidence of at least",
+    "policy_restart_min_confidence": "Restart at confidence of at least",
+    "policy_max_evict_share_per_hour": "Most of a job's nodes evicted per hour (share)",
+    "policy_network_flap_count": "Network flaps on one node before evicting",
+    "policy_network_flap_window_s": "Within (network flaps)",
+    "policy_node_cooldown_s": "Between two evictions of a node",
+    "policy_job_cooldown_s": "Between two restarts or rollbacks of a job",
+    "policy_reset_gpu_enabled": "Reset a GPU instead of evicting its node when a reset clears the fault",
+    "policy_reset_gpu_window_s": "GPU reset window",
+    "policy_reset_gpu_max_per_window": "Resets of one GPU per window before evicting its node",
+}
+
+
+@dataclass(frozen=True)
+class PolicyField:
+    """One control: `kind` is select, checkboxes, checkbox or number; `unit` follows a number's box."""
+
+    name: str
+    label: str
+    kind: Literal["select", "checkboxes", "checkbox", "number"]
+    value: Any
+    choices: tuple[str, ...] = ()
+    bounds: dict[str, str] = field(default_factory=dict)
+    unit: str = ""
+
+
+def label(name: str) -> str:
+    if name in LABELS:
+        return LABELS[name]
+    words = name.removeprefix("policy_").removesuffix("_s").replace("_", " ")
+    return words[:1].upper() + words[1:]
+
+
+def _bounds(name: str) -> dict[str, str]:
+    """min/max/step attributes from the setting's constraints, so the browser refuses what validation would."""
+    info = Settings.model_fields[name]
+    out = {"step": "1" if info.annotation is int else "any"}
+    for rule in info.metadata:
+        if isinstance(rule, Ge | Gt):
+            out["min"] = str(rule.ge if isinstance(rule, Ge) else rule.gt)
+        if isinstance(rule, Le | Lt):
+            out["max"] = str(rule.le if isinstance(rule, Le) else rule.lt)
+    return out
+
+
+def fields(values: dict[str, Any]) -> list[PolicyField]:
+    """The form's controls in the settings' order, showing `values` (in effect, or as typed)."""
+    out = []
+    for name in POLICY_SETTINGS:
+        annotation = Settings.model_fields[name].annotation
+        value = values.get(name)
+        if get_origin(annotation) is Literal:
+            out.append(PolicyField(name, label(name), "select", str(value), tuple(get_args(annotation))))
+        elif get_origin(annotation) is list:
+            choices = tuple(get_args(get_args(annotation)[0]))
+            chosen = list(value) if isinstance(value, list | tuple) else []
+            out.append(PolicyField(name, label(name), "checkboxes", chosen, choices))
+        elif annotation is bool:
+            checked = value if isinstance(value, bool) else str(value).lower() in ("true", "1", "on")
+            out.append(PolicyField(name, label(name), "checkbox", checked))
+        else:
+            unit = "s" if name.endswith("_s") else ""
+            out.append(PolicyField(name, label(name), "number", value, bounds=_bounds(name), unit=unit))
+    return out
+
+
+def from_query(query: Any) -> dict[str, Any]:
+    """The form as submitted: a checkbox sends nothing when cleared, so its hidden `false` twin is read then."""
+    values: dict[str, Any] = {}
+    for name in POLICY_SETTINGS:
+        annotation = Settings.model_fields[name].annotation
+        if get_origin(annotation) is list:
+            values[name] = query.getlist(name)
+        elif annotation is bool:
+            values[name] = "true" if "true" in query.getlist(name) else "false"
+        else:
+            values[name] = query.get(name, "")
+    return values
