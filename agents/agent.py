@@ -66,6 +66,14 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     AGENT_VERSION = "dev"
 
 
+def _sample(ts: str, reading: GpuReading) -> dict[str, Any]:
+    """One GPU's metric item; the exporter's workload labels ride along when it has them."""
+    item: dict[str, Any] = {"ts": ts, "gpu": reading.gpu, "fields": reading.fields}
+    if reading.workload:
+        item["workload"] = reading.workload
+    return item
+
+
 def _boot_time() -> datetime | None:
     try:
         for line in Path("/proc/stat").read_text().splitlines():
@@ -240,7 +248,7 @@ class Agent:
         """Read every GPU once, stamped with this instant, into the batch being gathered."""
         readings = self.read_gpus()
         ts = datetime.now(UTC).isoformat()
-        self.samples.add([{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in readings])
+        self.samples.add([_sample(ts, r) for r in readings])
 
     def take_node_sample(self) -> None:
         """Read the network ports, the host and the volumes once, into the batch being gathered."""
