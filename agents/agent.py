@@ -66,6 +66,13 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     AGENT_VERSION = "dev"
 
 
+class _NoProcesses(ProcessScanner):
+    """--no-processes: a scanner that finds none."""
+
+    def scan(self, now: float) -> list[Worker]:
+        return []
+
+
 def _sample(ts: str, reading: GpuReading) -> dict[str, Any]:
     """One GPU's metric item; the exporter's workload labels ride along when it has them."""
     item: dict[str, Any] = {"ts": ts, "gpu": reading.gpu, "fields": reading.fields}
@@ -141,6 +148,8 @@ class Agent:
         self.logs = GlobFollower(config.logs, from_start=from_start, positions=positions)
         self.step_patterns = (*config.step_patterns, *DEFAULT_STEP_PATTERNS)
         self.scanner = ProcessScanner(job_env=config.job_env, watch_pid=config.watch_pid)
+        if not config.processes:
+            self.scanner = _NoProcesses()
         self._scan_lock = threading.Lock()  # the loop and a stack-dump thread both scan
         self.gpus: GpuSource | None = DcgmExporter(config.dcgm_url) if config.dcgm_url else open_nvml()
         self.nvml_xids = self._open_nvml_xids()

@@ -35,6 +35,7 @@ from agents.sim.kerneltree import NodeTree, TreeWriter
 from agents.sim.model import Cluster, LogLine
 from agents.sim.procs import signal_group, spawn, stop_all
 from agents.sim.realism import START, AgentAction
+from agents.sim.scenarios import SCENARIOS
 
 LOOP_SECONDS = 0.2
 TREE_SECONDS = 1.0  # the kernel trees are brought up to date at most this often
@@ -170,12 +171,19 @@ class SimRunner:
             *config.agent_command,
             "--server", str(config.server), "--node-name", name,
             "--interval", str(config.interval), "--dcgm-url", self.server.url(name),
-            "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
-            "--watch-pid", str(self.launchers[n].pid), "--spool-dir", str(node_dir / "spool"),
+            "--spool-dir", str(node_dir / "spool"),
         ]  # fmt: skip
+        if SCENARIOS[config.scenario].metrics_only:
+            # dcgm-exporter alone: no kernel log, no training log, no training process.
+            command += ["--kmsg", "none", "--no-processes", "--procfs-root", str(node_dir / "proc")]
+        else:
+            command += [
+                "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
+                "--watch-pid", str(self.launchers[n].pid), "--procfs-root", str(node_dir / "proc"),
+            ]  # fmt: skip
         if config.sample_interval is not None:
             command += ["--sample-interval", str(config.sample_interval)]
-        command += ["--sysfs-root", str(node_dir / "sys"), "--procfs-root", str(node_dir / "proc")]
+        command += ["--sysfs-root", str(node_dir / "sys")]
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.
