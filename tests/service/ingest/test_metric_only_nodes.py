@@ -22,6 +22,7 @@ from service.ingest.schemas import IngestBatch
 from service.ingest.service import UpsertCache, store_batches
 from service.jobs import service as jobs
 from service.jobs.schemas import JobIn
+from service.jobs.signal_sources import job_signal_sources
 from service.models import Decision, Finding, Job, Node, NodeEvent, metric_samples
 
 GPUS = 2
@@ -256,3 +257,25 @@ def test_a_counter_fault_is_found_whatever_optional_counter_is_absent(session: S
     assert found and {f.node_id for f in found} == {bad_id}
     decided = session.scalars(select(Decision).where(Decision.job_id == job.id)).all()
     assert decided and {d.node_id for d in decided} == {bad_id}
+
+
+def test_the_job_and_incident_pages_say_which_signals_a_metric_only_job_lacks(session: Session, ui: Any) -> None:
+    nodes = _nodes(4)
+    job = _register(session, nodes)
+    now = floor_time(datetime.now(UTC))
+    _store(session, _batches(nodes, now - timedelta(seconds=240), 240, fault=_nvlink(nodes[1])))
+    diagnosis.diagnose_job(session, job_id=job.external_id, settings=get_settings(), now=now)
+    sources = {s.name: s.present for s in job_signal_sources(session, job=job, now=now)}
+    assert sources == {
+        "GPU counters (dcgm-exporter or NVML)": True,
+        "machine metrics (network ports, host)": False,
+        "training log": False,
+        "training processes": False,
+    }
+    page = ui.get(f"/jobs/{job.external_id}").text
+    signals = page.split('id="job-signals"', 1)[1].split("</dd>", 1)[0]
+    assert "training log: none" in signals and "no step source: hang detection reads only GPU activity" in signals
+    incident = session.scalars(select(Finding.incident_id).where(Finding.job_id == job.id)).first()
+    assert incident is not None
+    shown = ui.get(f"/incidents/{incident}").text.split('id="incident-signals"', 1)[1].split("</dd>", 1)[0]
+    assert "training processes: none" in shown and "no stacks can be dumped" in shown

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ml.demarcation import localizing
@@ -24,6 +25,8 @@ from service.directives import service as directives
 from service.errors import NotFound
 from service.incidents import service as incidents
 from service.incidents.schemas import FindingOut, IncidentOut
+from service.jobs.signal_sources import SignalSource, job_signal_sources
+from service.models import Job
 from service.nodes import service as nodes
 from service.silences import service as silences
 from service.ui.views.incident.evidence import Chart, NodeWindows, charts, node_charts, numbers
@@ -80,6 +83,7 @@ class IncidentPage:
     silence: SilenceView | None
     decisions: list[DecisionOut]  # the ones waiting on someone first, then newest first
     waiting: int  # how many wait for a person or a scheduler
+    sources: list[SignalSource]  # which kinds of signal the job has (a job on dcgm-exporter alone lacks some)
 
     @property
     def localizing(self) -> bool:
@@ -131,10 +135,16 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
         silence=_silence(session, silence_id=incident.silence_id) if incident.silence_id else None,
         decisions=sorted(incident.decisions, key=lambda d: (d.state not in _OPEN, -d.id)),
         waiting=sum(d.state in _OPEN for d in incident.decisions),
+        sources=_sources(session, job_id=incident.job_id),
     )
 
 
 # --- what the evidence cites, the override list, the silence ---
+
+
+def _sources(session: Session, *, job_id: str) -> list[SignalSource]:
+    job = session.scalar(select(Job).where(Job.external_id == job_id))
+    return job_signal_sources(session, job=job, now=datetime.now(UTC)) if job is not None else []
 
 
 def _signals(findings: Iterable[FindingOut]) -> dict[str, dict[Any, list[int]]]:
