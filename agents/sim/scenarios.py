@@ -211,36 +211,34 @@ FAULT_KINDS: dict[str, FaultKind] = {
 }
 
 # Counter-only faults (issue 30): the sim's metric-only family runs them with agents that read dcgm-exporter alone.
-COUNTER_FAULT_KINDS: dict[str, FaultKind] = {
-    k.name: k
-    for k in (
-        FaultKind(
-            "pcie_replay_climb",
-            "one GPU's PCIe replay counter climbs ~30/s (a marginal link or riser); no log line, no Xid; diagnose",
-            "infrastructure",
-            False,
-            GPU,
-            eviction_optional=True,
-            expect_action=DIAGNOSE,
-        ),
-        FaultKind(
-            "nvlink_crc_climb",
-            "one GPU's NVLink CRC flit/data and replay counters climb; the job slows; no log line, no Xid",
-            "infrastructure",
-            True,
-            GPU,
-        ),
-        FaultKind(
-            "row_remap_failure",
-            "one GPU remaps a row after an uncorrectable error, then 20-40 s later has no spare row left "
-            "(DCGM_FI_DEV_ROW_REMAP_FAILURE=1); no log line, no Xid",
-            "infrastructure",
-            True,
-            GPU,
-        ),
-    )
-}
-FAULT_KINDS.update(COUNTER_FAULT_KINDS)
+_COUNTER_KINDS = (
+    FaultKind(
+        "pcie_replay_climb",
+        "one GPU's PCIe replay counter climbs ~30/s (a marginal link or riser); no log line, no Xid; diagnose",
+        "infrastructure",
+        False,
+        GPU,
+        eviction_optional=True,
+        expect_action=DIAGNOSE,
+    ),
+    FaultKind(
+        "nvlink_crc_climb",
+        "one GPU's NVLink CRC flit/data and replay counters climb; the job slows; no log line, no Xid",
+        "infrastructure",
+        True,
+        GPU,
+    ),
+    FaultKind(
+        "row_remap_failure",
+        "one GPU remaps a row after an uncorrectable error, then 20-40 s later has no spare row left "
+        "(DCGM_FI_DEV_ROW_REMAP_FAILURE=1); no log line, no Xid",
+        "infrastructure",
+        True,
+        GPU,
+    ),
+)
+FAULT_KINDS.update((k.name, k) for k in _COUNTER_KINDS)
+COUNTER_FAULT_KINDS = tuple(k.name for k in _COUNTER_KINDS)
 
 # What `demo` draws from: faults that have a machine to blame.
 HARDWARE_FAULTS = ("gpu_lost", "ecc_dbe", "nvlink", "ib_flap", "straggler")

@@ -7,9 +7,10 @@ counters alone; the job page and its incidents say so, instead of the detectors 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import exists, select
+from sqlalchemy import Exists, exists, func, select
 from sqlalchemy.orm import Session
 
 from service.models import Job, LogEvent, ProcessSnapshot, job_columns
@@ -26,15 +27,22 @@ class SignalSource:
     without: str
 
 
-def job_signal_sources(session: Session, *, job: Job, now: datetime) -> list[SignalSource]:
-    """GPU counters, machine metrics, training log and training processes: present or not, in one query."""
-    since = (job.last_seen_at or now) - LOOKBACK
+def job_signal_sources(session: Session, *, job: Job | str) -> list[SignalSource]:
+    """GPU counters, machine metrics, training log and training processes: present or not, in one query (`job` a
+    row, or its external id: then looked up inside the same query)."""
+    if isinstance(job, Job):
+        job_id: Any = job.id
+        last_seen: Any = job.last_seen_at
+    else:
+        row = select(Job.id, Job.last_seen_at).where(Job.external_id == job).subquery()
+        job_id, last_seen = select(row.c.id).scalar_subquery(), select(row.c.last_seen_at).scalar_subquery()
+    since = func.coalesce(last_seen, func.now()) - LOOKBACK
 
-    def columns(source: str) -> exists:  # type: ignore[type-arg]
-        return exists().where(job_columns.c.job_id == job.id, job_columns.c.source == source)
+    def columns(source: str) -> Exists:
+        return exists().where(job_columns.c.job_id == job_id, job_columns.c.source == source)
 
-    training = exists().where(LogEvent.job_id == job.id, LogEvent.ts >= since, LogEvent.source == "training")
-    processes = exists().where(ProcessSnapshot.job_id == job.id, ProcessSnapshot.ts >= since)
+    training = exists().where(LogEvent.job_id == job_id, LogEvent.ts >= since, LogEvent.source == "training")
+    processes = exists().where(ProcessSnapshot.job_id == job_id, ProcessSnapshot.ts >= since)
     gpu, node, log, procs = session.execute(select(columns("gpu"), columns("node"), training, processes)).one()
     return [
         SignalSource(

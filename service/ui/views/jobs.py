@@ -375,5 +375,5 @@ def job_view(session: Session, *, job_id: str, now: datetime) -> JobView:
         merged=merged,
         unplaced_ranks=max(0, (out.world_size or 0) - len(out.ranks)),
         progress=progress,
-        sources=job_signal_sources(session, job=job, now=now),
+        sources=job_signal_sources(session, job=job),
     )

@@ -265,7 +265,7 @@ def test_the_job_and_incident_pages_say_which_signals_a_metric_only_job_lacks(se
     now = floor_time(datetime.now(UTC))
     _store(session, _batches(nodes, now - timedelta(seconds=240), 240, fault=_nvlink(nodes[1])))
     diagnosis.diagnose_job(session, job_id=job.external_id, settings=get_settings(), now=now)
-    sources = {s.name: s.present for s in job_signal_sources(session, job=job, now=now)}
+    sources = {s.name: s.present for s in job_signal_sources(session, job=job)}
     assert sources == {
         "GPU counters (dcgm-exporter or NVML)": True,
         "machine metrics (network ports, host)": False,

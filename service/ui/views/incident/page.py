@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ml.demarcation import localizing
@@ -26,7 +25,6 @@ from service.errors import NotFound
 from service.incidents import service as incidents
 from service.incidents.schemas import FindingOut, IncidentOut
 from service.jobs.signal_sources import SignalSource, job_signal_sources
-from service.models import Job
 from service.nodes import service as nodes
 from service.silences import service as silences
 from service.ui.views.incident.evidence import Chart, NodeWindows, charts, node_charts, numbers
@@ -135,16 +133,11 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
         silence=_silence(session, silence_id=incident.silence_id) if incident.silence_id else None,
         decisions=sorted(incident.decisions, key=lambda d: (d.state not in _OPEN, -d.id)),
         waiting=sum(d.state in _OPEN for d in incident.decisions),
-        sources=_sources(session, job_id=incident.job_id),
+        sources=job_signal_sources(session, job=incident.job_id),
     )
 
 
 # --- what the evidence cites, the override list, the silence ---
-
-
-def _sources(session: Session, *, job_id: str) -> list[SignalSource]:
-    job = session.scalar(select(Job).where(Job.external_id == job_id))
-    return job_signal_sources(session, job=job, now=datetime.now(UTC)) if job is not None else []
 
 
 def _signals(findings: Iterable[FindingOut]) -> dict[str, dict[Any, list[int]]]:
