@@ -24,6 +24,7 @@ from service.jobs import service as jobs
 from service.jobs.schemas import JobIn
 from service.jobs.signal_sources import job_signal_sources
 from service.models import Decision, Finding, Job, Node, NodeEvent, metric_samples
+from tests.conftest import bearer
 
 GPUS = 2
 # dcgm-exporter's default field list, plus the optional counters its file leaves commented out (ECC volatile,
@@ -279,3 +280,25 @@ def test_the_job_and_incident_pages_say_which_signals_a_metric_only_job_lacks(se
     assert incident is not None
     shown = ui.get(f"/incidents/{incident}").text.split('id="incident-signals"', 1)[1].split("</dd>", 1)[0]
     assert "training processes: none" in shown and "no stacks can be dumped" in shown
+
+
+def test_the_api_registers_and_returns_the_workload_selectors_and_refuses_bad_ones(
+    client: Any, make_token: Any, session: Session
+) -> None:
+    headers = bearer(make_token("scheduler"))
+    name = f"api-{uuid.uuid4().hex[:6]}"
+    body = {"job_id": name, "world_size": 8, "pods": {"namespace": "ml", "prefix": "llama-"}, "scheduler_job_id": "42"}
+    response = client.post("/api/v1/jobs", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    assert (response.json()["pods"], response.json()["scheduler_job_id"]) == (
+        {"namespace": "ml", "prefix": "llama-"},
+        "42",
+    )
+    for bad in (
+        {"pods": {"namespace": "ml"}},
+        {"pods": {"namespace": "ml", "prefix": "a b"}},
+        {"scheduler_job_id": ""},
+    ):
+        refused = client.post("/api/v1/jobs", json={**body, "job_id": f"{name}-x", **bad}, headers=headers)
+        assert refused.status_code == 422, (bad, refused.text)
+    assert session.scalar(select(func.count()).select_from(Job).where(Job.external_id == f"{name}-x")) == 0
