@@ -167,23 +167,23 @@ class SimRunner:
         config = self.config
         node_dir = (self.dir / name).resolve()
         assert self.server is not None
+        if SCENARIOS[config.scenario].metrics_only:
+            # dcgm-exporter alone: no kernel log, no training log, no training process.
+            sources = ["--kmsg", "none", "--no-processes"]
+        else:
+            sources = [
+                "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
+                "--watch-pid", str(self.launchers[n].pid),
+            ]  # fmt: skip
         command = [
             *config.agent_command,
             "--server", str(config.server), "--node-name", name,
             "--interval", str(config.interval), "--dcgm-url", self.server.url(name),
-            "--spool-dir", str(node_dir / "spool"),
+            *sources, "--spool-dir", str(node_dir / "spool"),
         ]  # fmt: skip
-        if SCENARIOS[config.scenario].metrics_only:
-            # dcgm-exporter alone: no kernel log, no training log, no training process.
-            command += ["--kmsg", "none", "--no-processes", "--procfs-root", str(node_dir / "proc")]
-        else:
-            command += [
-                "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
-                "--watch-pid", str(self.launchers[n].pid), "--procfs-root", str(node_dir / "proc"),
-            ]  # fmt: skip
         if config.sample_interval is not None:
             command += ["--sample-interval", str(config.sample_interval)]
-        command += ["--sysfs-root", str(node_dir / "sys")]
+        command += ["--sysfs-root", str(node_dir / "sys"), "--procfs-root", str(node_dir / "proc")]
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.
