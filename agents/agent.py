@@ -68,6 +68,21 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     AGENT_VERSION = "dev"
 
 
+class _NoProcesses(ProcessScanner):
+    """--no-processes: a scanner that finds none."""
+
+    def scan(self, now: float) -> list[Worker]:
+        return []
+
+
+def _sample(ts: str, reading: GpuReading) -> dict[str, Any]:
+    """One GPU's metric item; the exporter's workload labels ride along when it has them."""
+    item: dict[str, Any] = {"ts": ts, "gpu": reading.gpu, "fields": reading.fields}
+    if reading.workload:
+        item["workload"] = reading.workload
+    return item
+
+
 def _boot_time() -> datetime | None:
     try:
         for line in Path("/proc/stat").read_text().splitlines():
@@ -137,6 +152,8 @@ class Agent:
         self.logs = GlobFollower(config.logs, from_start=from_start, positions=positions)
         self.step_patterns = (*config.step_patterns, *DEFAULT_STEP_PATTERNS)
         self.scanner = ProcessScanner(job_env=config.job_env, watch_pid=config.watch_pid)
+        if not config.processes:
+            self.scanner = _NoProcesses()
         self._scan_lock = threading.Lock()  # the loop and a stack-dump thread both scan
         self.gpus: GpuSource | None = DcgmExporter(config.dcgm_url) if config.dcgm_url else open_nvml()
         self.nvml_xids = self._open_nvml_xids()
@@ -244,7 +261,7 @@ class Agent:
         """Read every GPU once, stamped with this instant, into the batch being gathered."""
         readings = self.read_gpus()
         ts = datetime.now(UTC).isoformat()
-        self.samples.add([{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in readings])
+        self.samples.add([_sample(ts, r) for r in readings])
 
     def take_node_sample(self) -> None:
         """Read the network ports, the host and the volumes once, into the batch being gathered."""

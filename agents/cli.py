@@ -71,6 +71,14 @@ def add_parser(sub: Any) -> None:
     )
     agent.add_argument("--watch-pid", type=int, help="only report processes below this one (one node of several)")
     agent.add_argument(
+        "--no-processes",
+        dest="processes",
+        action="store_false",
+        default=None,
+        help="do not look for training processes (metrics only: the service attributes the GPUs by the exporter's "
+        "pod/hpc_job labels or the job's registered rank map)",
+    )
+    agent.add_argument(
         "--job-env",
         help="comma-separated environment variables naming the job, first set wins "
         "(default FAULTLINE_JOB_ID,SLURM_JOB_ID,TORCHELASTIC_RUN_ID)",
@@ -123,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             "kmsg",
             "logs",
             "watch_pid",
+            "processes",
             "job_env",
             "step_patterns",
             "stack_timeout",

@@ -51,6 +51,8 @@ class AgentConfig:
     kmsg: str = "auto"  # "auto" (/dev/kmsg when readable), "none", "journald", a device or a file
     logs: list[str] = field(default_factory=list)
     watch_pid: int | None = None
+    # Look for training processes (off: dcgm-exporter and logs only, as a DaemonSet without hostPID sees nothing).
+    processes: bool = True
     job_env: list[str] = field(default_factory=lambda: list(DEFAULT_JOB_ENV))
     step_patterns: list[str] = field(default_factory=list)  # extra regexes, tried before the defaults
     process_interval: float = 5.0

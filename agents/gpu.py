@@ -32,6 +32,9 @@ class GpuReading:
     pci_bus_id: str | None = None
     model: str | None = None
     hostname: str | None = None
+    # What the exporter says holds the GPU (pod, namespace, container, hpc_job): the service's way to the job
+    # when the agent cannot see the training processes.
+    workload: dict[str, str] = field(default_factory=dict)
 
     def inventory(self) -> dict[str, Any]:
         out = {"index": self.gpu, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id, "model": self.model}
@@ -56,9 +59,16 @@ _IDENTITY_LABELS = frozenset(
     {
         "gpu", "UUID", "uuid", "pci_bus_id", "device", "modelName", "Hostname", "hostname", "container",
         "namespace", "pod", "job", "instance", "DCGM_FI_DRIVER_VERSION", "GPU_I_PROFILE", "window_size_in_ms",
-        "err_code", "err_msg",
+        "err_code", "err_msg", "hpc_job", "hpc_user", "pod_name", "pod_namespace", "container_name", "vgpu",
     }
 )  # fmt: skip
+# dcgm-exporter's workload labels (Kubernetes mode; --hpc-job-mapping-dir), with the names older versions used.
+_WORKLOAD_LABELS = (
+    ("pod", ("pod", "pod_name")),
+    ("namespace", ("namespace", "pod_namespace")),
+    ("container", ("container", "container_name")),
+    ("hpc_job", ("hpc_job",)),
+)
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+-?\d+)?[ \t]*$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
@@ -68,6 +78,7 @@ class _Series:
     gpu: int | None
     labels: dict[str, str]
     suffix: str  # `{xid="42"}` for labels beyond the identity ones, else ""
+    workload: dict[str, str]  # blank labels (a GPU no pod holds) left out
 
 
 def _series(raw: str) -> _Series:
@@ -80,7 +91,12 @@ def _series(raw: str) -> _Series:
         gpu = None  # a MIG instance: the whole-GPU series carries the node's health
     extra = sorted((k, v) for k, v in labels.items() if k not in _IDENTITY_LABELS and k != "GPU_I_ID")
     suffix = "{" + ",".join(f'{k}="{v}"' for k, v in extra) + "}" if extra else ""
-    return _Series(gpu, labels, suffix)
+    workload = {}
+    for key, names in _WORKLOAD_LABELS:
+        value = next((labels[n] for n in names if labels.get(n)), None)
+        if value:
+            workload[key] = value
+    return _Series(gpu, labels, suffix, workload)
 
 
 class ExporterParser:
@@ -119,6 +135,8 @@ class ExporterParser:
                     model=labels.get("modelName"),
                     hostname=labels.get("Hostname") or labels.get("hostname"),
                 )
+            if series.workload and not reading.workload:
+                reading.workload = dict(series.workload)
             reading.fields[name + series.suffix] = blank_to_none(value)
         return [gpus[i] for i in sorted(gpus)]
 

@@ -71,6 +71,7 @@ class SignatureEvidence(LogCitedEvidence, total=False):
     pci: list[str] | str  # the Xid rules list the devices; the driver-initialization rule names one
     processes: list[str]
     messages: list[str]
+    repeated_elsewhere: list[str]  # Xid 31: the other jobs or programs the machine had the same fault under
     # NVSwitch SXid
     sxid: Any  # as the record carried it (an int from faultline's parser)
     fatal: bool

@@ -439,6 +439,24 @@ class FaultInjection:
         g.cor_remap += 1
         g.remap_pending = 1
 
+    # Counter-only faults (issue 30): nothing in any log, no Xid; dcgm-exporter's counters are the evidence.
+    def _inject_pcie_replay_climb(self, spec: FaultSpec, record: FaultRecord) -> None:
+        self.gpus[spec.node][spec.gpu].pcie_flaky = True  # type: ignore[index]  # replays climb, the GPU stays
+
+    def _inject_nvlink_crc_climb(self, spec: FaultSpec, record: FaultRecord) -> None:
+        self.gpus[spec.node][spec.gpu].nvlink_bad = True  # type: ignore[index]  # CRC and replay counters climb
+        self.job.comm_factor = NVLINK_COMM_FACTOR
+
+    def _inject_row_remap_failure(self, spec: FaultSpec, record: FaultRecord) -> None:
+        g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        g.unc_remap += 1  # an uncorrectable error's row remapped...
+
+        def fail() -> None:  # ...then one the GPU has no spare row left for
+            g.unc_remap += 1
+            g.remap_failure = 1
+
+        self._schedule(20.0 + self.rng.random() * 20.0, fail)
+
     def _inject_straggler(self, spec: FaultSpec, record: FaultRecord) -> None:
         self.gpus[spec.node][spec.gpu].thermal = True  # type: ignore[index]
         self._plan_step()  # the step in flight is already slower

@@ -36,6 +36,7 @@ from agents.sim.model import Cluster, LogLine
 from agents.sim.procs import signal_group, spawn, stop_all
 from agents.sim.realism import START, AgentAction
 from agents.sim.scheduler import SchedulerStandIn
+from agents.sim.scenarios import SCENARIOS
 
 LOOP_SECONDS = 0.2
 TREE_SECONDS = 1.0  # the kernel trees are brought up to date at most this often
@@ -180,12 +181,19 @@ class SimRunner:
         config = self.config
         node_dir = (self.dir / name).resolve()
         assert self.server is not None
+        if SCENARIOS[config.scenario].metrics_only:
+            # dcgm-exporter alone: no kernel log, no training log, no training process.
+            sources = ["--kmsg", "none", "--no-processes"]
+        else:
+            sources = [
+                "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
+                "--watch-pid", str(self.launchers[n].pid),
+            ]  # fmt: skip
         command = [
             *config.agent_command,
             "--server", str(config.server), "--node-name", name,
             "--interval", str(config.interval), "--dcgm-url", self.server.url(name),
-            "--kmsg", str(node_dir / "kern.log"), "--log", str(node_dir / "train.log"),
-            "--watch-pid", str(self.launchers[n].pid), "--spool-dir", str(node_dir / "spool"),
+            *sources, "--spool-dir", str(node_dir / "spool"),
         ]  # fmt: skip
         if config.sample_interval is not None:
             command += ["--sample-interval", str(config.sample_interval)]

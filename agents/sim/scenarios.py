@@ -210,6 +210,36 @@ FAULT_KINDS: dict[str, FaultKind] = {
     )
 }
 
+# Counter-only faults (issue 30): the sim's metric-only family runs them with agents that read dcgm-exporter alone.
+_COUNTER_KINDS = (
+    FaultKind(
+        "pcie_replay_climb",
+        "one GPU's PCIe replay counter climbs ~30/s (a marginal link or riser); no log line, no Xid; diagnose",
+        "infrastructure",
+        False,
+        GPU,
+        eviction_optional=True,
+        expect_action=DIAGNOSE,
+    ),
+    FaultKind(
+        "nvlink_crc_climb",
+        "one GPU's NVLink CRC flit/data and replay counters climb; the job slows; no log line, no Xid",
+        "infrastructure",
+        True,
+        GPU,
+    ),
+    FaultKind(
+        "row_remap_failure",
+        "one GPU remaps a row after an uncorrectable error, then 20-40 s later has no spare row left "
+        "(DCGM_FI_DEV_ROW_REMAP_FAILURE=1); no log line, no Xid",
+        "infrastructure",
+        True,
+        GPU,
+    ),
+)
+FAULT_KINDS.update((k.name, k) for k in _COUNTER_KINDS)
+COUNTER_FAULT_KINDS = tuple(k.name for k in _COUNTER_KINDS)
+
 # What `demo` draws from: faults that have a machine to blame.
 HARDWARE_FAULTS = ("gpu_lost", "ecc_dbe", "nvlink", "ib_flap", "straggler")
 
@@ -237,6 +267,9 @@ class Scenario:
     realism: bool = False
     # ...with these RealismParams fields set (denser noise, so a short run sees every kind of it).
     realism_overrides: tuple[tuple[str, object], ...] = ()
+    # The agents read dcgm-exporter only (no kernel log, no training log, no processes) and the job is known by
+    # its registered rank map: a node with nothing but dcgm-exporter (issue 30).
+    metrics_only: bool = False
 
 
 def _nothing(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
@@ -326,6 +359,30 @@ SCENARIOS: dict[str, Scenario] = {
         _demo,
     ),
 }
+
+
+# The metric-only family: each counter fault, the straggler and a healthy job, seen through dcgm-exporter alone.
+METRICS_ONLY_PREFIX = "metrics_only_"
+_METRICS_ONLY_KINDS = ("straggler", *COUNTER_FAULT_KINDS)
+SCENARIOS.update(
+    {
+        f"{METRICS_ONLY_PREFIX}healthy": Scenario(
+            f"{METRICS_ONLY_PREFIX}healthy",
+            "healthy, seen through dcgm-exporter alone (no logs, no processes; the job known by its rank map)",
+            _nothing,
+            metrics_only=True,
+        ),
+        **{
+            f"{METRICS_ONLY_PREFIX}{k}": Scenario(
+                f"{METRICS_ONLY_PREFIX}{k}",
+                f"{FAULT_KINDS[k].description}; seen through dcgm-exporter alone",
+                _one(k),
+                metrics_only=True,
+            )
+            for k in _METRICS_ONLY_KINDS
+        },
+    }
+)
 
 
 def describe() -> str:

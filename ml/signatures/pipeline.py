@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ml.findings import Finding, JobInfo, LogRecord
+from ml.signatures.app_faults import application_faults
 from ml.signatures.classified import _unmatched_findings
 from ml.signatures.common import (
     MAX_LINES,
@@ -120,4 +121,8 @@ def detect(job: JobInfo, records: list[LogRecord], *, classify: Classify | None 
         findings += _unmatched_findings(occs, unknown, ctx, classify)
     except Exception:
         _log.warning("signatures: traceback rules failed", exc_info=True)
+    try:
+        findings = application_faults(findings, occs, ctx)
+    except Exception:
+        _log.warning("signatures: application-fault rule failed", exc_info=True)
     return [_episode_key(f) for f in _merged(findings)]

@@ -163,7 +163,11 @@ _PCIE_LINK = (PCIE_LINK_WIDTH, PCIE_MAX_LINK_WIDTH, PCIE_LINK_GEN, PCIE_MAX_LINK
 
 
 def _delta(columns: tuple[str, ...]) -> str:
-    return " + ".join(f"(l.{c}_max - f.{c}_max)" for c in columns)
+    """The counters' rises added up over those the GPU reports: a counter a node never reports (dcgm-exporter's
+    default field list leaves the NVLink and volatile ECC ones out) must not make the sum NULL and hide the
+    others. NULL only when none of them is known."""
+    rows = ", ".join(f"(l.{c}_max - f.{c}_max)" for c in columns)
+    return f"(SELECT sum(d) FROM (VALUES {rows}) AS rises(d))"
 
 
 # Per GPU: the first window of the lookback against its newest one (of the last two), so a pass reads three

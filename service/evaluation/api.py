@@ -52,19 +52,28 @@ class Api:
             raise ApiError(f"{where} answered {response.status_code} with no JSON body")
         return body
 
-    def register_job(self, *, job_id: str, world_size: int, hang_timeout_s: int, tp: int = 1, pp: int = 1) -> None:
+    def register_job(
+        self,
+        *,
+        job_id: str,
+        world_size: int,
+        hang_timeout_s: int,
+        tp: int = 1,
+        pp: int = 1,
+        ranks: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Register the job before its agents report, so it has its hang timeout and parallelism from the start
-        (ranks in Megatron's order: tensor-parallel fastest, then data, then pipeline)."""
-        self._request(
-            "POST",
-            "/api/v1/jobs",
-            json={
-                "job_id": job_id,
-                "world_size": world_size,
-                "parallelism": {"tp": tp, "pp": pp, "dp": world_size // (tp * pp), "order": "tp-dp-pp"},
-                "hang_timeout_s": hang_timeout_s,
-            },
-        )
+        (ranks in Megatron's order: tensor-parallel fastest, then data, then pipeline); `ranks`, the rank-to-node
+        map a scheduler knows, for nodes whose agents see no training process."""
+        body: dict[str, Any] = {
+            "job_id": job_id,
+            "world_size": world_size,
+            "parallelism": {"tp": tp, "pp": pp, "dp": world_size // (tp * pp), "order": "tp-dp-pp"},
+            "hang_timeout_s": hang_timeout_s,
+        }
+        if ranks:
+            body["ranks"] = ranks
+        self._request("POST", "/api/v1/jobs", json=body)
 
     def _pages(self, path: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []

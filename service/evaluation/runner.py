@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from agents.sim.scenarios import SCENARIOS as SIM_SCENARIO_DEFS
 from service.evaluation.api import Api, ApiError, EndpointMissing
 from service.evaluation.runs import Cancelled, ScenarioRun, SimRun, TorchRun, wait_until
 from service.evaluation.scenarios import CATALOG, MULTI_FAULT, SIM, wait_after_injection
@@ -186,7 +187,12 @@ class Evaluation:
         try:
             tp, pp = (c.tp, c.pp) if scenario.family == SIM else (1, 1)
             self.api.register_job(
-                job_id=job_id, world_size=run.world_size, hang_timeout_s=c.hang_timeout_s, tp=tp, pp=pp
+                job_id=job_id,
+                world_size=run.world_size,
+                hang_timeout_s=c.hang_timeout_s,
+                tp=tp,
+                pp=pp,
+                ranks=_rank_map(prefix, c.nodes, c.gpus_per_node) if metrics_only(name) else None,
             )
         except ApiError as exc:
             errors.append(f"registering the job: {exc}")
@@ -339,3 +345,18 @@ class Evaluation:
 def _shortener(prefix: str) -> Callable[[str], str]:
     """Node names as printed: without the run's prefix."""
     return lambda name: name.removeprefix(prefix + "-") if prefix else name
+
+
+def metrics_only(name: str) -> bool:
+    """A sim scenario whose agents read dcgm-exporter alone: its job is known by the rank map registered for it."""
+    scenario = SIM_SCENARIO_DEFS.get(name)
+    return scenario is not None and scenario.metrics_only
+
+
+def _rank_map(prefix: str, nodes: int, gpus_per_node: int) -> list[dict[str, Any]]:
+    """Where the sim runs each rank (node names as SimRun asks the sim for them: PREFIX-node-000, ...)."""
+    return [
+        {"rank": n * gpus_per_node + g, "node": f"{prefix}-node-{n:03d}", "local_rank": g, "gpu": g}
+        for n in range(nodes)
+        for g in range(gpus_per_node)
+    ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agents.sim.scenarios import FLAP_OFF_S, FLAP_ON_S, SCENARIOS, TWO_FAULTS_GAP_S
+from agents.sim.scenarios import FLAP_OFF_S, FLAP_ON_S, METRICS_ONLY_PREFIX, SCENARIOS, TWO_FAULTS_GAP_S
 
 SIM = "sim"
 TORCH = "torch"
@@ -22,6 +22,11 @@ FLAP_FAULTS = frozenset({"ib_port_flap", "ib_port_flap_nccl"})
 # Issue 17's harder faults. two_faults: the straggler is decided like one, then the Xid comes TWO_FAULTS_GAP_S
 # after it (the deadline counts from the first injection).
 TWO_FAULTS_WAIT_S = TWO_FAULTS_GAP_S + DEFAULT_WAIT_S
+# Counter climbs judged against the job's peers, and the remap failure (20-40 s after the first remapped row):
+# the issue-30 targets, 5 and 2 minutes.
+COUNTER_CLIMB_WAIT_S = 300.0
+REMAP_FAILURE_WAIT_S = 120.0
+COUNTER_CLIMBS = frozenset({"pcie_replay_climb", "nvlink_crc_climb"})
 # Scenarios with a fault still to come after the first decision: watched to their deadline, never settled early.
 MULTI_FAULT = frozenset({"two_faults"})
 # The flapping straggler is slow a quarter of the time: four of its cycles.
@@ -118,9 +123,11 @@ SIM_SCENARIOS = (
     "transient", "healthy_real",
     # GPU-level remediation (issue 18): a fault a reset of the one GPU clears.
     "gpu_reset",
+    # Nodes with nothing but dcgm-exporter (issue 30): no logs, no processes, the job known by its rank map.
+    *(name for name in SCENARIOS if name.startswith(METRICS_ONLY_PREFIX)),
 )  # fmt: skip
 # Healthy runs with noise: watched like `healthy` (the ground truth has no fault; the transient is under "noise").
-HEALTHY_SIM = frozenset({"healthy", "transient", "healthy_real"})
+HEALTHY_SIM = frozenset({"healthy", "transient", "healthy_real", f"{METRICS_ONLY_PREFIX}healthy"})
 TORCH_HEALTHY = frozenset({"torch_healthy_real"})
 TORCH_SCENARIOS = (*TORCH_FAULTS, *TORCH_HEALTHY)
 
@@ -130,7 +137,7 @@ CATALOG: dict[str, Scenario] = {
         name: Scenario(
             name,
             SIM,
-            None if name in HEALTHY_SIM else name,
+            None if name in HEALTHY_SIM else name.removeprefix(METRICS_ONLY_PREFIX),
             f"simulated: {SCENARIOS[name].description}" + ("; nothing may be evicted" if name in HEALTHY_SIM else ""),
         )
         for name in SIM_SCENARIOS
@@ -164,6 +171,10 @@ def wait_after_injection(fault: str | None, hang_timeout_s: float) -> float:
         return INTERMITTENT_WAIT_S
     if fault in SLOW_FAULTS:
         return STRAGGLER_WAIT_S
+    if fault in COUNTER_CLIMBS:
+        return COUNTER_CLIMB_WAIT_S
+    if fault == "row_remap_failure":
+        return REMAP_FAILURE_WAIT_S
     if fault in FLAP_FAULTS:
         return FLAP_WAIT_S
     return DEFAULT_WAIT_S

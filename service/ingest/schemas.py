@@ -52,12 +52,27 @@ class Heartbeat(_In):
     host: HostFacts | None = None
 
 
+_Label = Annotated[str, Field(max_length=253)]
+
+
+class Workload(_In):
+    """What dcgm-exporter says holds the GPU: Kubernetes pod labels, or the HPC job id (--hpc-job-mapping-dir)."""
+
+    pod: _Label | None = None
+    namespace: _Label | None = None
+    container: _Label | None = None
+    hpc_job: _Label | None = None
+
+
 class MetricSample(_In):
     """One GPU at one instant: DCGM field name -> value (null when the exporter reports blank)."""
 
     ts: PlausibleTime
     gpu: Annotated[int, Field(ge=0, le=1023)]
     job_id: JobId | None = None
+    workload: Workload | None = Field(
+        default=None, description="The exporter's labels for the GPU's workload: the job when no process names it."
+    )
     fields: Annotated[dict[str, float | None], Field(max_length=512)]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +21,9 @@ from ml.metrics import FIELD_TO_COLUMN
 from service.checks import loop as checks_loop
 from service.checks import service as checks
 from service.config import get_settings
-from service.ingest.schemas import IngestBatch
+from service.ingest import attribution
+from service.ingest.attribution import Attribution
+from service.ingest.schemas import IngestBatch, MetricSample, Workload
 from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS, NODE_COPY_TYPES, NODE_SAMPLE_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -46,10 +48,17 @@ class _Keys:
     jobs: dict[str, int]
     # node name -> the job it runs now, for items that name no job
     current_job: dict[str, int]
+    # exporter labels and registered rank maps, for nodes whose batches name no job
+    attributed: Attribution = field(default_factory=Attribution)
 
-    def job_of(self, batch: IngestBatch, item_job: str | None) -> int | None:
+    def job_of(
+        self, batch: IngestBatch, item_job: str | None, *, gpu: int | None = None, workload: Workload | None = None
+    ) -> int | None:
         name = item_job or _batch_job(batch)
-        return self.jobs.get(name) if name else self.current_job.get(batch.node)
+        if name:
+            return self.jobs.get(name)
+        found = self.attributed.job_of(batch.node, gpu=gpu, workload=workload)
+        return found if found is not None else self.current_job.get(batch.node)
 
 
 @dataclass
@@ -105,8 +114,10 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
     """
     conn = raw_connection(session)
     job_ids = _ensure_jobs(conn, batches)
-    node_ids, current_job = _upsert_nodes(conn, batches, job_ids)
-    keys = _Keys(node_ids, job_ids, current_job)
+    attributed = attribution.lookup(conn, batches, unnamed={b.node for b in batches if not _batch_job(b)})
+    _seen_jobs(conn, attributed.jobs())
+    node_ids, current_job = _upsert_nodes(conn, batches, job_ids, attributed)
+    keys = _Keys(node_ids, job_ids, current_job, attributed)
     new_ids = _claim_batches(conn, batches, node_ids)
     outcomes: list[BatchOutcome] = []
     fresh: list[IngestBatch] = []
@@ -213,8 +224,20 @@ def _ensure_jobs(conn: psycopg.Connection[Any], batches: list[IngestBatch]) -> d
     return ids
 
 
+def _seen_jobs(conn: psycopg.Connection[Any], job_ids: set[int]) -> None:
+    """Jobs known only through exporter labels or rank maps are seen too (throttled as in _ensure_jobs)."""
+    if not job_ids:
+        return
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE jobs SET last_seen_at = now() WHERE id = ANY(%s) "
+            "AND (last_seen_at IS NULL OR last_seen_at < now() - interval '10 seconds')",
+            (sorted(job_ids),),
+        )
+
+
 def _upsert_nodes(
-    conn: psycopg.Connection[Any], batches: list[IngestBatch], job_ids: dict[str, int]
+    conn: psycopg.Connection[Any], batches: list[IngestBatch], job_ids: dict[str, int], attributed: Attribution
 ) -> tuple[dict[str, int], dict[str, int]]:
     latest: dict[str, IngestBatch] = {}
     for batch in batches:
@@ -222,7 +245,7 @@ def _upsert_nodes(
         if seen is None or batch.sent_at >= seen.sent_at:
             latest[batch.node] = batch
     names = sorted(latest)
-    jobs = [job_ids.get(_batch_job(latest[n]) or "") for n in names]
+    jobs = [job_ids.get(_batch_job(latest[n]) or "") or attributed.by_node.get(n) for n in names]
     versions = [latest[n].heartbeat.agent_version if latest[n].heartbeat else None for n in names]
     with conn.cursor() as cur:
         cur.execute(
@@ -269,15 +292,26 @@ def _claim_batches(conn: psycopg.Connection[Any], batches: list[IngestBatch], no
         return {str(row[0]) for row in cur.fetchall()}
 
 
-def metric_rows(batch: IngestBatch, *, node_id: int, job_id: int | None, jobs: dict[str, int]) -> Iterator[list[Any]]:
-    """metric_samples rows of one batch: DCGM fields into their columns, other fields into `extra`."""
+def metric_rows(
+    batch: IngestBatch,
+    *,
+    node_id: int,
+    job_id: int | None,
+    jobs: dict[str, int],
+    job_of_gpu: Callable[[MetricSample], int | None] | None = None,
+) -> Iterator[list[Any]]:
+    """metric_samples rows of one batch: DCGM fields into their columns, other fields into `extra`. A sample that
+    names no job is `job_id`'s, or (`job_of_gpu`) the job its GPU's labels or the rank maps say."""
     width = len(METRIC_SAMPLE_COLUMNS)
     for sample in batch.metrics:
         row: list[Any] = [None] * width
         row[0] = sample.ts
         row[1] = node_id
         row[2] = sample.gpu
-        row[3] = jobs.get(sample.job_id) if sample.job_id else job_id
+        if sample.job_id:
+            row[3] = jobs.get(sample.job_id)
+        else:
+            row[3] = job_of_gpu(sample) if job_of_gpu is not None else job_id
         extra: dict[str, float | None] | None = None
         for name, value in sample.fields.items():
             if value is not None and not -DCGM_BLANK_THRESHOLD < value < DCGM_BLANK_THRESHOLD:
@@ -309,12 +343,19 @@ def copy_rows(
 
 
 def _copy_metrics(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
-    rows = (
-        row
-        for batch in batches
-        for row in metric_rows(batch, node_id=keys.nodes[batch.node], job_id=keys.job_of(batch, None), jobs=keys.jobs)
-    )
+    rows = (row for batch in batches for row in _batch_metric_rows(batch, keys))
     copy_rows(conn, "metric_samples", METRIC_SAMPLE_COLUMNS, METRIC_COPY_TYPES, rows)
+
+
+def _batch_metric_rows(batch: IngestBatch, keys: _Keys) -> Iterator[list[Any]]:
+    node_id = keys.nodes[batch.node]
+    if _batch_job(batch) or batch.node not in keys.attributed.nodes:
+        return metric_rows(batch, node_id=node_id, job_id=keys.job_of(batch, None), jobs=keys.jobs)
+
+    def job_of_gpu(sample: MetricSample) -> int | None:
+        return keys.job_of(batch, None, gpu=sample.gpu, workload=sample.workload)
+
+    return metric_rows(batch, node_id=node_id, job_id=None, jobs=keys.jobs, job_of_gpu=job_of_gpu)
 
 
 def node_metric_rows(
@@ -353,11 +394,18 @@ def _record_columns(conn: psycopg.Connection[Any], batches: list[IngestBatch], k
     names: dict[tuple[int, str], set[str]] = {}
     for batch in batches:
         job_id = keys.job_of(batch, None)
-        for source, samples in (("gpu", batch.metrics), ("node", batch.node_metrics)):
-            for sample in samples:
-                job = keys.jobs.get(sample.job_id) if sample.job_id else job_id
-                if job is not None:
-                    names.setdefault((job, source), set()).update(sample.fields)
+        by_gpu = not _batch_job(batch) and batch.node in keys.attributed.nodes
+        for sample in batch.metrics:
+            if sample.job_id:
+                job = keys.jobs.get(sample.job_id)
+            else:
+                job = keys.job_of(batch, None, gpu=sample.gpu, workload=sample.workload) if by_gpu else job_id
+            if job is not None:
+                names.setdefault((job, "gpu"), set()).update(sample.fields)
+        for sample in batch.node_metrics:
+            job = keys.jobs.get(sample.job_id) if sample.job_id else job_id
+            if job is not None:
+                names.setdefault((job, "node"), set()).update(sample.fields)
     rows = []
     for (job, source), fields in names.items():
         columns = _REPORTED_COLUMN[source]

@@ -41,6 +41,20 @@ class RankPlacement(BaseModel):
     gpu: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
 
 
+_LABEL_VALUE = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class PodSelector(BaseModel):
+    """The job's Kubernetes pods, as dcgm-exporter labels the GPUs they hold (`namespace`, `pod`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: _LABEL_VALUE
+    prefix: _LABEL_VALUE = Field(
+        description="Every pod of the job is named with this prefix (e.g. the PyTorchJob's name)."
+    )
+
+
 class JobIn(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -62,7 +76,18 @@ class JobIn(BaseModel):
     parallelism: Parallelism | None = None
     hang_timeout_s: Annotated[int, Field(ge=5, le=86_400)] = 600
     ranks: list[RankPlacement] | None = Field(
-        default=None, description="Optional rank-to-node map; agents report it too."
+        default=None,
+        description="Optional rank-to-node map; agents report it too. A node named here belongs to the job (its GPU "
+        "samples are the job's even when no agent sees its training processes) until the job ends, the node is "
+        "evicted, or a newer registration names it.",
+    )
+    pods: PodSelector | None = Field(
+        default=None, description="The job's pods: GPUs dcgm-exporter labels with such a pod are the job's."
+    )
+    scheduler_job_id: _LABEL_VALUE | None = Field(
+        default=None,
+        description="The scheduler's job id, as dcgm-exporter's `hpc_job` label carries it (--hpc-job-mapping-dir); "
+        "the job_id itself matches too.",
     )
 
     @model_validator(mode="after")
@@ -133,6 +158,8 @@ class JobOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     last_seen_at: datetime | None
+    pods: PodSelector | None = None
+    scheduler_job_id: str | None = None
     nodes: list[str]
     ranks: list[RankOut]
 

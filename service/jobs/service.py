@@ -9,7 +9,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
-from service.jobs.schemas import JobIn, JobOut, Parallelism, RankOut
+from service.jobs.schemas import JobIn, JobOut, Parallelism, PodSelector, RankOut
 from service.models import Incident, Job, Node, Rank
 from service.nodes.service import ensure_nodes
 from service.pagination import decode_cursor, encode_cursor
@@ -28,6 +28,9 @@ def register(session: Session, *, job_in: JobIn) -> Job:
         "hang_timeout_s": job_in.hang_timeout_s,
         "source": "registered",
         "state": "running",  # a job id registered again (a PyTorchJob's name, reused) runs again
+        "pods_namespace": job_in.pods.namespace if job_in.pods else None,
+        "pods_prefix": job_in.pods.prefix if job_in.pods else None,
+        "scheduler_job_id": job_in.scheduler_job_id,
     }
     stmt = insert(Job).values(external_id=job_in.job_id, **values)
     stmt = stmt.on_conflict_do_update(
@@ -91,8 +94,9 @@ def describe(session: Session, *, job: Job) -> JobOut:
         if job.tp and job.pp and job.dp
         else None
     )
+    pods = PodSelector(namespace=job.pods_namespace, prefix=job.pods_prefix) if job.pods_namespace else None
     return JobOut.model_validate(
-        Joined(job, parallelism=parallelism, nodes=sorted({r.node for r in ranks}), ranks=ranks)
+        Joined(job, parallelism=parallelism, pods=pods, nodes=sorted({r.node for r in ranks}), ranks=ranks)
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Identity, Index, Integer, Text
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Identity, Index, Integer, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, created_at_column, in_check
@@ -18,6 +18,7 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint(in_check("state", JOB_STATES), name="state"),
         CheckConstraint(in_check("source", JOB_SOURCES), name="source"),
+        Index("ix_jobs_scheduler_job_id", "scheduler_job_id", postgresql_where=text("state = 'running'")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -35,6 +36,11 @@ class Job(Base):
     created_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = created_at_column()
     last_seen_at: Mapped[datetime | None]
+    # How dcgm-exporter's labels name the job's GPUs when no training process does (service/ingest/attribution.py):
+    # Kubernetes pods in this namespace whose names start with the prefix, or the scheduler's (HPC) job id.
+    pods_namespace: Mapped[str | None] = mapped_column(Text)
+    pods_prefix: Mapped[str | None] = mapped_column(Text)
+    scheduler_job_id: Mapped[str | None] = mapped_column(Text)
 
 
 class Rank(Base):

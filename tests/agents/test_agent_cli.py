@@ -137,3 +137,21 @@ def test_a_host_without_rdma_is_said_once_and_the_agent_carries_on(tmp_path: Pat
     host = next(item["fields"] for item in batch["node_metrics"] if item["subject"] == "host")
     assert host["mem_total_mib"] > 0  # the real /proc: percentages over the short --once interval
     assert 0 <= host["cpu_util_pct"] <= 100
+
+
+def test_no_processes_reports_no_training_process_even_with_one_running(tmp_path: Path) -> None:
+    """--no-processes (dcgm-exporter only): the torchrun-like worker below is not reported; without it, it is."""
+    env = {**os.environ, "RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "FAULTLINE_JOB_ID": "metrics-only-job"}
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        common = ["--dry-run", "--once", "--kmsg", "none", "--spool-dir", str(tmp_path / "unused")]
+        seen = {}
+        for flag in ([], ["--no-processes"]):
+            done = _agent(*common, "--watch-pid", str(os.getpid()), *flag)
+            assert done.returncode == 0, done.stderr
+            (line,) = done.stdout.splitlines()
+            seen[bool(flag)] = [p["pid"] for p in orjson.loads(line)["processes"]]
+        assert worker.pid in seen[False] and seen[True] == []
+    finally:
+        worker.kill()
+        worker.wait()

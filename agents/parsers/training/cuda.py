@@ -33,6 +33,8 @@ _KERNEL_ASSERT = re.compile(
 # (substring of the lowercased message, error name); the first that fits names the error.
 _CUDA_NAMES: tuple[tuple[str, str], ...] = (
     ("illegal memory access", "illegal_memory_access"),
+    ("cudaerrorillegaladdress", "illegal_memory_access"),  # the code alone (CuPy: "cudaErrorIllegalAddress: ...")
+    ("cuda_error_illegal_address", "illegal_memory_access"),
     ("uncorrectable ecc error", "ecc_uncorrectable"),
     ("ecc_uncorrectable", "ecc_uncorrectable"),
     ("unspecified launch failure", "launch_failure"),

@@ -24,6 +24,7 @@ from service.incidents import service as incidents
 from service.jobs import ettr as step_ettr
 from service.jobs import service as jobs
 from service.jobs.schemas import JobOut
+from service.jobs.signal_sources import SignalSource, job_signal_sources
 from service.models import Incident
 from service.ui import plots
 
@@ -253,6 +254,7 @@ class JobView:
     merged: int
     unplaced_ranks: int
     progress: ProgressView
+    sources: list[SignalSource] = field(default_factory=list)
 
 
 def _layout(job: JobOut) -> tuple[JobInfo, parallel.Layout] | None:
@@ -348,7 +350,7 @@ def _costs(
 
 
 def job_view(session: Session, *, job_id: str, now: datetime) -> JobView:
-    """Everything the job page shows, in seven queries whatever the number of ranks, nodes and incidents."""
+    """Everything the job page shows, in eight queries whatever the number of ranks, nodes and incidents."""
     job = jobs.get_by_external_id(session, job_id=job_id)
     out = jobs.describe(session, job=job)
     places, grid = placements(out, states=jobs.node_states(session, job=job))
@@ -378,4 +380,5 @@ def job_view(session: Session, *, job_id: str, now: datetime) -> JobView:
         merged=merged,
         unplaced_ranks=max(0, (out.world_size or 0) - len(out.ranks)),
         progress=progress,
+        sources=job_signal_sources(session, job=job),
     )

@@ -24,6 +24,7 @@ from service.directives import service as directives
 from service.errors import NotFound
 from service.incidents import service as incidents
 from service.incidents.schemas import FindingOut, IncidentOut
+from service.jobs.signal_sources import SignalSource, job_signal_sources
 from service.nodes import service as nodes
 from service.silences import service as silences
 from service.ui.formatting import GpuNames
@@ -77,6 +78,7 @@ class IncidentPage:
     decisions: list[DecisionOut]  # the ones waiting on someone first, then newest first
     waiting: int  # how many wait for a person or a scheduler
     gpus: GpuNames  # names the incident's GPUs by index
+    sources: list[SignalSource]  # which kinds of signal the job has (a job on dcgm-exporter alone lacks some)
 
     @property
     def localizing(self) -> bool:
@@ -142,6 +144,7 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
         decisions=sorted(incident.decisions, key=lambda d: (d.state not in _OPEN, -d.id)),
         waiting=sum(d.state in _OPEN for d in incident.decisions),
         gpus=gpus,
+        sources=job_signal_sources(session, job=incident.job_id),
     )
 
 
