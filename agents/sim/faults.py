@@ -125,7 +125,11 @@ class FaultInjection:
         def _begin_checkpoint(self, seconds: float, stuck_rank: int | None = None) -> None: ...
         def _loader_stall(self, rank: int, seconds: float) -> None: ...
 
-    def _inject(self, spec: FaultSpec) -> None:
+    def inject(self, spec: FaultSpec) -> FaultRecord:
+        """Inject `spec` now (its `at` is ignored): for a harness that draws faults as it goes (the campaign)."""
+        return self._inject(spec)
+
+    def _inject(self, spec: FaultSpec) -> FaultRecord:
         kind = FAULT_KINDS[spec.kind]
         nodes: list[str] = []
         gpus: dict[str, list[int]] = {}
@@ -158,6 +162,7 @@ class FaultInjection:
         if spec.repair_at is not None:
             delay = spec.repair_at - self.t
             self._schedule(delay, lambda: self._repair(record, spec))
+        return record
 
     def _hang_job(self, culprits: dict[int, str], watchdog: float) -> None:
         """Ranks in `culprits` go their own way; every other live rank blocks in the next collective (in a
@@ -293,6 +298,123 @@ class FaultInjection:
 
         self._schedule(0.6, remap)
         self._schedule(1.0, lambda: self._teardown_node(n))
+
+    def _crash_rank_ecc(self, n: int, g: Gpu) -> None:
+        """The GPU's rank dies with CUDA's uncorrectable-ECC error; its node's torchrun tears down, peers wait."""
+        rank = self._rank(n, g.index)
+        self._train(n, fmt.traceback_ecc(rank))
+        self._set_mode(rank, CRASH_ECC)
+        self._hang_job({}, self.config.watchdog_seconds)
+        self._schedule(1.0, lambda: self._teardown_node(n))
+
+    def _inject_hbm_remap_failure(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """HBM3: an uncorrectable error in a row (Xid 48), and the remapper has no spare row left in its bank
+        (Xid 64, DCGM_FI_DEV_ROW_REMAP_FAILURE=1): a reset cannot fix it, the GPU needs repair."""
+        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        assert n is not None
+        rank = self._rank(n, g.index)
+        g.dbe_vol += 1
+        g.dbe_agg += 1
+        g.xid = 48
+        partition, sub = self.rng.randrange(8), self.rng.randrange(2)
+        self._kern(
+            n,
+            fmt.xid(
+                g.bus,
+                48,
+                "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
+                f"partition {partition}, subpartition {sub}.",
+            ),
+        )
+        self._crash_rank_ecc(n, g)
+
+        def remap_fails() -> None:
+            g.xid, g.remap_failure = 64, 1
+            row = self.rng.getrandbits(28)
+            self._kern(
+                n,
+                fmt.xid(
+                    g.bus, 64, f"Row Remapper Error: (0x{row:016x}) - All reserved rows for bank are remapped",
+                    self._pid(rank), "pt_main_thread",
+                ),
+            )  # fmt: skip
+
+        self._schedule(0.5, remap_fails)
+
+    def _inject_sram_ecc(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """GPU SRAM: an uncorrectable ECC error in an SM's SRAM, contained to the process (Xid 94, H100's form):
+        the rank dies with CUDA's ECC error; a reset of the GPU clears it."""
+        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        assert n is not None
+        g.dbe_vol += 1  # the volatile total counts SRAM errors too
+        g.dbe_agg += 1
+        g.xid = 94
+        unit = self.rng.choice(("SM (0x1)", "SM (0x2)", "LTC (0x1)"))
+        self._kern(
+            n,
+            fmt.xid(g.bus, 94, f"Contained: {unit}. RST: Yes, D-RST: No", self._pid(self._rank(n, g.index)), "python"),
+        )
+        self._crash_rank_ecc(n, g)
+
+    def _inject_gsp_error(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """GSP: the GPU System Processor's task times out (Xid 120); the rank dies, a GPU reset recovers it."""
+        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        assert n is not None
+        rank = self._rank(n, g.index)
+        g.xid = 120
+        pc = 0x5D00000 + self.rng.randrange(0x100000)
+        self._kern(n, fmt.xid(g.bus, 120, f"GSP task timeout @ pc:0x{pc:x}, task: 1", self._pid(rank), "python"))
+        self._train(n, fmt.traceback_cuda(rank, "unspecified launch failure"))
+        self._set_mode(rank, CRASH_ECC)
+        self._hang_job({}, self.config.watchdog_seconds)
+
+    def _inject_nic_down(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """NIC: the HCA of one GPU hits a firmware fatal error and its port stays down; the rank's NCCL
+        connections fail (IB error 12), it dies, peers time out."""
+        n, gpu = spec.node, spec.gpu
+        assert n is not None and gpu is not None
+        rank = self._rank(n, gpu)
+        nic = f"0000:{F.PCI_BUSES[gpu % 8] - 1:02x}:00.0"
+        port = f"ibp{F.PCI_BUSES[gpu % 8] - 1}s0"
+        peer = (n + 1) % self.config.nodes if self.config.nodes > 1 else n
+        self._kern(
+            n,
+            f"mlx5_core {nic}: poll_health:{800 + self.rng.randrange(60)}:(pid 0): Fatal error 1 detected",
+            f"mlx5_core {nic}: mlx5_health_try_recover:{330 + self.rng.randrange(20)}:(pid {900 + self.rng.randrange(99)}): "
+            "handling bad device here",
+            f"mlx5_core {nic} {port}: Link down",
+        )  # fmt: skip
+        self._port_down(n, gpu)
+        pid = self._pid(rank)
+        lines = fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Send")
+        self._train(n, lines + fmt.traceback_nccl_remote(rank, self.node_names[peer]))
+        self._set_mode(rank, CRASH_NCCL)
+        self._hang_job({}, self.config.watchdog_seconds)
+        self._schedule(1.0, lambda: self._teardown_node(n))
+
+    def _inject_sdc(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """Silent data corruption: one node's GPU computes wrong values with no error anywhere; the loss its
+        ranks report turns NaN or jumps for a few steps at a time, while the other nodes' stay ordinary."""
+        assert spec.node is not None
+        self.job.corrupt_node = spec.node
+
+    def _inject_host_maintenance(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """Planned host maintenance: the operator drains the node (a silence first, then the scheduler stops the
+        job to move it to a spare); nothing is wrong with it and nobody may accuse it. The scheduler's SIGTERM
+        reaches every node's torchrun, which stops its workers."""
+        assert spec.node is not None
+        self._stop_job_for_drain()
+
+    def _stop_job_for_drain(self) -> None:
+        """The scheduler stops the job (a requeue): torchrun passes SIGTERM on, the workers exit."""
+        for n in range(self.config.nodes):
+            local = range(n * self.gpn, (n + 1) * self.gpn)
+            pids = [self._pid(r) for r in local if self.modes[r] not in DEAD]
+            for r in local:
+                self._set_mode(r, TERMINATED)
+            self._train(n, fmt.torchrun_death_signal(self._node_ts(n), self._launcher_pid(n), pids))
+        self._stop_pause()
+        self.job.state = "failed"
 
     def _inject_nvlink(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
@@ -444,6 +566,7 @@ class FaultInjection:
         if spec.node is not None:
             for g in self.gpus[spec.node]:
                 g.reset()
+                g.remap_failure = 0  # a repaired node's GPU was replaced or its memory fixed
             self.hosts[spec.node].repair()
             self.fabrics[spec.node].repair()
             self._kern(spec.node, fmt.DRIVER_BANNER)
@@ -451,7 +574,7 @@ class FaultInjection:
         self._stop_pause()
         if spec.node is not None:
             self.loader_wait.pop(spec.node, None)
-        job.comm_factor, job.stall_until, job.nan = 1.0, 0.0, False
+        job.comm_factor, job.stall_until, job.nan, job.corrupt_node = 1.0, 0.0, False, None
         job.stuck_rank = job.stall_rank = None
         job.state, job.phase, job.started_at = "running", 0.0, self.t
         self.generation += 1

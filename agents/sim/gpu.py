@@ -81,6 +81,7 @@ class Gpu:
         self.pcie_flaky = False
         self.pcie_gen, self.pcie_width = F.PCIE_MAX_GEN, F.PCIE_MAX_WIDTH  # as the link trained
         self.remap_pending = 0
+        self.remap_failure = 0  # the row remapper found no spare row (HBM3): cleared by repair, not by a reset
         self.values: dict[str, float] = {}
 
     @property
@@ -180,7 +181,7 @@ class Gpu:
             "DCGM_FI_DEV_RETIRED_PENDING": F.INT64_NOT_SUPPORTED,
             "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": self.unc_remap,
             "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": self.cor_remap,
-            "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE": self.remap_failure,
             "DCGM_FI_DEV_ROW_REMAP_PENDING": self.remap_pending,
             "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": F.PCIE_MAX_GEN,
             "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": F.PCIE_MAX_WIDTH,

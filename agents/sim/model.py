@@ -51,6 +51,7 @@ NODE_TICKS = 10  # host and network counters advance once per simulated second
 _COMM_NVLINK = TARGETS[COMM][7]  # NVLink rate of a GPU in the all-reduce: its NIC's busiest time too
 GLOBAL_BATCH = 1024
 TOTAL_ITERS = 500000
+SDC_STEP_SHARE = 0.7  # silent data corruption: the share of steps whose loss comes out wrong on the node
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Job:
     stall_rank: int | None = None  # the rank whose data loader is stalling
     last_checkpoint: int = 0  # the iteration a restart resumes from
     loss_spike: float = 0.0  # the loss's current excess over its trend, as a fraction
+    corrupt_node: int | None = None  # silent data corruption: the node whose ranks' loss goes wrong
 
 
 class Cluster(FaultInjection, RealLife):
@@ -314,13 +316,16 @@ class Cluster(FaultInjection, RealLife):
         last = self.config.nodes - 1
         for n in range(self.config.nodes):
             node_ts = ts + self.skew[n]
+            node_loss = loss
+            if n == job.corrupt_node and rng.random() < SDC_STEP_SHARE:  # wrong values, no error anywhere
+                node_loss = math.nan if rng.random() < 0.5 else loss * rng.uniform(6.0, 30.0)
             if n == last:  # Megatron logs from the last rank
                 line = fmt.megatron_step(
                     node_ts, job.step, TOTAL_ITERS, job.step * GLOBAL_BATCH, took * 1000, tflops, lr, GLOBAL_BATCH,
-                    loss, grad_norm, job.nan_iters,
+                    node_loss, grad_norm, job.nan_iters,
                 )  # fmt: skip
             else:
-                line = fmt.simple_step(node_ts, n * self.gpn, job.step, loss, grad_norm, lr, took)
+                line = fmt.simple_step(node_ts, n * self.gpn, job.step, node_loss, grad_norm, lr, took)
             self._train(n, [line])
 
     def _activity(self, rank: int) -> str:
