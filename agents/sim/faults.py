@@ -377,13 +377,10 @@ class FaultInjection:
         nic = f"0000:{F.PCI_BUSES[gpu % 8] - 1:02x}:00.0"
         port = f"ibp{F.PCI_BUSES[gpu % 8] - 1}s0"
         peer = (n + 1) % self.config.nodes if self.config.nodes > 1 else n
-        self._kern(
-            n,
-            f"mlx5_core {nic}: poll_health:{800 + self.rng.randrange(60)}:(pid 0): Fatal error 1 detected",
-            f"mlx5_core {nic}: mlx5_health_try_recover:{330 + self.rng.randrange(20)}:(pid {900 + self.rng.randrange(99)}): "
-            "handling bad device here",
-            f"mlx5_core {nic} {port}: Link down",
-        )  # fmt: skip
+        line, worker = 330 + self.rng.randrange(20), 900 + self.rng.randrange(99)
+        self._kern(n, f"mlx5_core {nic}: poll_health:{800 + self.rng.randrange(60)}:(pid 0): Fatal error 1 detected")
+        self._kern(n, f"mlx5_core {nic}: mlx5_health_try_recover:{line}:(pid {worker}): handling bad device here")
+        self._kern(n, f"mlx5_core {nic} {port}: Link down")
         self._port_down(n, gpu)
         pid = self._pid(rank)
         lines = fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Send")
