@@ -390,10 +390,9 @@ class FaultInjection:
         self._schedule(1.0, lambda: self._teardown_node(n))
 
     def _inject_sdc(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """Silent data corruption: one node's GPU computes wrong values with no error anywhere; the loss its
-        ranks report turns NaN or jumps for a few steps at a time, while the other nodes' stay ordinary."""
-        assert spec.node is not None
-        self.job.corrupt_node = spec.node
+        """Silent data corruption: one GPU computes wrong values with no error anywhere; the loss its node reports
+        turns NaN or jumps on most steps, while the other nodes' stay ordinary."""
+        self.gpus[spec.node][spec.gpu].corrupting = True  # type: ignore[index]
 
     def _inject_host_maintenance(self, spec: FaultSpec, record: FaultRecord) -> None:
         """Planned host maintenance: the operator drains the node (a silence first, then the scheduler stops the
@@ -562,8 +561,7 @@ class FaultInjection:
         self._epoch += 1
         if spec.node is not None:
             for g in self.gpus[spec.node]:
-                g.reset()
-                g.remap_failure = 0  # a repaired node's GPU was replaced or its memory fixed
+                g.repair()
             self.hosts[spec.node].repair()
             self.fabrics[spec.node].repair()
             self._kern(spec.node, fmt.DRIVER_BANNER)
@@ -571,7 +569,7 @@ class FaultInjection:
         self._stop_pause()
         if spec.node is not None:
             self.loader_wait.pop(spec.node, None)
-        job.comm_factor, job.stall_until, job.nan, job.corrupt_node = 1.0, 0.0, False, None
+        job.comm_factor, job.stall_until, job.nan = 1.0, 0.0, False
         job.stuck_rank = job.stall_rank = None
         job.state, job.phase, job.started_at = "running", 0.0, self.t
         self.generation += 1

@@ -84,7 +84,6 @@ class Job:
     stall_rank: int | None = None  # the rank whose data loader is stalling
     last_checkpoint: int = 0  # the iteration a restart resumes from
     loss_spike: float = 0.0  # the loss's current excess over its trend, as a fraction
-    corrupt_node: int | None = None  # silent data corruption: the node whose ranks' loss goes wrong
 
 
 class Cluster(FaultInjection, RealLife):
@@ -317,7 +316,8 @@ class Cluster(FaultInjection, RealLife):
         for n in range(self.config.nodes):
             node_ts = ts + self.skew[n]
             node_loss = loss
-            if n == job.corrupt_node and rng.random() < SDC_STEP_SHARE:  # wrong values, no error anywhere
+            # Silent data corruption: wrong values on the node, no error anywhere.
+            if any(g.corrupting for g in self.gpus[n]) and rng.random() < SDC_STEP_SHARE:
                 node_loss = math.nan if rng.random() < 0.5 else loss * rng.uniform(6.0, 30.0)
             if n == last:  # Megatron logs from the last rank
                 line = fmt.megatron_step(

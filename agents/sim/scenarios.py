@@ -246,11 +246,11 @@ FAULT_KINDS: dict[str, FaultKind] = {
         ),
         FaultKind(
             "sdc",
-            "silent data corruption: no error anywhere; one node's ranks report a NaN or a 6-30x loss on most "
-            "steps while the other nodes' stay ordinary; diagnose the node",
+            "silent data corruption: no error anywhere; one GPU computes wrong values, its node reports a NaN or a "
+            "6-30x loss on most steps while the other nodes' stay ordinary; diagnose the node",
             "infrastructure",
             False,
-            NODE,
+            GPU,
             eviction_optional=True,
         ),
         FaultKind(
