@@ -1,0 +1,499 @@
+"""`faultline eval --campaign`: one long-lived service, long-running jobs, faults back to back drawn from a
+published fleet's mix (agents/sim/mix.py), and the closed loop acting on the service's decisions as a scheduler
+would; scored by service/evaluation/campaign_scoring.py.
+
+It runs on the soak's accelerated-time harness (service/evaluation/soak.py: the simulator's cluster model with
+its real-life noise, the agent's own parsers, real ingest into PostgreSQL, diagnosis passes with now = simulated
+time, incident and decision maintenance). What the campaign adds, per job:
+
+- A healthy stretch (the soak's noise only), then one fault from the mix on a node drawn uniformly, and so on.
+- Each pending decision is done to the cluster by the closed loop's core (agents/sim/actions.py `act`: evict ->
+  a spare swapped in and the job restarted from its checkpoint; reset_gpu; diagnose -> out for a check; repaired
+  machines back to the pool), then acknowledged through the service's own function, as a scheduler acks over
+  the API; the new rank map is registered as a launcher would. Decisions waiting for a person are left waiting.
+- A fault is dealt with when the loop acted on its machine; a planned drain when the operator drained it (a
+  silence on the node first); a user's bug when the user restarted the job (USER_FIX_S later); any other fault
+  nobody dealt with in FAULT_TIMEOUT_S is drained by hand (a miss).
+- STALE_AFTER_S after a fault was dealt with, its job's incidents opened since the fault that are still open are
+  counted stale.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from agents.sim.actions import act
+from agents.sim.config import RealismParams, SimConfig
+from agents.sim.faults import FaultRecord
+from agents.sim.mix import CATEGORY_OF, LOCALIZABLE, Draw, draws, spec_of
+from agents.sim.model import Cluster
+from agents.sim.pool import REPAIR
+from agents.sim.realism import START
+from agents.sim.scenarios import FAULT_KINDS, FaultSpec
+from service.auth import Principal
+from service.config import Settings
+from service.db import session_scope
+from service.decisions.lifecycle import acknowledge
+from service.evaluation import campaign_scoring as scoring
+from service.evaluation.soak import (
+    END_MARGIN_S,
+    MAX_SIMULATED_S,
+    PROGRESS_EVERY_S,
+    SAMPLE_S,
+    JobRun,
+    Soak,
+    SoakConfig,
+    SoakJob,
+    _hms,
+    parse_jobs,
+)
+from service.evaluation.soak_agent import VirtualAgent
+from service.jobs.schemas import JobIn, Parallelism, RankIn
+from service.jobs.service import register
+from service.models import Decision, Incident, Node
+from service.silences import service as silences
+from service.silences.schemas import SilenceIn
+
+# One small job by default: a fault's whole cycle (detection, the loop, the restart) takes a few simulated
+# minutes and the healthy stretches are short, so 200 faults take ~30 minutes of wall time on two cores.
+DEFAULT_JOBS_SPEC = "4x4:tp4"
+DEFAULT_FAULTS = 200
+SPARES_PER_JOB = 2
+HEALTHY_S = (120.0, 240.0)  # the healthy stretch before each fault, drawn uniformly
+FAULT_TIMEOUT_S = 600.0  # a fault nobody acted on this long is drained by hand
+USER_FIX_S = 120.0  # a user's bug: the user reads the traceback, fixes the code and restarts the job
+REPAIR_S = 1800.0  # an evicted machine is back in the spare pool this long after (the campaign's repair shop)
+ACTOR = "faultline-campaign"
+STALE_AFTER_S = scoring.STALE_AFTER_S
+
+
+@dataclass
+class Active:
+    """The fault a job is going through."""
+
+    index: int
+    draw: Draw
+    spec: FaultSpec
+    record: FaultRecord
+    node: str | None
+    t: float
+    step: int
+    since_checkpoint_s: float
+    dealt_t: float | None = None
+    how: str = ""
+
+
+@dataclass
+class CampaignJob:
+    run: JobRun
+    draws: Any  # the job's endless stream of draws
+    rng: random.Random
+    next_at: float
+    active: Active | None = None
+    slots_version: int = 0
+    first_step: int = 0
+    step_s: float = 1.0
+    stale_checks: list[tuple[float, int]] = field(default_factory=list)  # (when, fault index)
+    seen_incident: int = 0  # the highest incident id seen
+    decided: set[int] = field(default_factory=set)  # decision ids the loop has seen
+
+
+class Campaign(Soak):
+    """The campaign of some of the config's jobs (`indices`, default all) in this process."""
+
+    def __init__(
+        self,
+        config: SoakConfig,
+        settings: Settings,
+        *,
+        faults: int,
+        say: Callable[[str], None],
+        indices: list[int] | None = None,
+    ) -> None:
+        super().__init__(config, settings, say=say, indices=indices)
+        self.total_faults = faults
+        self.campaign: list[CampaignJob] = []
+        self.outcomes: list[scoring.FaultOutcome] = []
+        self.decision_rows: dict[int, scoring.DecisionRow] = {}
+        self.incident_rows: dict[int, scoring.IncidentRow] = {}
+        self.stale: dict[int, list[int]] = {}  # fault index -> its stale incidents
+        self.loop_acts: list[dict[str, Any]] = []
+        self.injected = 0
+        # Every job draws its share of the faults: job k the k-th, (k + jobs)-th, ... of the campaign.
+        self.quota = {i: len(range(i, faults, len(config.jobs))) for i in self.indices}
+
+    # -- set-up --
+
+    def _sim_config(self, i: int, spec: SoakJob, job_id: str) -> SimConfig:
+        return SimConfig(
+            nodes=spec.nodes,
+            gpus_per_node=spec.gpus_per_node,
+            spares=SPARES_PER_JOB,
+            repair_seconds=REPAIR_S,
+            scenario="healthy",
+            seed=self.config.seed * 1000 + i,
+            job_id=job_id,
+            node_prefix=f"camp{self.run_id}{spec.name}-",
+            start=self.start,
+            realism=True,
+            realism_params=self.config.realism,
+            agents=False,
+        )
+
+    def _make_jobs(self, session: Session) -> None:
+        for i in self.indices:
+            spec = self.config.jobs[i]
+            job_id = f"campaign-{self.run_id}-{spec.name}"
+            cluster = Cluster(self._sim_config(i, spec, job_id))
+            agents = [
+                VirtualAgent(cluster, n, job_id=job_id, tree_dir=self.tree_dir, pid_base=100_000 * (i + 1))
+                for n in range(cluster.machines)
+            ]
+            run = JobRun(spec, job_id, cluster, agents)
+            self._register(session, run)
+            for n, agent in enumerate(agents):
+                if cluster.agent_delay(n) <= 0:
+                    agent.start(self.start)
+            self._sync_pids(run)
+            self.jobs.append(run)
+            rng = random.Random(self.config.seed * 7919 + i)
+            stream = draws(self.config.seed * 104729 + i, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node)
+            self.campaign.append(
+                CampaignJob(
+                    run, stream, rng, next_at=rng.uniform(*HEALTHY_S), first_step=cluster.job.step,
+                    step_s=cluster.config.step_seconds,
+                )
+            )  # fmt: skip
+
+    def _register(self, session: Session, run: JobRun) -> None:
+        """The job with its current rank map, as its launcher registers it at each (re)start."""
+        spec, c = run.spec, run.cluster
+        register(
+            session,
+            job_in=JobIn(
+                job_id=run.job_id,
+                world_size=c.world,
+                parallelism=Parallelism(tp=spec.tp, pp=spec.pp, dp=c.world // (spec.tp * spec.pp)),
+                hang_timeout_s=self.config.hang_timeout_s,
+                ranks=[RankIn(**r) for r in c.rank_map()],
+            ),
+        )
+
+    # -- the loop --
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        with session_scope() as session:
+            self._make_jobs(session)
+        shape = ", ".join(f"{j.job_id} ({j.spec.nodes}x{j.spec.gpus_per_node}, tp {j.spec.tp} pp {j.spec.pp})" for j in self.jobs)
+        self.say(f"campaign: {sum(self.quota.values())} faults from the Llama 3 405B mix on {shape}")
+        ship_every, pass_every, maint_every = (
+            max(1, round(s / SAMPLE_S)) for s in (5.0, self.settings.diagnosis_interval_s, 60.0)
+        )
+        steps = round(self.config.duration_s / SAMPLE_S)
+        last_progress = time.monotonic()
+        try:
+            for k in range(1, steps + 1):
+                t = k * SAMPLE_S
+                now = self.start + timedelta(seconds=t)
+                for run in self.jobs:
+                    self._advance(run, t, now)
+                for job in self.campaign:
+                    self._step(job, t, now)
+                if k % ship_every == 0:
+                    self._ship(now)
+                if k % pass_every == 0:
+                    for run in self.jobs:
+                        self._pass(run, now, fast=False)
+                if k % maint_every == 0:
+                    self._maintenance(now)
+                self.covered_s = t
+                if all(self._finished(j) for j in self.campaign):
+                    break
+                if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                    last_progress = time.monotonic()
+                    self._progress_line(t, started)
+        except KeyboardInterrupt:
+            self.say(f"campaign: interrupted after {len(self.outcomes)} faults; reporting those")
+        finally:
+            import shutil
+
+            shutil.rmtree(self.tree_dir, ignore_errors=True)
+        self.wall_s = time.monotonic() - started
+        return self.campaign_report()
+
+    def _finished(self, job: CampaignJob) -> bool:
+        i = self.jobs.index(job.run)
+        done = sum(1 for o in self.outcomes if o.job_id == job.run.job_id)
+        return done >= self.quota[self.indices[i]] and job.active is None and not job.stale_checks
+
+    def _progress_line(self, t: float, started: float) -> None:
+        wall = time.monotonic() - started
+        total = sum(self.quota.values())
+        self.say(
+            f"campaign: {len(self.outcomes)}/{total} faults dealt with, {_hms(t)} simulated in {wall / 60:.1f} min "
+            f"({t / wall if wall else 0:.0f}x real time); {len(self.decision_rows)} decisions, "
+            f"{len(self.incident_rows)} incidents"
+        )
+
+    def _advance(self, run: JobRun, t: float, now: datetime) -> None:
+        super()._advance(run, t, now)
+        job = next(j for j in self.campaign if j.run is run)
+        if run.cluster.slots_version != job.slots_version:  # the job restarted on other machines
+            job.slots_version = run.cluster.slots_version
+            with session_scope() as session:
+                self._register(session, run)
+            self._start_agents(run, now)
+
+    @staticmethod
+    def _start_agents(run: JobRun, now: datetime) -> None:
+        """A machine swapped into the job has its agent running already (it ran as a spare); one that never ran
+        starts now."""
+        for agent in run.agents:
+            if not agent.ever_started:
+                agent.start(now)
+
+    # -- one job's faults --
+
+    def _step(self, job: CampaignJob, t: float, now: datetime) -> None:
+        for when, index in list(job.stale_checks):
+            if t >= when:
+                job.stale_checks.remove((when, index))
+                self._check_stale(job, index, now)
+        a = job.active
+        if a is None:
+            i = self.indices[self.jobs.index(job.run)]
+            mine = sum(1 for o in self.outcomes if o.job_id == job.run.job_id)
+            if t >= job.next_at and mine < self.quota[i] and job.run.cluster.job.state == "running":
+                self._inject(job, t, now)
+            return
+        if a.dealt_t is None:
+            self._maybe_dealt(job, a, t, now)
+        elif job.run.cluster.job.state == "running" or t - a.dealt_t >= FAULT_TIMEOUT_S:
+            self._close(job, a, t)
+
+    def _inject(self, job: CampaignJob, t: float, now: datetime) -> None:
+        c = job.run.cluster
+        d: Draw = next(job.draws)
+        spec = spec_of(d, t)
+        node = c.node_names[c.slots[d.node]] if spec.node is not None else None
+        if d.kind == "host_maintenance":  # the operator silences the node before draining it
+            self._silence(node, now)
+        record = c.inject(spec)
+        index = self.injected * len(self.config.jobs) + self.indices[self.jobs.index(job.run)]
+        self.injected += 1
+        job.active = Active(
+            index, d, spec, record, node, t, c.job.step, since_checkpoint_s=self._since_checkpoint(c, t)
+        )
+        self.say(f"campaign: t={_hms(t)} {job.run.job_id}: fault #{index} {d.kind} ({d.category}) on {node or 'the job'}")
+        if d.kind == "host_maintenance":
+            machine = c.machine_index(node) if node else None
+            if machine is not None:
+                c.swap_out(machine, then=REPAIR)
+            self._dealt(job.active, t, "drained")
+
+    @staticmethod
+    def _since_checkpoint(c: Cluster, t: float) -> float:
+        """Seconds of training since the checkpoint a restart would resume from."""
+        for step, end, _ in reversed(c.step_history):
+            if step <= c.job.last_checkpoint:
+                return max(0.0, t - end)
+        return 0.0
+
+    def _silence(self, node: str | None, now: datetime) -> None:
+        if node is None:
+            return
+        with session_scope() as session:
+            silences.create(
+                session,
+                silence_in=SilenceIn(node_pattern=node, duration_s=2 * 3600.0, comment="planned maintenance (campaign)"),
+                principal=Principal(scope="operator", name=ACTOR),
+                now=now,
+            )
+
+    def _maybe_dealt(self, job: CampaignJob, a: Active, t: float, now: datetime) -> None:
+        kind = FAULT_KINDS[a.draw.kind]
+        c = job.run.cluster
+        if a.record.resolved_by or a.record.repaired_at is not None:  # the loop took it out of the job, or reset it
+            self._dealt(a, t, "acted")
+        elif kind.scope == "job" and t - a.t >= USER_FIX_S:
+            c.repair(a.record, a.spec)  # the user fixed the code and restarted the job
+            self._dealt(a, t, "restarted")
+        elif t - a.t >= FAULT_TIMEOUT_S:
+            machine = c.machine_index(a.node) if a.node else None
+            if machine is not None and c.node_rank(machine) is not None:
+                c.swap_out(machine, then=REPAIR)  # nobody acted: an operator drains it by hand
+            else:
+                c.repair(a.record, a.spec)
+            self._dealt(a, t, "by_hand")
+
+    @staticmethod
+    def _dealt(a: Active, t: float, how: str) -> None:
+        a.dealt_t, a.how = t, how
+
+    def _close(self, job: CampaignJob, a: Active, t: float) -> None:
+        """The job runs again after the fault: its outcome, then the next healthy stretch."""
+        assert a.dealt_t is not None
+        job.active = None
+        job.next_at = t + job.rng.uniform(*HEALTHY_S)
+        job.stale_checks.append((a.dealt_t + STALE_AFTER_S, a.index))
+        c = job.run.cluster
+        lost = max(0.0, (t - a.t) - (c.job.step - a.step) * job.step_s)
+        ideal = self.config_restart_s(c) + a.since_checkpoint_s
+        self.outcomes.append(
+            scoring.FaultOutcome(
+                index=a.index,
+                job_id=job.run.job_id,
+                category=a.draw.category,
+                kind=a.draw.kind,
+                node=a.node,
+                gpu=a.draw.gpu,
+                expect_action=FAULT_KINDS[a.draw.kind].action,
+                eviction_optional=FAULT_KINDS[a.draw.kind].eviction_optional,
+                localizable=CATEGORY_OF[a.draw.kind] in LOCALIZABLE,
+                injected_s=a.t,
+                dealt_s=a.dealt_t,
+                how=a.how,
+                lost_s=round(lost, 1),
+                ideal_lost_s=round(min(lost, ideal), 1),
+            )
+        )
+
+    @staticmethod
+    def config_restart_s(c: Cluster) -> float:
+        return float(c.config.restart_seconds)
+
+    def _check_stale(self, job: CampaignJob, index: int, now: datetime) -> None:
+        outcome = next(o for o in self.outcomes if o.index == index)
+        since = self.start + timedelta(seconds=outcome.injected_s - scoring.CLOCK_SLACK_S)
+        theirs = [
+            i for i, r in self.incident_rows.items()
+            if r.job_id == job.run.job_id and r.first_seen_s >= (since - self.start).total_seconds()
+            and r.first_seen_s <= outcome.dealt_s + scoring.GRACE_S
+        ]  # fmt: skip
+        if not theirs:
+            return
+        with session_scope() as session:
+            still = session.scalars(
+                select(Incident.id).where(Incident.id.in_(theirs), Incident.state != "resolved")
+            ).all()
+        if still:
+            self.stale[index] = sorted(still)
+
+    # -- the service's answers: the loop acts on decisions --
+
+    def _pass(self, run: JobRun, now: datetime, *, fast: bool) -> None:
+        super()._pass(run, now, fast=fast)
+        job = next(j for j in self.campaign if j.run is run)
+        t = (now - self.start).total_seconds()
+        with session_scope() as session:
+            self._note_incidents(session, job, t)
+            new = [d for d in run.decision_times if d not in job.decided]
+            if not new:
+                return
+            rows = session.execute(
+                select(Decision, Node.name).outerjoin(Node, Node.id == Decision.node_id).where(Decision.id.in_(new))
+            ).all()
+            for decision, node in sorted(rows, key=lambda r: r[0].id):
+                job.decided.add(decision.id)
+                self.decision_rows[decision.id] = scoring.DecisionRow(
+                    decision.id,
+                    run.job_id,
+                    run.decision_times[decision.id],
+                    decision.kind,
+                    node,
+                    decision.gpu,
+                    awaited_approval=decision.state == "awaiting_approval",
+                )
+                if decision.state != "pending":
+                    continue
+                outcome = act(run.cluster, {"kind": decision.kind, "node": node, "gpu": decision.gpu})
+                acknowledge(
+                    session,
+                    decision_id=decision.id,
+                    outcome=outcome.ack,
+                    message=outcome.message,
+                    actor=ACTOR,
+                    now=now,
+                    settings=self.settings,
+                )
+                self.loop_acts.append(
+                    {"t_s": t, "decision": decision.id, "kind": decision.kind, "node": node, "ack": outcome.ack,
+                     "message": outcome.message}
+                )  # fmt: skip
+
+    def _note_incidents(self, session: Session, job: CampaignJob, t: float) -> None:
+        job_pk = session.scalar(select(Decision.job_id).limit(0))  # placeholder, replaced below
+        del job_pk
+        from service.models import Job
+
+        pk = session.scalar(select(Job.id).where(Job.external_id == job.run.job_id))
+        rows = session.execute(
+            select(Incident.id, Incident.blame, Incident.silence_id).where(
+                Incident.job_id == pk, Incident.id > job.seen_incident
+            )
+        ).all()
+        for incident_id, blame, silence_id in rows:
+            job.seen_incident = max(job.seen_incident, incident_id)
+            self.incident_rows[incident_id] = scoring.IncidentRow(
+                incident_id, job.run.job_id, t, blame, silenced=silence_id is not None
+            )
+
+    # -- the report --
+
+    def campaign_report(self) -> dict[str, Any]:
+        # Blame may be settled after an incident opened: read it at the end.
+        with session_scope() as session:
+            blames = dict(
+                session.execute(select(Incident.id, Incident.blame).where(Incident.id.in_(self.incident_rows))).all()
+            )
+        incidents = [
+            scoring.IncidentRow(r.id, r.job_id, r.first_seen_s, blames.get(r.id, r.blame), r.silenced)
+            for r in self.incident_rows.values()
+        ]
+        outcomes = [
+            scoring.FaultOutcome(**{**o.__dict__, "stale_incidents": tuple(self.stale.get(o.index, ()))})
+            for o in self.outcomes
+        ]
+        progress = []
+        for job in self.campaign:
+            c = job.run.cluster
+            steps = [d for _, _, d in c.step_history]
+            step_s = sorted(steps)[len(steps) // 2] if steps else job.step_s
+            progress.append(scoring.JobProgress(job.run.job_id, self.covered_s, (c.job.step - job.first_step) * step_s))
+        return {
+            "simulated_s": self.covered_s,
+            "wall_s": round(self.wall_s, 1),
+            "seed": self.config.seed,
+            "started_at": self.start.isoformat(),
+            "jobs": [
+                {
+                    "job_id": j.run.job_id,
+                    "nodes": j.run.spec.nodes,
+                    "gpus_per_node": j.run.spec.gpus_per_node,
+                    "tp": j.run.spec.tp,
+                    "pp": j.run.spec.pp,
+                    "spares": SPARES_PER_JOB,
+                    "restarts": j.run.cluster.generation,
+                    "steps_trained": j.run.cluster.job.step - j.first_step,
+                    "loop_events": [e.to_json() for e in j.run.cluster.loop_events],
+                }
+                for j in self.campaign
+            ],
+            "faults": [o.__dict__ for o in outcomes],
+            "decisions": [d.__dict__ for d in self.decision_rows.values()],
+            "incidents": [i.__dict__ for i in incidents],
+            "loop_acts": self.loop_acts,
+            "unfinished": [j.active.index for j in self.campaign if j.active is not None],
+            "_parts": (outcomes, list(self.decision_rows.values()), incidents, progress),
+        }
