@@ -74,6 +74,13 @@ class RealismParams:
 class SimConfig:
     nodes: int = 4
     gpus_per_node: int = 8
+    # Idle machines beside the job's, which the closed loop (agents/sim/actions.py) swaps in for an evicted node.
+    spares: int = 0
+    # Closed loop, simulated seconds: an evicted node is repaired this long before it rejoins the spare pool; a
+    # node sent to `diagnose` is checked this long; the job comes back this long after losing a node.
+    repair_seconds: float = 600.0
+    check_seconds: float = 120.0
+    restart_seconds: float = 20.0
     scenario: str = "healthy"
     # None: a random seed, printed at start so a run can be replayed.
     seed: int | None = None
@@ -121,8 +128,14 @@ class SimConfig:
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    @property
+    def machines(self) -> int:
+        """The job's nodes, then the spares."""
+        return self.nodes + self.spares
+
     def node_names(self) -> list[str]:
-        return [node_name(i, self.node_prefix) for i in range(self.nodes)]
+        """Every machine's name: the job's first nodes (in node-rank order at the start), then the spares."""
+        return [node_name(i, self.node_prefix) for i in range(self.machines)]
 
 
 def node_name(index: int, prefix: str = "node-") -> str:

@@ -4,7 +4,7 @@ crash it causes, the watchdog and torchrun teardown that follow, and the repair 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +73,11 @@ class FaultRecord:
     repaired_at: datetime | None = None
     expect_action: str = ""  # evict | diagnose | none (FaultKind.action)
     details: dict[str, Any] | None = None  # what else the kind records (the transient's variant)
+    machine: int | None = None  # the machine's index in the cluster (its name is in `nodes`)
+    # The closed loop (agents/sim/actions.py): when the machine left the job, and what took it out (evict,
+    # diagnose, reset_gpu); `repaired_at` is then when the repair shop (or the reset) fixed it.
+    left_job_at: datetime | None = None
+    resolved_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -90,6 +95,10 @@ class FaultRecord:
             out.update(self.details)
         if self.repaired_at is not None:
             out["repaired_at"] = self.repaired_at.isoformat()
+        if self.left_job_at is not None:
+            out["left_job_at"] = self.left_job_at.isoformat()
+        if self.resolved_by:
+            out["resolved_by"] = self.resolved_by
         return out
 
 
@@ -107,6 +116,7 @@ class FaultInjection:
     fabrics: list[Fabric]
     modes: list[str]
     job: Job
+    slots: list[int]
     faults: list[FaultRecord]
     faults_version: int
     generation: int
@@ -124,13 +134,26 @@ class FaultInjection:
         def _stop_pause(self) -> None: ...
         def _begin_checkpoint(self, seconds: float, stuck_rank: int | None = None) -> None: ...
         def _loader_stall(self, rank: int, seconds: float) -> None: ...
+        def _rank(self, node: int, gpu: int) -> int: ...
+        def machine_of(self, rank: int) -> int: ...
+        def ranks_on(self, node: int) -> list[int]: ...
+        def node_rank(self, node: int) -> int | None: ...
+        def swap_out(self, machine: int, *, then: str) -> str: ...
 
     def inject(self, spec: FaultSpec) -> FaultRecord:
-        """Inject `spec` now (its `at` is ignored): for a harness that draws faults as it goes (the campaign)."""
+        """Inject `spec` now (its `at` is ignored; its node is a node rank): for a harness that draws faults as it
+        goes (the campaign)."""
         return self._inject(spec)
+
+    def repair(self, record: FaultRecord) -> None:
+        """Fixed in place by hand (a user's fixed code, an operator's repair) and the job restarted."""
+        gpu = next(iter(record.gpus.values()), [None])[0] if record.gpus else None
+        self._repair(record, FaultSpec(record.t, record.kind, record.machine, gpu))
 
     def _inject(self, spec: FaultSpec) -> FaultRecord:
         kind = FAULT_KINDS[spec.kind]
+        if spec.node is not None:  # the plan names a node rank: the fault lands on the machine there now
+            spec = replace(spec, node=self.slots[spec.node])
         nodes: list[str] = []
         gpus: dict[str, list[int]] = {}
         ranks: list[int] = []
@@ -152,6 +175,7 @@ class FaultInjection:
             eviction_optional=kind.eviction_optional,
             t=self.t,
             expect_action=kind.action,
+            machine=spec.node,
         )
         getattr(self, f"_inject_{spec.kind}")(spec, record)
         if kind.noise:  # nothing to find: the ground truth keeps it apart from the faults
@@ -181,9 +205,9 @@ class FaultInjection:
     def _watchdog_fires(self, watchdog: float) -> None:
         victims = [r for r in range(self.world) if self.modes[r] in VICTIMS]
         timeout_ms = int(watchdog * 1000)
-        for n in range(self.config.nodes):
+        for n in self.slots:
             lines: list[str] = []
-            for r in (r for r in victims if r // self.gpn == n):
+            for r in (r for r in victims if self.machine_of(r) == n):
                 ran_ms = timeout_ms + 20 + self.rng.randrange(60)
                 ts = self._node_ts(n, 0.001 * r + self.rng.random() * 0.0009)
                 seq = self.job.seq + 1  # the collective that never completed
@@ -198,7 +222,7 @@ class FaultInjection:
         if node in self._torn_down:
             return
         self._torn_down.add(node)
-        local = range(node * self.gpn, (node + 1) * self.gpn)
+        local = self.ranks_on(node)
         failed = [r for r in self._failed_order if r in local]
         survivors = [r for r in local if self.modes[r] not in DEAD]
         for r in survivors:
@@ -218,7 +242,7 @@ class FaultInjection:
         )
 
     def _teardown_all(self) -> None:
-        for n in range(self.config.nodes):
+        for n in list(self.slots):
             self._teardown_node(n)
         self.job.state = "failed"
 
@@ -376,7 +400,7 @@ class FaultInjection:
         rank = self._rank(n, gpu)
         nic = f"0000:{F.PCI_BUSES[gpu % 8] - 1:02x}:00.0"
         port = f"ibp{F.PCI_BUSES[gpu % 8] - 1}s0"
-        peer = (n + 1) % self.config.nodes if self.config.nodes > 1 else n
+        peer = self._peer(n)
         line, worker = 330 + self.rng.randrange(20), 900 + self.rng.randrange(99)
         self._kern(n, f"mlx5_core {nic}: poll_health:{800 + self.rng.randrange(60)}:(pid 0): Fatal error 1 detected")
         self._kern(n, f"mlx5_core {nic}: mlx5_health_try_recover:{line}:(pid {worker}): handling bad device here")
@@ -395,22 +419,13 @@ class FaultInjection:
         self.gpus[spec.node][spec.gpu].corrupting = True  # type: ignore[index]
 
     def _inject_host_maintenance(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """Planned host maintenance: the operator drains the node (a silence first, then the scheduler stops the
-        job to move it to a spare); nothing is wrong with it and nobody may accuse it. The scheduler's SIGTERM
-        reaches every node's torchrun, which stops its workers."""
-        assert spec.node is not None
-        self._stop_job_for_drain()
+        """Planned host maintenance: the operator drains the machine (a silence first, where a harness has a
+        service), so the scheduler takes it out of the job and a spare takes its place, as for an eviction;
+        nothing is wrong with it and nobody may accuse it."""
+        from agents.sim.pool import REPAIR  # the pool imports this module
 
-    def _stop_job_for_drain(self) -> None:
-        """The scheduler stops the job (a requeue): torchrun passes SIGTERM on, the workers exit."""
-        for n in range(self.config.nodes):
-            local = range(n * self.gpn, (n + 1) * self.gpn)
-            pids = [self._pid(r) for r in local if self.modes[r] not in DEAD]
-            for r in local:
-                self._set_mode(r, TERMINATED)
-            self._train(n, fmt.torchrun_death_signal(self._node_ts(n), self._launcher_pid(n), pids))
-        self._stop_pause()
-        self.job.state = "failed"
+        assert spec.node is not None
+        self.swap_out(spec.node, then=REPAIR)
 
     def _inject_nvlink(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
@@ -434,7 +449,7 @@ class FaultInjection:
         rank = self._rank(n, gpu)
         nic = f"0000:{F.PCI_BUSES[gpu % 8] - 1:02x}:00.0"
         port = f"ibp{F.PCI_BUSES[gpu % 8] - 1}s0"
-        peer = (n + 1) % self.config.nodes if self.config.nodes > 1 else n
+        peer = self._peer(n)
 
         def link(state: str) -> None:
             self._kern(n, f"mlx5_core {nic} {port}: Link {state}")
@@ -470,6 +485,11 @@ class FaultInjection:
 
         self._schedule(IB_SECOND_FLAP, second_flap)
 
+    def _peer(self, n: int) -> int:
+        """The machine of the next node rank (the ring neighbour NCCL's IB lines name)."""
+        slot = self.node_rank(n) or 0
+        return self.slots[(slot + 1) % len(self.slots)] if len(self.slots) > 1 else n
+
     def _port_down(self, n: int, gpu: int) -> None:
         """The GPU's IB port loses its link (counters step, state DOWN, the PHY polling)."""
         self.fabrics[n].flap_down(gpu, self.rng)
@@ -485,7 +505,7 @@ class FaultInjection:
         n, gpu = spec.node, spec.gpu
         assert n is not None and gpu is not None
         rank = self._rank(n, gpu)
-        peer = (n + 1) % self.config.nodes if self.config.nodes > 1 else n
+        peer = self._peer(n)
 
         def flap() -> None:
             down_s = 3.0 + 2.0 * self.rng.random()
@@ -544,9 +564,9 @@ class FaultInjection:
         self._hang_job({self._rank(spec.node, spec.gpu): CULPRIT_DATA}, self.config.hang_watchdog_seconds)
 
     def _inject_user_bug(self, spec: FaultSpec, record: FaultRecord) -> None:
-        for n in range(self.config.nodes):
+        for n in self.slots:
             lines: list[str] = []
-            for r in range(n * self.gpn, (n + 1) * self.gpn):
+            for r in self.ranks_on(n):
                 lines += fmt.traceback_user_bug(r)
                 self._set_mode(r, CRASH_USER)
             self._train(n, lines)
@@ -558,6 +578,8 @@ class FaultInjection:
 
     def _repair(self, record: FaultRecord, spec: FaultSpec) -> None:
         """The node is fixed (or swapped) and the job restarted from its last checkpoint."""
+        if record.repaired_at is not None or record.left_job_at is not None:  # the closed loop was first
+            return
         self._epoch += 1
         if spec.node is not None:
             for g in self.gpus[spec.node]:
@@ -578,12 +600,12 @@ class FaultInjection:
             self.modes[r] = NORMAL
         self._failed_order.clear()
         self._torn_down.clear()
-        for n in range(self.config.nodes):
+        for k, n in enumerate(self.slots):
             self._train(
                 n,
                 [
                     fmt.torchrun_restart(self._node_ts(n), self._launcher_pid(n), self.generation, 100),
-                    fmt.resuming(self._node_ts(n), n * self.gpn, job.step),
+                    fmt.resuming(self._node_ts(n), k * self.gpn, job.step),
                 ],
             )
         self._plan_step()

@@ -78,8 +78,8 @@ def spec_of(d: Draw, at: float) -> FaultSpec:
     return FaultSpec(at, d.kind, node, d.gpu)
 
 
-def draws(seed: int, *, nodes: int, gpus_per_node: int) -> Iterator[Draw]:
+def draws(seed: int, *, nodes: int, gpus_per_node: int, mix: tuple[Category, ...] = LLAMA3_405B) -> Iterator[Draw]:
     """An endless, reproducible stream of faults for one job."""
     rng = random.Random(seed)
     while True:
-        yield draw(rng, nodes=nodes, gpus_per_node=gpus_per_node)
+        yield draw(rng, nodes=nodes, gpus_per_node=gpus_per_node, mix=mix)

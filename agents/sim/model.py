@@ -43,6 +43,7 @@ from agents.sim.gpu import (
 )
 from agents.sim.host import Host
 from agents.sim.modes import CHECKPOINT, CULPRITS, DEAD, NORMAL, TERMINATED, VICTIMS
+from agents.sim.pool import SparePool
 from agents.sim.realism import AgentAction, RealLife, RealState
 from agents.sim.scenarios import SCENARIOS, FaultSpec
 
@@ -86,7 +87,7 @@ class Job:
     loss_spike: float = 0.0  # the loss's current excess over its trend, as a fraction
 
 
-class Cluster(FaultInjection, RealLife):
+class Cluster(FaultInjection, RealLife, SparePool):
     def __init__(self, config: SimConfig) -> None:
         config = config.resolved()
         if config.scenario not in SCENARIOS:
@@ -105,18 +106,22 @@ class Cluster(FaultInjection, RealLife):
         # The plan draws from its own stream, so adding noise to the physics never moves a fault.
         self._plan: Iterator[FaultSpec] = SCENARIOS[config.scenario].plan(config, random.Random(config.seed ^ 0x5EED))
         self._next_fault: FaultSpec | None = next(self._plan, None)
-        self.node_names = config.node_names()
+        self.node_names = config.node_names()  # every machine: the job's, then the spares
+        self.machines = config.machines
         self.gpn = config.gpus_per_node
         self.world = config.world_size
-        self.gpus = [[Gpu(n, g, self.rng) for g in range(self.gpn)] for n in range(config.nodes)]
+        # Node rank -> machine: the job's nodes, which a swap (agents/sim/actions.py) changes.
+        self.slots: list[int] = list(range(config.nodes))
+        self._slot_of: dict[int, int] = {m: k for k, m in enumerate(self.slots)}
+        self.gpus = [[Gpu(n, g, self.rng) for g in range(self.gpn)] for n in range(self.machines)]
         # Hosts and networks draw from their own stream too: they leave the GPUs' noise as it was.
         self.node_rng = random.Random(config.seed ^ 0x40DE)
-        self.hosts = [Host(n, self.node_rng) for n in range(config.nodes)]
-        self.fabrics = [Fabric(n, self.node_rng) for n in range(config.nodes)]
+        self.hosts = [Host(n, self.node_rng) for n in range(self.machines)]
+        self.fabrics = [Fabric(n, self.node_rng) for n in range(self.machines)]
         for h in self.hosts:
             h.btime = int(self.start.timestamp() - h.uptime)
-        self._comm_sum = [[0.0] * self.gpn for _ in range(config.nodes)]  # per GPU, over the current second
-        self._busy_sum = [0] * config.nodes  # rank-ticks with a busy GPU, over the current second
+        self._comm_sum = [[0.0] * self.gpn for _ in range(self.machines)]  # per GPU, over the current second
+        self._busy_sum = [0] * self.machines  # rank-ticks with a busy GPU, over the current second
         self.modes = [NORMAL] * self.world
         self.generation = 0  # bumped when the job restarts: the launchers start fresh rank processes
         self.control_version = 0  # bumped whenever modes or generation change
@@ -130,12 +135,13 @@ class Cluster(FaultInjection, RealLife):
         self._event_seq = 0
         self._epoch = 0  # a repair bumps it, cancelling the faulty timeline's pending events
         self._failed_order: list[int] = []
+        self._init_pool()
         self._torn_down: set[int] = set()
         self._out: list[LogLine] = []
         self.noise: list[dict[str, Any]] = []  # one-offs on healthy nodes (the transient scenario)
-        self.skew = [timedelta(0)] * config.nodes  # each node's clock offset (realism)
+        self.skew = [timedelta(0)] * self.machines  # each node's clock offset (realism)
         self.agent_actions: list[AgentAction] = []
-        self.loader_wait: dict[int, float] = {}  # node -> seconds its ranks wait for data each step
+        self.loader_wait: dict[int, float] = {}  # machine -> seconds its ranks wait for data each step
         self.job = Job(step=10000 + self.rng.randrange(40000), seq=0)
         self.job.seq = self.job.step * COLLECTIVES_PER_STEP + 17
         self.real: RealState | None = None
@@ -144,7 +150,7 @@ class Cluster(FaultInjection, RealLife):
             self._fresh_job()
         self.job.last_checkpoint = self.job.step
         self._plan_step()
-        for n in range(config.nodes):
+        for n in range(self.machines):
             boot = self.start - timedelta(hours=3 + self.rng.random() * 40)
             self._kern_at(n, boot, fmt.DRIVER_BANNER)
             self._kern_at(n, boot + timedelta(seconds=4), fmt.NVLINK_BANNER)
@@ -183,14 +189,37 @@ class Cluster(FaultInjection, RealLife):
         }
 
     def control_text(self, node: int) -> str:
-        """What the node's launcher and rank processes read: the generation, then one mode per local rank."""
+        """What the machine's launcher and rank processes read: the generation, then one mode per local rank (none
+        for a machine outside the job)."""
         lines = [f"generation {self.generation}"]
-        lines += [f"{lr} {self.modes[node * self.gpn + lr]}" for lr in range(self.gpn)]
+        lines += [f"{r % self.gpn} {self.modes[r]}" for r in self.ranks_on(node)]
         return "\n".join(lines) + "\n"
 
     def set_pids(self, node: int, pids: dict[int, int]) -> None:
+        """The real pids of a machine's ranks, by local rank (ignored for a machine outside the job)."""
+        ranks = self.ranks_on(node)
         for lr, pid in pids.items():
-            self.pids[node * self.gpn + lr] = pid
+            if lr < len(ranks):
+                self.pids[ranks[lr]] = pid
+
+    def node_rank(self, node: int) -> int | None:
+        """The machine's node rank in the job (torchrun's GROUP_RANK), None outside it."""
+        return self._slot_of.get(node)
+
+    def ranks_on(self, node: int) -> list[int]:
+        """The global ranks running on a machine, by local rank; empty for a machine outside the job."""
+        slot = self._slot_of.get(node)
+        return [] if slot is None else list(range(slot * self.gpn, (slot + 1) * self.gpn))
+
+    def machine_of(self, rank: int) -> int:
+        return self.slots[rank // self.gpn]
+
+    def rank_map(self) -> list[dict[str, Any]]:
+        """Where each rank runs now, as job registration takes it (POST /api/v1/jobs `ranks`)."""
+        return [
+            {"rank": r, "node": self.node_names[self.machine_of(r)], "local_rank": r % self.gpn, "gpu": r % self.gpn}
+            for r in range(self.world)
+        ]
 
     def ground_truth(self) -> dict[str, Any]:
         out = {
@@ -207,6 +236,10 @@ class Cluster(FaultInjection, RealLife):
             out["noise"] = self.noise
         if self.real is not None:
             out["realism"] = self.realism_truth()
+        if self.machines > len(self.slots) or self.loop_events:
+            out["spares"] = self.node_names[len(self.slots) :]
+            out["job_nodes"] = [self.node_names[m] for m in self.slots]
+            out["loop"] = [e.to_json() for e in self.loop_events]
         return out
 
     # --- time and events ---
@@ -225,7 +258,7 @@ class Cluster(FaultInjection, RealLife):
             self._inject(spec)
         while self._events and self._events[0][0] <= now:
             _, _, epoch, action = heapq.heappop(self._events)
-            if epoch == self._epoch:
+            if epoch in (self._epoch, -1):  # -1: the closed loop's machine moves, never cancelled
                 action()
 
     # --- output helpers ---
@@ -248,7 +281,7 @@ class Cluster(FaultInjection, RealLife):
         return self.launcher_pids.get(node, 19000 + 11 * node)
 
     def _rank(self, node: int, gpu: int) -> int:
-        return node * self.gpn + gpu
+        return self._slot_of[node] * self.gpn + gpu
 
     def _set_mode(self, rank: int, mode: str) -> None:
         if self.modes[rank] != mode:
@@ -264,19 +297,19 @@ class Cluster(FaultInjection, RealLife):
         # A throttled GPU computes at its reduced clock; everyone else then waits for it in the all-reduce.
         # A node short of host memory computes slower too (its loaders page in and out).
         slow = [
-            (THROTTLE_RATIO if self._gpu_of(r).thermal else 1.0) / self.hosts[r // self.gpn].slowdown
+            (THROTTLE_RATIO if self._gpu_of(r).thermal else 1.0) / self.hosts[self.machine_of(r)].slowdown
             for r in range(self.world)
         ]
         if self.real is not None:  # machines a few percent apart, within normal variation
-            slow = [s * self.real.speed[r // self.gpn] for r, s in enumerate(slow)]
+            slow = [s * self.real.speed[self.machine_of(r)] for r, s in enumerate(slow)]
         job.compute = [base * COMPUTE_SHARE * (1.0 + self.rng.gauss(0, 0.012)) / slow[r] for r in range(self.world)]
         if self.loader_wait:  # ranks waiting on their data first: their GPU idles, then computes
-            job.compute = [c + self.loader_wait.get(r // self.gpn, 0.0) for r, c in enumerate(job.compute)]
+            job.compute = [c + self.loader_wait.get(self.machine_of(r), 0.0) for r, c in enumerate(job.compute)]
         job.compute_max = max(job.compute)
         job.duration = job.compute_max + base * (1 - COMPUTE_SHARE) * job.comm_factor * (1.0 + self.rng.gauss(0, 0.03))
 
     def _gpu_of(self, rank: int) -> Gpu:
-        return self.gpus[rank // self.gpn][rank % self.gpn]
+        return self.gpus[self.machine_of(rank)][rank % self.gpn]
 
     def _advance_job(self) -> None:
         job = self.job
@@ -312,8 +345,8 @@ class Cluster(FaultInjection, RealLife):
             loss, grad_norm = self._spiked(loss, grad_norm)
         ts = self.start + timedelta(seconds=end)
         tflops = 395.0 * self.config.step_seconds / max(took, 1e-3) * (1 + rng.gauss(0, 0.004))
-        last = self.config.nodes - 1
-        for n in range(self.config.nodes):
+        last = self.slots[-1]
+        for k, n in enumerate(self.slots):
             node_ts = ts + self.skew[n]
             node_loss = loss
             # Silent data corruption: wrong values on the node, no error anywhere.
@@ -325,7 +358,7 @@ class Cluster(FaultInjection, RealLife):
                     node_loss, grad_norm, job.nan_iters,
                 )  # fmt: skip
             else:
-                line = fmt.simple_step(node_ts, n * self.gpn, job.step, node_loss, grad_norm, lr, took)
+                line = fmt.simple_step(node_ts, k * self.gpn, job.step, node_loss, grad_norm, lr, took)
             self._train(n, [line])
 
     def _activity(self, rank: int) -> str:
@@ -337,7 +370,7 @@ class Cluster(FaultInjection, RealLife):
                 return self._pause_activity()
             if self.t < job.stall_until:
                 return SPIN
-            if self.loader_wait and job.phase < self.loader_wait.get(rank // self.gpn, 0.0):
+            if self.loader_wait and job.phase < self.loader_wait.get(self.machine_of(rank), 0.0):
                 return IDLE
             if job.phase < job.compute[rank]:
                 return COMPUTE
@@ -354,7 +387,7 @@ class Cluster(FaultInjection, RealLife):
             comm = self._comm_sum[n]
             for g in gpus:
                 if not g.lost:
-                    activity = self._activity(self._rank(n, g.index))
+                    activity = self._activity(self._rank(n, g.index)) if n in self._slot_of else NONE
                     g.update(activity, nvlink_scale, self.rng)
                     comm[g.index] += g.act[7] * nvlink_scale
                     if activity in BUSY:
@@ -366,7 +399,7 @@ class Cluster(FaultInjection, RealLife):
     def _sample_nodes(self, dt: float) -> None:
         """Advance every host and network by `dt`: traffic follows each GPU's all-reduce, CPU its ranks."""
         ticks = NODE_TICKS
-        for n in range(self.config.nodes):
+        for n in range(self.machines):
             comm = [min(1.0, c / ticks / _COMM_NVLINK) for c in self._comm_sum[n]]
             self.fabrics[n].step(dt, comm, self.node_rng)
             self.hosts[n].step(dt, self._busy_sum[n] / (ticks * self.gpn), self.node_rng)
@@ -375,7 +408,7 @@ class Cluster(FaultInjection, RealLife):
 
     def _chatter(self) -> None:
         # Mostly quiet kernel logs: a harmless line per node every few minutes.
-        for n in range(self.config.nodes):
+        for n in range(self.machines):
             if self.rng.random() < TICK / 300:
                 self._kern(n, self.rng.choice(_BENIGN_KERNEL)(self.rng))
 

@@ -97,6 +97,7 @@ class RealLife:
     skew: list[timedelta]
     agent_actions: list[AgentAction]
     _next_fault: FaultSpec | None
+    slots: list[int]
 
     if TYPE_CHECKING:
 
@@ -107,6 +108,8 @@ class RealLife:
         def _pid(self, rank: int) -> int: ...
         def _launcher_pid(self, node: int) -> int: ...
         def _hang_job(self, culprits: dict[int, str], watchdog: float) -> None: ...
+        def machine_of(self, rank: int) -> int: ...
+        def ranks_on(self, node: int) -> list[int]: ...
 
     # --- setup ---
 
@@ -114,7 +117,7 @@ class RealLife:
         """Draw the per-node traits and the first time of everything, in a fixed order (deterministic per seed)."""
         assert self.config.seed is not None
         rng = random.Random(self.config.seed ^ SEED_SALT)
-        p, nodes = params, self.config.nodes
+        p, nodes = params, self.config.machines
         skew = [
             max(-p.clock_skew_max_s, min(p.clock_skew_max_s, rng.gauss(0, p.clock_skew_sd_s))) for _ in range(nodes)
         ]
@@ -226,7 +229,7 @@ class RealLife:
             rank = real.rng.randrange(self.world)
             seconds = real.rng.uniform(*p.loader_stall_s)
             self._loader_stall(rank, seconds)
-            self._note("loader_stall", node=self.node_names[rank // self.gpn], rank=rank, seconds=round(seconds, 2))
+            self._note("loader_stall", node=self.node_names[self.machine_of(rank)], rank=rank, seconds=round(seconds, 2))
 
     def _after_step(self) -> None:
         """At a step boundary: a due checkpoint or evaluation starts here, as trainers run them between steps."""
@@ -288,7 +291,7 @@ class RealLife:
                 del real.agent_back[n]
                 self.agent_actions.append(AgentAction(t, n, START))
                 self._note("agent_start", node=self.node_names[n])
-        for n in range(self.config.nodes):
+        for n in range(len(real.next_agent_restart)):
             if t >= real.next_agent_restart[n] and n not in real.agent_back and n not in real.waiting:
                 sig = "KILL" if real.rng.random() < p.agent_kill_share else "TERM"
                 down = real.rng.uniform(*p.agent_down_s)
@@ -338,15 +341,15 @@ class RealLife:
         job = self.job
         x = job.step / 1000 + 1
         loss = 1.6 + 3.1 * x**-0.45 + job.loss_drift + self.rng.gauss(0, 0.01)  # a little above training loss
-        self._train(self.config.nodes - 1, fmt.megatron_validation(job.step, loss))
+        self._train(self.slots[-1], fmt.megatron_validation(job.step, loss))
         self._resume()
 
     def _begin_restart(self, down: float) -> None:
         """The job is stopped (preempted, requeued): torchrun passes SIGTERM on, every rank exits."""
         job = self.job
         job.pause, job.pause_started, job.pause_until = RESTART_PAUSE, self.t, self.t + down
-        for n in range(self.config.nodes):
-            ranks = range(n * self.gpn, (n + 1) * self.gpn)
+        for n in self.slots:
+            ranks = self.ranks_on(n)
             lines = fmt.torchrun_death_signal(self._node_ts(n), self._launcher_pid(n), [self._pid(r) for r in ranks])
             self._train(n, lines)
             for r in ranks:
@@ -362,9 +365,9 @@ class RealLife:
             self.modes[r] = NORMAL
         job.step = job.last_checkpoint
         job.seq = job.step * 4 + 17
-        self._train(0, fmt.megatron_loading(job.step))
-        for n in range(1, self.config.nodes):
-            self._train(n, [fmt.resuming(self._node_ts(n), n * self.gpn, job.step)])
+        self._train(self.slots[0], fmt.megatron_loading(job.step))
+        for k, n in enumerate(self.slots[1:], start=1):
+            self._train(n, [fmt.resuming(self._node_ts(n), k * self.gpn, job.step)])
         job.pause, job.pause_started = LOAD_PAUSE, self.t
         job.pause_until = self.t + self.config.realism_params.restart_load_s
         for fabric in self.fabrics:

@@ -21,32 +21,35 @@ time, incident and decision maintenance). What the campaign adds, per job:
 from __future__ import annotations
 
 import json
+import multiprocessing
 import random
+import shutil
+import signal
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agents.sim.actions import act
-from agents.sim.config import RealismParams, SimConfig
+from agents.sim.actions import LOOP_KINDS, act
+from agents.sim.config import SimConfig
 from agents.sim.faults import FaultRecord
-from agents.sim.mix import CATEGORY_OF, LOCALIZABLE, Draw, draws, spec_of
+from agents.sim.mix import LLAMA3_405B, Category, Draw, draws, spec_of
 from agents.sim.model import Cluster
 from agents.sim.pool import REPAIR
-from agents.sim.realism import START
+from agents.sim.realism import RESTART_PAUSE
 from agents.sim.scenarios import FAULT_KINDS, FaultSpec
-from service.auth import Principal
 from service.config import Settings
 from service.db import session_scope
 from service.decisions.lifecycle import acknowledge
 from service.evaluation import campaign_scoring as scoring
 from service.evaluation.soak import (
-    END_MARGIN_S,
     MAX_SIMULATED_S,
     PROGRESS_EVERY_S,
     SAMPLE_S,
@@ -55,25 +58,30 @@ from service.evaluation.soak import (
     SoakConfig,
     SoakJob,
     _hms,
-    parse_jobs,
 )
 from service.evaluation.soak_agent import VirtualAgent
-from service.jobs.schemas import JobIn, Parallelism, RankIn
+from service.jobs.schemas import JobIn, Parallelism, RankPlacement
 from service.jobs.service import register
-from service.models import Decision, Incident, Node
+from service.models import Decision, Incident, Job, Node
+from service.security import Principal
 from service.silences import service as silences
 from service.silences.schemas import SilenceIn
 
 # One small job by default: a fault's whole cycle (detection, the loop, the restart) takes a few simulated
 # minutes and the healthy stretches are short, so 200 faults take ~30 minutes of wall time on two cores.
-DEFAULT_JOBS_SPEC = "4x4:tp4"
+DEFAULT_JOBS_SPEC = "4x2:tp2"
 DEFAULT_FAULTS = 200
 SPARES_PER_JOB = 2
-HEALTHY_S = (120.0, 240.0)  # the healthy stretch before each fault, drawn uniformly
-FAULT_TIMEOUT_S = 600.0  # a fault nobody acted on this long is drained by hand
+HEALTHY_S = (45.0, 90.0)  # the healthy stretch before each fault, drawn uniformly
+FAULT_TIMEOUT_S = 480.0  # a fault nobody acted on this long is drained by hand (4 cycles of the flapping straggler)
 USER_FIX_S = 120.0  # a user's bug: the user reads the traceback, fixes the code and restarts the job
-REPAIR_S = 1800.0  # an evicted machine is back in the spare pool this long after (the campaign's repair shop)
+REPAIR_S = 300.0  # an evicted machine is back in the spare pool this long after: a quick shop, so spares never run out
 ACTOR = "faultline-campaign"
+# The policy's blast-radius rail (at most a share of a job's nodes evicted per hour) is sized for real fault rates:
+# Llama 3's 2,048-node job lost a node every ~3 hours, far from 25% an hour. The campaign squeezes one fault
+# every few minutes into a 4-node job, which would trip it on the second fault and leave every later eviction
+# waiting for a person; so the campaign lifts it (the rail's own tests are in tests/service/decisions).
+CAMPAIGN_POLICY = {"policy_max_evict_share_per_hour": 1000.0}
 STALE_AFTER_S = scoring.STALE_AFTER_S
 
 
@@ -105,7 +113,13 @@ class CampaignJob:
     step_s: float = 1.0
     stale_checks: list[tuple[float, int]] = field(default_factory=list)  # (when, fault index)
     seen_incident: int = 0  # the highest incident id seen
+    count: int = 0  # faults injected
     decided: set[int] = field(default_factory=set)  # decision ids the loop has seen
+
+
+def _training(c: Cluster) -> bool:
+    """The job trains (not failed, hung, or down for a restart); a checkpoint or an evaluation pause is training."""
+    return c.job.state == "running" and c.job.pause != RESTART_PAUSE
 
 
 class Campaign(Soak):
@@ -119,16 +133,18 @@ class Campaign(Soak):
         faults: int,
         say: Callable[[str], None],
         indices: list[int] | None = None,
+        mix: tuple[Category, ...] = LLAMA3_405B,
     ) -> None:
-        super().__init__(config, settings, say=say, indices=indices)
-        self.total_faults = faults
+        # model_copy: the rail's field is validated <= 1 for operators; the campaign's value is deliberate.
+        super().__init__(config, settings.model_copy(update=CAMPAIGN_POLICY), say=say, indices=indices)
+        self.total_faults, self.mix = faults, mix
+        self.localizable = frozenset(c.name for c in mix if c.localizable)
         self.campaign: list[CampaignJob] = []
         self.outcomes: list[scoring.FaultOutcome] = []
         self.decision_rows: dict[int, scoring.DecisionRow] = {}
         self.incident_rows: dict[int, scoring.IncidentRow] = {}
         self.stale: dict[int, list[int]] = {}  # fault index -> its stale incidents
         self.loop_acts: list[dict[str, Any]] = []
-        self.injected = 0
         # Every job draws its share of the faults: job k the k-th, (k + jobs)-th, ... of the campaign.
         self.quota = {i: len(range(i, faults, len(config.jobs))) for i in self.indices}
 
@@ -167,7 +183,9 @@ class Campaign(Soak):
             self._sync_pids(run)
             self.jobs.append(run)
             rng = random.Random(self.config.seed * 7919 + i)
-            stream = draws(self.config.seed * 104729 + i, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node)
+            stream = draws(
+                self.config.seed * 104729 + i, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, mix=self.mix
+            )
             self.campaign.append(
                 CampaignJob(
                     run, stream, rng, next_at=rng.uniform(*HEALTHY_S), first_step=cluster.job.step,
@@ -185,7 +203,7 @@ class Campaign(Soak):
                 world_size=c.world,
                 parallelism=Parallelism(tp=spec.tp, pp=spec.pp, dp=c.world // (spec.tp * spec.pp)),
                 hang_timeout_s=self.config.hang_timeout_s,
-                ranks=[RankIn(**r) for r in c.rank_map()],
+                ranks=[RankPlacement(**r) for r in c.rank_map()],
             ),
         )
 
@@ -195,7 +213,9 @@ class Campaign(Soak):
         started = time.monotonic()
         with session_scope() as session:
             self._make_jobs(session)
-        shape = ", ".join(f"{j.job_id} ({j.spec.nodes}x{j.spec.gpus_per_node}, tp {j.spec.tp} pp {j.spec.pp})" for j in self.jobs)
+        shape = ", ".join(
+            f"{j.job_id} ({j.spec.nodes}x{j.spec.gpus_per_node}, tp {j.spec.tp} pp {j.spec.pp})" for j in self.jobs
+        )
         self.say(f"campaign: {sum(self.quota.values())} faults from the Llama 3 405B mix on {shape}")
         ship_every, pass_every, maint_every = (
             max(1, round(s / SAMPLE_S)) for s in (5.0, self.settings.diagnosis_interval_s, 60.0)
@@ -226,8 +246,6 @@ class Campaign(Soak):
         except KeyboardInterrupt:
             self.say(f"campaign: interrupted after {len(self.outcomes)} faults; reporting those")
         finally:
-            import shutil
-
             shutil.rmtree(self.tree_dir, ignore_errors=True)
         self.wall_s = time.monotonic() - started
         return self.campaign_report()
@@ -274,12 +292,12 @@ class Campaign(Soak):
         if a is None:
             i = self.indices[self.jobs.index(job.run)]
             mine = sum(1 for o in self.outcomes if o.job_id == job.run.job_id)
-            if t >= job.next_at and mine < self.quota[i] and job.run.cluster.job.state == "running":
+            if t >= job.next_at and mine < self.quota[i] and _training(job.run.cluster):
                 self._inject(job, t, now)
             return
         if a.dealt_t is None:
             self._maybe_dealt(job, a, t, now)
-        elif job.run.cluster.job.state == "running" or t - a.dealt_t >= FAULT_TIMEOUT_S:
+        elif _training(job.run.cluster) or t - a.dealt_t >= FAULT_TIMEOUT_S:
             self._close(job, a, t)
 
     def _inject(self, job: CampaignJob, t: float, now: datetime) -> None:
@@ -290,16 +308,15 @@ class Campaign(Soak):
         if d.kind == "host_maintenance":  # the operator silences the node before draining it
             self._silence(node, now)
         record = c.inject(spec)
-        index = self.injected * len(self.config.jobs) + self.indices[self.jobs.index(job.run)]
-        self.injected += 1
+        index = job.count * len(self.config.jobs) + self.indices[self.jobs.index(job.run)]
+        job.count += 1
         job.active = Active(
             index, d, spec, record, node, t, c.job.step, since_checkpoint_s=self._since_checkpoint(c, t)
         )
-        self.say(f"campaign: t={_hms(t)} {job.run.job_id}: fault #{index} {d.kind} ({d.category}) on {node or 'the job'}")
-        if d.kind == "host_maintenance":
-            machine = c.machine_index(node) if node else None
-            if machine is not None:
-                c.swap_out(machine, then=REPAIR)
+        self.say(
+            f"campaign: t={_hms(t)} {job.run.job_id}: fault #{index} {d.kind} ({d.category}) on {node or 'the job'}"
+        )
+        if d.kind == "host_maintenance":  # the injection drained it (a spare took its place)
             self._dealt(job.active, t, "drained")
 
     @staticmethod
@@ -316,8 +333,10 @@ class Campaign(Soak):
         with session_scope() as session:
             silences.create(
                 session,
-                silence_in=SilenceIn(node_pattern=node, duration_s=2 * 3600.0, comment="planned maintenance (campaign)"),
-                principal=Principal(scope="operator", name=ACTOR),
+                silence_in=SilenceIn(
+                    node_pattern=node, duration_s=2 * 3600.0, author=ACTOR, comment="planned maintenance (campaign)"
+                ),
+                principal=Principal(token_id=0, scope="operator", node_name=None, name=ACTOR, expires_at=None),
                 now=now,
             )
 
@@ -327,14 +346,14 @@ class Campaign(Soak):
         if a.record.resolved_by or a.record.repaired_at is not None:  # the loop took it out of the job, or reset it
             self._dealt(a, t, "acted")
         elif kind.scope == "job" and t - a.t >= USER_FIX_S:
-            c.repair(a.record, a.spec)  # the user fixed the code and restarted the job
+            c.repair(a.record)  # the user fixed the code and restarted the job
             self._dealt(a, t, "restarted")
         elif t - a.t >= FAULT_TIMEOUT_S:
             machine = c.machine_index(a.node) if a.node else None
             if machine is not None and c.node_rank(machine) is not None:
                 c.swap_out(machine, then=REPAIR)  # nobody acted: an operator drains it by hand
             else:
-                c.repair(a.record, a.spec)
+                c.repair(a.record)
             self._dealt(a, t, "by_hand")
 
     @staticmethod
@@ -360,7 +379,7 @@ class Campaign(Soak):
                 gpu=a.draw.gpu,
                 expect_action=FAULT_KINDS[a.draw.kind].action,
                 eviction_optional=FAULT_KINDS[a.draw.kind].eviction_optional,
-                localizable=CATEGORY_OF[a.draw.kind] in LOCALIZABLE,
+                localizable=a.draw.category in self.localizable,
                 injected_s=a.t,
                 dealt_s=a.dealt_t,
                 how=a.how,
@@ -415,8 +434,8 @@ class Campaign(Soak):
                     decision.gpu,
                     awaited_approval=decision.state == "awaiting_approval",
                 )
-                if decision.state != "pending":
-                    continue
+                if decision.state != "pending" or decision.kind not in LOOP_KINDS:
+                    continue  # waiting for a person, or a job-level decision no node scheduler acts on
                 outcome = act(run.cluster, {"kind": decision.kind, "node": node, "gpu": decision.gpu})
                 acknowledge(
                     session,
@@ -433,10 +452,6 @@ class Campaign(Soak):
                 )  # fmt: skip
 
     def _note_incidents(self, session: Session, job: CampaignJob, t: float) -> None:
-        job_pk = session.scalar(select(Decision.job_id).limit(0))  # placeholder, replaced below
-        del job_pk
-        from service.models import Job
-
         pk = session.scalar(select(Job.id).where(Job.external_id == job.run.job_id))
         rows = session.execute(
             select(Incident.id, Incident.blame, Incident.silence_id).where(
@@ -461,16 +476,15 @@ class Campaign(Soak):
             scoring.IncidentRow(r.id, r.job_id, r.first_seen_s, blames.get(r.id, r.blame), r.silenced)
             for r in self.incident_rows.values()
         ]
-        outcomes = [
-            scoring.FaultOutcome(**{**o.__dict__, "stale_incidents": tuple(self.stale.get(o.index, ()))})
-            for o in self.outcomes
-        ]
+        outcomes = [replace(o, stale_incidents=tuple(self.stale.get(o.index, ()))) for o in self.outcomes]
         progress = []
         for job in self.campaign:
             c = job.run.cluster
-            steps = [d for _, _, d in c.step_history]
-            step_s = sorted(steps)[len(steps) // 2] if steps else job.step_s
-            progress.append(scoring.JobProgress(job.run.job_id, self.covered_s, (c.job.step - job.first_step) * step_s))
+            steps = sorted(d for _, _, d in c.step_history)
+            step_s = steps[len(steps) // 2] if steps else job.step_s  # the job's typical step, noise included
+            progress.append(
+                scoring.JobProgress(job.run.job_id, self.covered_s, round((c.job.step - job.first_step) * step_s, 1))
+            )
         return {
             "simulated_s": self.covered_s,
             "wall_s": round(self.wall_s, 1),
@@ -487,13 +501,90 @@ class Campaign(Soak):
                     "restarts": j.run.cluster.generation,
                     "steps_trained": j.run.cluster.job.step - j.first_step,
                     "loop_events": [e.to_json() for e in j.run.cluster.loop_events],
+                    "unfinished_fault": j.active.index if j.active is not None else None,
                 }
                 for j in self.campaign
             ],
-            "faults": [o.__dict__ for o in outcomes],
-            "decisions": [d.__dict__ for d in self.decision_rows.values()],
-            "incidents": [i.__dict__ for i in incidents],
+            "progress": [asdict(p) for p in progress],
+            "faults": [asdict(o) for o in outcomes],
+            "decisions": [asdict(d) for d in self.decision_rows.values()],
+            "incidents": [asdict(i) for i in incidents],
             "loop_acts": self.loop_acts,
-            "unfinished": [j.active.index for j in self.campaign if j.active is not None],
-            "_parts": (outcomes, list(self.decision_rows.values()), incidents, progress),
         }
+
+
+def scored(report: dict[str, Any]) -> dict[str, Any]:
+    """The report with its `categories`, `totals`, `missed` and `targets` (from its plain records)."""
+    faults = sorted(
+        (scoring.FaultOutcome(**{**f, "stale_incidents": tuple(f["stale_incidents"])}) for f in report["faults"]),
+        key=lambda f: f.index,
+    )
+    result = scoring.score(
+        faults,
+        [scoring.DecisionRow(**d) for d in report["decisions"]],
+        [scoring.IncidentRow(**i) for i in report["incidents"]],
+        [scoring.JobProgress(**p) for p in report["progress"]],
+    )
+    return {**report, **result}
+
+
+def run_campaign(
+    config: SoakConfig,
+    settings: Settings,
+    *,
+    faults: int,
+    say: Callable[[str], None],
+    processes: int,
+    mix: tuple[Category, ...] = LLAMA3_405B,
+) -> dict[str, Any]:
+    """Every job of the config, spread over `processes` worker processes; one scored report."""
+    groups = [list(range(len(config.jobs)))[k::processes] for k in range(min(processes, len(config.jobs)))]
+    if len(groups) == 1:
+        return scored(Campaign(config, settings, faults=faults, say=say, mix=mix).run())
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine or pool inherited
+    with ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
+        parts = [f.result() for f in [pool.submit(_run_group, (config, settings, faults, say, g, mix)) for g in groups]]
+    merged = {
+        **parts[0],
+        "wall_s": max(p["wall_s"] for p in parts),
+        "simulated_s": max(p["simulated_s"] for p in parts),
+    }
+    for key in ("jobs", "progress", "faults", "decisions", "incidents", "loop_acts"):
+        merged[key] = [item for p in parts for item in p[key]]
+    return scored(merged)
+
+
+def _run_group(
+    args: tuple[SoakConfig, Settings, int, Callable[[str], None], list[int], tuple[Category, ...]],
+) -> dict[str, Any]:
+    config, settings, faults, say, indices, mix = args
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return Campaign(config, settings, faults=faults, say=say, indices=indices, mix=mix).run()
+
+
+def default_duration(faults: int, jobs: int) -> float:
+    """A bound on the simulated time: every fault at its longest (a timeout, the healthy stretch, a restart)."""
+    per_fault = HEALTHY_S[1] + FAULT_TIMEOUT_S + 120.0
+    return min(MAX_SIMULATED_S, per_fault * -(-faults // max(1, jobs)) + STALE_AFTER_S)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    jobs = ", ".join(
+        f"{j['job_id']} ({j['nodes']}x{j['gpus_per_node']} + {j['spares']} spares)" for j in report["jobs"]
+    )
+    head = (
+        f"campaign: {report['totals']['faults']} faults from the Llama 3 405B mix, {_hms(report['simulated_s'])} of "
+        f"simulated time (h:mm:ss) in {report['wall_s'] / 60:.1f} min of wall time (seed {report['seed']}); {jobs}"
+    )
+    acts = Counter(f"{a['kind']} {a['ack']}" for a in report["loop_acts"])
+    loop = "the loop acted: " + (", ".join(f"{k} {v}" for k, v in sorted(acts.items())) or "never")
+    return "\n".join([head, loop, "", scoring.format_table(report)])
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+def passed(report: dict[str, Any]) -> bool:
+    return all(t["status"] == "PASS" for t in report["targets"])

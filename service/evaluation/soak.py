@@ -202,8 +202,8 @@ class Soak:
         if c.generation == run.generation:
             return
         run.generation = c.generation
-        for n, agent in enumerate(run.agents):
-            c.set_pids(n, {lr: agent.pid(n * c.gpn + lr) for lr in range(c.gpn)})
+        for n, agent in enumerate(run.agents):  # one agent per machine; spares run no ranks
+            c.set_pids(n, {lr: agent.pid(rank) for lr, rank in enumerate(c.ranks_on(n))})
             c.launcher_pids[n] = 90_000 + n
 
     # -- the loop --

@@ -131,10 +131,9 @@ class VirtualAgent:
 
     def _processes(self, wall: datetime) -> list[dict[str, Any]]:
         """The node's live rank processes, as the agent's process scanner reports them."""
-        c, gpn = self.cluster, self.cluster.gpn
+        c = self.cluster
         out = []
-        for local in range(gpn):
-            rank = self.node * gpn + local
+        for local, rank in enumerate(c.ranks_on(self.node)):  # none on a spare
             if c.modes[rank] in DEAD:
                 continue
             out.append(
@@ -144,7 +143,7 @@ class VirtualAgent:
                     "job_id": self.job_id,
                     "rank": rank,
                     "local_rank": local,
-                    "group_rank": self.node,
+                    "group_rank": c.node_rank(self.node),
                     "world_size": c.world,
                     "gpu": local,
                     "cpu_pct": 100.0,

@@ -1,0 +1,161 @@
+"""The closed loop in the simulated cluster (agents/sim/actions.py, pool.py): evict and diagnose swap a spare in
+and restart the job from its checkpoint on new processes, reset_gpu resets the GPU, machines come back from
+repair or a check, and a job with no spare waits for one. The pure model, in milliseconds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from agents.sim.actions import act
+from agents.sim.config import SimConfig
+from agents.sim.model import Cluster
+from agents.sim.modes import NORMAL, TERMINATED
+
+START = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def cluster(scenario: str = "gpu_lost", *, spares: int = 1, seed: int = 5, **kw: object) -> Cluster:
+    config = SimConfig(nodes=3, gpus_per_node=4, scenario=scenario, seed=seed, fault_after=10.0, start=START, spares=spares, **kw)
+    return Cluster(config)
+
+
+def faulty(c: Cluster) -> tuple[str, int]:
+    f = c.faults[0]
+    return f.nodes[0], f.machine if f.machine is not None else -1
+
+
+def test_without_spares_the_cluster_is_the_job_alone() -> None:
+    c = cluster(spares=0)
+    c.advance(60.0)
+    assert c.node_names == ["node-000", "node-001", "node-002"] and c.pool == []
+    assert "loop" not in c.ground_truth() and "spares" not in c.ground_truth()
+
+
+def test_evict_swaps_a_spare_in_and_restarts_from_the_checkpoint_with_new_processes() -> None:
+    c = cluster(restart_seconds=15.0, repair_seconds=300.0)
+    c.advance(45.0)  # the GPU fell off the bus, the watchdog fired, the job died
+    assert c.job.state == "failed"
+    name, machine = faulty(c)
+    slot = c.node_rank(machine)
+    assert slot is not None
+    generation, checkpoint = c.generation, c.job.last_checkpoint
+
+    outcome = act(c, {"kind": "evict", "node": name})
+
+    assert outcome.ack == "done" and outcome.rank_map_changed and "node-003 swapped in" in outcome.message
+    assert c.slots[slot] == 3 and c.place[machine] == "repair" and c.pool == []
+    assert c.ranks_on(machine) == [] and c.ranks_on(3) == list(range(slot * 4, slot * 4 + 4))
+    assert {r["node"] for r in c.rank_map() if r["rank"] // 4 == slot} == {"node-003"}
+    assert all(m == TERMINATED for m in c.modes)  # torchrun stopped every rank
+    assert c.faults[0].left_job_at is not None and c.faults[0].resolved_by == "evict"
+    assert c.faults[0].repaired_at is None  # still broken, in the shop
+
+    c.advance(45.0 + 15.0 + 10.0)  # down, then the checkpoint's load
+    assert c.generation == generation + 1 and c.job.state == "running" and c.modes == [NORMAL] * c.world
+    steps = [s for s, t, _ in c.step_history if t > 45.0]
+    assert steps and min(steps) == checkpoint + 1  # the steps since the checkpoint are trained again
+    assert "generation" in c.control_text(3) and len(c.control_text(3).splitlines()) == 5
+    assert c.control_text(machine).splitlines() == [f"generation {c.generation}"]  # no ranks on it
+
+    c.advance(45.0 + 300.0 + 1.0)
+    assert c.place[machine] == "spare" and c.pool == [machine]
+    assert c.faults[0].repaired_at is not None
+    assert all(not g.lost for g in c.gpus[machine])
+    assert act(c, {"kind": "evict", "node": name}).message.endswith("(repair)")  # a spare: out of the pool
+
+
+def test_an_evicted_node_evicted_again_changes_nothing() -> None:
+    c = cluster()
+    c.advance(45.0)
+    name, _ = faulty(c)
+    act(c, {"kind": "evict", "node": name})
+    slots, restarts = list(c.slots), c.restarts
+    again = act(c, {"kind": "evict", "node": name})
+    assert again.ack == "done" and not again.rank_map_changed and "already out" in again.message
+    assert c.slots == slots and c.restarts == restarts
+
+
+def test_without_a_spare_the_job_waits_for_the_repaired_node() -> None:
+    c = cluster(spares=0, repair_seconds=100.0, restart_seconds=10.0)
+    c.advance(45.0)
+    name, machine = faulty(c)
+    outcome = act(c, {"kind": "evict", "node": name})
+    assert "waiting for a spare" in outcome.message and not outcome.rank_map_changed
+    c.advance(140.0)
+    assert c.job.pause == "restart" and c.generation == 0  # nobody to run its node rank
+    version = c.slots_version
+    c.advance(160.0)  # repaired at 145 s, back in its own node rank, then the restart
+    assert c.slots_version == version + 1 and c.place[machine] == "job"
+    assert c.job.state == "running" and c.generation == 1
+
+
+def test_diagnose_checks_the_node_and_repairs_it_only_when_it_carries_a_fault() -> None:
+    c = cluster(spares=2, check_seconds=30.0, repair_seconds=200.0)
+    c.advance(45.0)
+    name, machine = faulty(c)
+    healthy = next(m for m in c.slots if m != machine)
+    assert act(c, {"kind": "diagnose", "node": name}).ack == "done"
+    assert act(c, {"kind": "diagnose", "node": c.node_names[healthy]}).ack == "done"
+    assert c.place[machine] == c.place[healthy] == "check" and sorted(c.slots) == sorted({*c.slots})
+    assert c.faults[0].resolved_by == "diagnose"
+    c.advance(80.0)
+    assert c.place[healthy] == "spare" and c.place[machine] == "repair"  # the check found its fault
+    c.advance(300.0)
+    assert c.place[machine] == "spare"
+
+
+def test_reset_gpu_clears_a_gsp_fault_and_restarts_the_ranks_on_the_same_machines() -> None:
+    c = cluster("gpu_reset", restart_seconds=5.0)
+    c.advance(45.0)
+    f = c.faults[0]
+    name, gpu = f.nodes[0], f.gpus[f.nodes[0]][0]
+    slots, generation = list(c.slots), c.generation
+    outcome = act(c, {"kind": "reset_gpu", "node": name, "gpu": gpu})
+    assert outcome.ack == "done" and not outcome.rank_map_changed
+    assert f.repaired_at is not None and f.resolved_by == "reset_gpu" and f.left_job_at is None
+    assert c.gpus[f.machine or 0][gpu].xid == 0
+    c.advance(70.0)
+    assert c.slots == slots and c.generation == generation + 1 and c.job.state == "running"
+
+
+@pytest.mark.parametrize(
+    ("decision", "error"),
+    [
+        ({"kind": "evict", "node": "node-999"}, "no node node-999"),
+        ({"kind": "evict"}, "names no node"),
+        ({"kind": "reset_gpu", "node": "node-000", "gpu": 9}, "names no GPU"),
+        ({"kind": "reset_gpu", "node": "node-000", "gpu": True}, "names no GPU"),
+        ({"kind": "restart", "node": "node-000"}, "does not act on restart"),
+    ],
+)
+def test_bad_decisions_fail_and_change_nothing(decision: dict[str, object], error: str) -> None:
+    c = cluster()
+    c.advance(20.0)
+    before = (list(c.slots), dict(c.place), c.restarts, c.generation)
+    outcome = act(c, decision)
+    assert outcome.ack == "failed" and error in outcome.message
+    assert (list(c.slots), dict(c.place), c.restarts, c.generation) == before
+
+
+def test_cordon_and_return_move_a_spare_out_of_the_pool_and_back() -> None:
+    c = cluster("healthy")
+    assert act(c, {"kind": "cordon", "node": "node-003"}).ack == "done"
+    assert c.pool == [] and c.place[3] == "cordoned"
+    assert act(c, {"kind": "return", "node": "node-003"}).ack == "done"
+    assert c.pool == [3]
+    act(c, {"kind": "evict", "node": "node-000"})
+    refused = act(c, {"kind": "return", "node": "node-000"})
+    assert refused.ack == "failed" and "repair" in refused.message
+
+
+def test_spares_report_idle_gpus_and_no_ranks() -> None:
+    c = cluster("healthy")
+    c.advance(20.0)
+    snap = c.snapshot()
+    assert set(snap) == {"node-000", "node-001", "node-002", "node-003"}
+    assert all(s.values["DCGM_FI_DEV_GPU_UTIL"] == 0 for s in snap["node-003"])
+    assert all(s.values["DCGM_FI_DEV_GPU_UTIL"] > 0 for s in snap["node-000"])
+    gt = c.ground_truth()
+    assert gt["spares"] == ["node-003"] and gt["job_nodes"] == ["node-000", "node-001", "node-002"]
