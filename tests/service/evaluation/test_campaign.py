@@ -17,11 +17,19 @@ from service.evaluation.soak import SoakConfig, SoakJob
 from service.models import Job, Node, Rank, Silence
 
 
-def _campaign(mix: tuple[Category, ...], faults: int, seconds: float = 3600.0) -> dict[str, Any]:
+@pytest.fixture(autouse=True)
+def _short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short healthy stretches and an early stale check: a few simulated minutes per fault."""
+    monkeypatch.setattr(campaign, "HEALTHY_S", (40.0, 50.0))
+    monkeypatch.setattr(campaign, "STALE_AFTER_S", 30.0)
+
+
+def _campaign(mix: tuple[Category, ...], faults: int, seconds: float = 1800.0) -> dict[str, Any]:
     config = SoakConfig(duration_s=seconds, seed=3, jobs=(SoakJob("a", 4, 2, tp=2),))
     return campaign.run_campaign(config, get_settings(), faults=faults, say=lambda _: None, processes=1, mix=mix)
 
 
+@pytest.mark.timeout(900)
 def test_fatal_xids_are_evicted_by_the_loop_and_the_job_restarts_on_spares(committed: Engine) -> None:
     report = _campaign((Category("faulty_gpu", 1.0, (("gpu_lost", 1), ("ecc_dbe", 1))),), faults=2)
     t = report["totals"]
@@ -50,6 +58,7 @@ def test_fatal_xids_are_evicted_by_the_loop_and_the_job_restarts_on_spares(commi
     assert [r["status"] for r in report["targets"]][0] == "FAIL"  # fewer than 200 faults
 
 
+@pytest.mark.timeout(600)
 def test_a_planned_drain_is_silenced_drained_and_accuses_nobody(committed: Engine) -> None:
     report = _campaign((Category("host_maintenance", 1.0, (("host_maintenance", 1),), localizable=False),), faults=1)
     (fault,) = report["faults"]
@@ -67,7 +76,7 @@ def test_a_planned_drain_is_silenced_drained_and_accuses_nobody(committed: Engin
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--campaign", "--campaign-jobs", "4x3:tp2"], "tp x pp must divide"),
+        (["--campaign", "--campaign-jobs", "4x3:tp8"], "tp x pp must divide"),
         (["--campaign", "--duration", "1w"], "bad campaign duration"),
         (["--campaign", "--duration", "40d"], "at most 28 days"),
         (["--campaign", "--soak", "1h"], "give one"),
