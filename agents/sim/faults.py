@@ -288,11 +288,25 @@ class FaultInjection:
     def _inject_ecc_dbe(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         assert n is not None
-        rank = self._rank(n, g.index)
-        g.dbe_vol += 1
-        g.dbe_agg += 1
         g.sbe_vol += self.rng.randrange(2, 9)
         g.sbe_agg += g.sbe_vol
+        self._framebuffer_dbe(n, g)
+        self._crash_rank_ecc(n, g)
+
+        def remap() -> None:
+            g.xid = 63
+            g.unc_remap += 1
+            row = self.rng.getrandbits(28)
+            self._row_remapper(
+                n, g, 63, f"Row Remapper: New row (0x{row:016x}) marked for remapping, reset gpu to activate."
+            )
+
+        self._schedule(0.6, remap)
+
+    def _framebuffer_dbe(self, n: int, g: Gpu) -> None:
+        """Xid 48: an uncorrectable double-bit error in the GPU's memory, counted."""
+        g.dbe_vol += 1
+        g.dbe_agg += 1
         g.xid = 48
         partition, sub = self.rng.randrange(8), self.rng.randrange(2)
         self._kern(
@@ -304,24 +318,10 @@ class FaultInjection:
                 f"partition {partition}, subpartition {sub}.",
             ),
         )
-        self._train(n, fmt.traceback_ecc(rank))
-        self._set_mode(rank, CRASH_ECC)
-        self._hang_job({}, self.config.watchdog_seconds)
 
-        def remap() -> None:
-            g.xid = 63
-            g.unc_remap += 1
-            row = self.rng.getrandbits(28)
-            self._kern(
-                n,
-                fmt.xid(
-                    g.bus, 63, f"Row Remapper: New row (0x{row:016x}) marked for remapping, reset gpu to activate.",
-                    self._pid(rank), "pt_main_thread",
-                ),
-            )  # fmt: skip
-
-        self._schedule(0.6, remap)
-        self._schedule(1.0, lambda: self._teardown_node(n))
+    def _row_remapper(self, n: int, g: Gpu, code: int, text: str) -> None:
+        """The row remapper's Xid (63: a row marked; 64: no spare row left), in the GPU's rank's context."""
+        self._kern(n, fmt.xid(g.bus, code, text, self._pid(self._rank(n, g.index)), "pt_main_thread"))
 
     def _crash_rank_ecc(self, n: int, g: Gpu) -> None:
         """The GPU's rank dies with CUDA's uncorrectable-ECC error; its node's torchrun tears down, peers wait."""
@@ -336,32 +336,15 @@ class FaultInjection:
         (Xid 64, DCGM_FI_DEV_ROW_REMAP_FAILURE=1): a reset cannot fix it, the GPU needs repair."""
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         assert n is not None
-        rank = self._rank(n, g.index)
-        g.dbe_vol += 1
-        g.dbe_agg += 1
-        g.xid = 48
-        partition, sub = self.rng.randrange(8), self.rng.randrange(2)
-        self._kern(
-            n,
-            fmt.xid(
-                g.bus,
-                48,
-                "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
-                f"partition {partition}, subpartition {sub}.",
-            ),
-        )
+        self._framebuffer_dbe(n, g)
         self._crash_rank_ecc(n, g)
 
         def remap_fails() -> None:
             g.xid, g.remap_failure = 64, 1
             row = self.rng.getrandbits(28)
-            self._kern(
-                n,
-                fmt.xid(
-                    g.bus, 64, f"Row Remapper Error: (0x{row:016x}) - All reserved rows for bank are remapped",
-                    self._pid(rank), "pt_main_thread",
-                ),
-            )  # fmt: skip
+            self._row_remapper(
+                n, g, 64, f"Row Remapper Error: (0x{row:016x}) - All reserved rows for bank are remapped"
+            )
 
         self._schedule(0.5, remap_fails)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import random
-import shutil
 import signal
 import time
 from collections import Counter
@@ -51,8 +50,6 @@ from service.decisions.lifecycle import acknowledge
 from service.evaluation import campaign_scoring as scoring
 from service.evaluation.soak import (
     MAX_SIMULATED_S,
-    PROGRESS_EVERY_S,
-    SAMPLE_S,
     JobRun,
     Soak,
     SoakConfig,
@@ -139,6 +136,7 @@ class Campaign(Soak):
         super().__init__(config, settings.model_copy(update=CAMPAIGN_POLICY), say=say, indices=indices)
         self.total_faults, self.mix = faults, mix
         self.localizable = frozenset(c.name for c in mix if c.localizable)
+        self.mix_name = "Llama 3 405B" if mix == LLAMA3_405B else "given"
         self.campaign: list[CampaignJob] = []
         self.outcomes: list[scoring.FaultOutcome] = []
         self.decision_rows: dict[int, scoring.DecisionRow] = {}
@@ -209,53 +207,28 @@ class Campaign(Soak):
 
     # -- the loop --
 
-    def run(self) -> dict[str, Any]:
-        started = time.monotonic()
-        with session_scope() as session:
-            self._make_jobs(session)
+    def _banner(self) -> str:
         shape = ", ".join(
             f"{j.job_id} ({j.spec.nodes}x{j.spec.gpus_per_node}, tp {j.spec.tp} pp {j.spec.pp})" for j in self.jobs
         )
-        self.say(f"campaign: {sum(self.quota.values())} faults from the Llama 3 405B mix on {shape}")
-        ship_every, pass_every, maint_every = (
-            max(1, round(s / SAMPLE_S)) for s in (5.0, self.settings.diagnosis_interval_s, 60.0)
-        )
-        steps = round(self.config.duration_s / SAMPLE_S)
-        last_progress = time.monotonic()
-        try:
-            for k in range(1, steps + 1):
-                t = k * SAMPLE_S
-                now = self.start + timedelta(seconds=t)
-                for run in self.jobs:
-                    self._advance(run, t, now)
-                for job in self.campaign:
-                    self._step(job, t, now)
-                if k % ship_every == 0:
-                    self._ship(now)
-                if k % pass_every == 0:
-                    for run in self.jobs:
-                        self._pass(run, now, fast=False)
-                if k % maint_every == 0:
-                    self._maintenance(now)
-                self.covered_s = t
-                if all(self._finished(j) for j in self.campaign):
-                    break
-                if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
-                    last_progress = time.monotonic()
-                    self._progress_line(t, started)
-        except KeyboardInterrupt:
-            self.say(f"campaign: interrupted after {len(self.outcomes)} faults; reporting those")
-        finally:
-            shutil.rmtree(self.tree_dir, ignore_errors=True)
-        self.wall_s = time.monotonic() - started
+        return f"campaign: {sum(self.quota.values())} faults from the {self.mix_name} mix on {shape}"
+
+    def _tick(self, t: float, now: datetime) -> None:
+        for job in self.campaign:
+            self._step(job, t, now)
+
+    def _finished(self) -> bool:
+        return all(self._job_finished(j) for j in self.campaign)
+
+    def report(self) -> dict[str, Any]:
         return self.campaign_report()
 
-    def _finished(self, job: CampaignJob) -> bool:
+    def _job_finished(self, job: CampaignJob) -> bool:
         i = self.jobs.index(job.run)
         done = sum(1 for o in self.outcomes if o.job_id == job.run.job_id)
         return done >= self.quota[self.indices[i]] and job.active is None and not job.stale_checks
 
-    def _progress_line(self, t: float, started: float) -> None:
+    def _progress(self, t: float, started: float) -> None:
         wall = time.monotonic() - started
         total = sum(self.quota.values())
         self.say(

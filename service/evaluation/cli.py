@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -298,20 +299,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if summary.passed else 1
 
 
-def _soak(args: argparse.Namespace) -> int:
-    from service.config import get_settings
+@contextlib.contextmanager
+def _accelerated_services(data_dir: Path) -> Iterator[None]:
+    """The database an accelerated-time run (soak, campaign) writes to: FAULTLINE_DATABASE_URL's, else embedded
+    servers in `data_dir`; migrated; stopped after."""
     from service.demo import Services
     from service.embedded import free_port
-    from service.evaluation import soak
 
-    try:
-        duration = soak.parse_duration(args.soak)
-        jobs = soak.parse_jobs(args.soak_jobs)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
-    if duration > soak.MAX_SIMULATED_S:
-        raise SetupError(f"--soak is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days of data)")
-    data_dir: Path = args.data_dir.resolve()
     (data_dir / "logs").mkdir(parents=True, exist_ok=True)
     services = Services(logs=data_dir / "logs", say=say)
     database_url = os.environ.get("FAULTLINE_DATABASE_URL")
@@ -327,12 +321,28 @@ def _soak(args: argparse.Namespace) -> int:
         else:
             services.start_embedded(data_dir, port=free_port())
         services.migrate()
+        yield
+    finally:
+        services.stop()
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from service.config import get_settings
+    from service.evaluation import soak
+
+    try:
+        duration = soak.parse_duration(args.soak)
+        jobs = soak.parse_jobs(args.soak_jobs)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+    if duration > soak.MAX_SIMULATED_S:
+        raise SetupError(f"--soak is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days of data)")
+    data_dir: Path = args.data_dir.resolve()
+    with _accelerated_services(data_dir):
         config = soak.SoakConfig(
             duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
         )
         report = soak.run_soak(config, get_settings(), say=say, processes=args.soak_processes)
-    finally:
-        services.stop()
     print(soak.format_report(report), flush=True)
     out = args.json or data_dir / "soak.json"
     soak.write_report(report, out)
@@ -342,8 +352,6 @@ def _soak(args: argparse.Namespace) -> int:
 
 def _campaign(args: argparse.Namespace) -> int:
     from service.config import get_settings
-    from service.demo import Services
-    from service.embedded import free_port
     from service.evaluation import campaign, soak
 
     try:
@@ -356,29 +364,13 @@ def _campaign(args: argparse.Namespace) -> int:
     if duration > soak.MAX_SIMULATED_S:
         raise SetupError(f"--duration is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days)")
     data_dir: Path = args.data_dir.resolve()
-    (data_dir / "logs").mkdir(parents=True, exist_ok=True)
-    services = Services(logs=data_dir / "logs", say=say)
-    database_url = os.environ.get("FAULTLINE_DATABASE_URL")
-    try:
-        if database_url:
-            say("using the database of FAULTLINE_DATABASE_URL")
-            services.use(
-                database_url=database_url,
-                redis_url=os.environ.get("FAULTLINE_REDIS_URL", "redis://unused"),
-                port=0,
-                embedded=False,
-            )
-        else:
-            services.start_embedded(data_dir, port=free_port())
-        services.migrate()
+    with _accelerated_services(data_dir):
         config = soak.SoakConfig(
             duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
         )
         report = campaign.run_campaign(
             config, get_settings(), faults=args.faults, say=say, processes=args.soak_processes
         )
-    finally:
-        services.stop()
     print(campaign.format_report(report), flush=True)
     out = args.json or data_dir / "campaign.json"
     campaign.write_report(report, out)
