@@ -78,7 +78,10 @@ ACTOR = "faultline-campaign"
 # Llama 3's 2,048-node job lost a node every ~3 hours, far from 25% an hour. The campaign squeezes one fault
 # every few minutes into a 4-node job, which would trip it on the second fault and leave every later eviction
 # waiting for a person; so the campaign lifts it (the rail's own tests are in tests/service/decisions).
-CAMPAIGN_POLICY = {"policy_max_evict_share_per_hour": 1000.0}
+# Likewise the node cooldown (no second eviction of a node within 30 min): real repairs take hours, so a
+# repaired machine is past it when it rejoins; the campaign's shop takes REPAIR_S, so the cooldown is scaled
+# below that (a machine back from repair is a fresh one).
+CAMPAIGN_POLICY = {"policy_max_evict_share_per_hour": 1000.0, "policy_node_cooldown_s": 0.8 * REPAIR_S}
 STALE_AFTER_S = scoring.STALE_AFTER_S
 
 
