@@ -287,7 +287,7 @@ class Campaign(Soak):
         index = job.count * len(self.config.jobs) + self.indices[self.jobs.index(job.run)]
         job.count += 1
         job.active = Active(
-            index, d, spec, record, node, t, c.job.step, since_checkpoint_s=self._since_checkpoint(c, t)
+            index, d, spec, record, node, t, c.job.step, since_checkpoint_s=self._since_checkpoint(c, job.step_s)
         )
         self.say(
             f"campaign: t={_hms(t)} {job.run.job_id}: fault #{index} {d.kind} ({d.category}) on {node or 'the job'}"
@@ -296,12 +296,9 @@ class Campaign(Soak):
             self._dealt(job.active, t, "drained")
 
     @staticmethod
-    def _since_checkpoint(c: Cluster, t: float) -> float:
-        """Seconds of training since the checkpoint a restart would resume from."""
-        for step, end, _ in reversed(c.step_history):
-            if step <= c.job.last_checkpoint:
-                return max(0.0, t - end)
-        return 0.0
+    def _since_checkpoint(c: Cluster, step_s: float) -> float:
+        """Seconds of training a restart now would redo: the steps since the checkpoint it resumes from."""
+        return max(0, c.job.step - c.job.last_checkpoint) * step_s
 
     def _silence(self, node: str | None, now: datetime) -> None:
         if node is None:
