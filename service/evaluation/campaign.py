@@ -114,6 +114,7 @@ class CampaignJob:
     stale_checks: list[tuple[float, int]] = field(default_factory=list)  # (when, fault index)
     seen_incident: int = 0  # the highest incident id seen
     count: int = 0  # faults injected
+    in_shop: set[int] = field(default_factory=set)  # machines whose agent is down while they are repaired
     decided: set[int] = field(default_factory=set)  # decision ids the loop has seen
 
 
@@ -248,6 +249,20 @@ class Campaign(Soak):
             with session_scope() as session:
                 self._register(session, run)
             self._start_agents(run, now)
+        self._shop_agents(job, now)
+
+    @staticmethod
+    def _shop_agents(job: CampaignJob, now: datetime) -> None:
+        """A machine in the repair shop is down (reimaged, parts swapped): its agent ships nothing until the machine
+        is back in the spare pool."""
+        c = job.run.cluster
+        for m, agent in enumerate(job.run.agents):
+            if c.place[m] == REPAIR and agent.running:
+                agent.stop("TERM")
+                job.in_shop.add(m)
+            elif c.place[m] != REPAIR and m in job.in_shop:
+                job.in_shop.discard(m)
+                agent.start(now)
 
     @staticmethod
     def _start_agents(run: JobRun, now: datetime) -> None:
