@@ -40,6 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gpus-per-node", type=int, default=8)
     demo.add_argument("--fault-after", type=float, default=60.0, help="first simulated fault after this many s (60)")
     demo.add_argument("--fault-every", type=float, default=180.0, help="then a fault every this many s (180)")
+    demo.add_argument(
+        "--approvals",
+        action="store_true",
+        help="no scheduler stand-in: decisions wait for a person (approve, reject) or an adapter you run",
+    )
+    demo.add_argument("--spares", type=int, default=2, help="spare nodes the stand-in swaps in (default 2)")
+    demo.add_argument("--repair-time", type=float, default=300.0, help="s an evicted node is in repair (300)")
+    demo.add_argument(
+        "--duration", help="stop after this long (e.g. 30m, 1h) and print a summary of the run (default: Ctrl-C)"
+    )
 
     serve = sub.add_parser("serve", help="run the API (uvicorn)")
     serve.add_argument("--host", default="127.0.0.1")

@@ -49,7 +49,23 @@ def run(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from service.demo import run_demo
+    from service.evaluation.soak import parse_duration
 
+    problems = []
+    duration = None
+    if args.duration is not None:
+        try:
+            duration = parse_duration(args.duration)
+        except ValueError as exc:
+            problems.append(str(exc).replace("soak duration", "--duration"))
+    if args.spares < 0:
+        problems.append("--spares must be >= 0")
+    if args.repair_time <= 0:
+        problems.append("--repair-time must be > 0")
+    for problem in problems:
+        print(f"faultline demo: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     return run_demo(
         data_dir=args.data_dir.resolve(),
         port=args.port,
@@ -58,6 +74,10 @@ def _demo(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         fault_after=args.fault_after,
         fault_every=args.fault_every,
+        scheduler=not args.approvals,
+        spares=args.spares,
+        repair_time=args.repair_time,
+        duration=duration,
     )
 
 

@@ -162,6 +162,10 @@ def run_demo(
     gpus_per_node: int,
     fault_after: float = 60.0,
     fault_every: float = 180.0,
+    scheduler: bool = True,
+    spares: int = 2,
+    repair_time: float = 300.0,
+    duration: float | None = None,
 ) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
@@ -184,6 +188,10 @@ def run_demo(
         services.migrate()
         tokens = _demo_tokens(data_dir)
 
+        if simulate and scheduler and "FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR" not in os.environ:
+            # A fault every few minutes is months of a real fleet's: at the default 25% of the job's nodes per
+            # hour, every eviction after the first would wait for a person, and the loop would stop.
+            services.env["FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR"] = "1.0"
         url = services.start_processes(port)
         if simulate:
             # A simulated cluster: per node a dcgm-exporter endpoint, kernel and training logs, rank
@@ -192,13 +200,25 @@ def run_demo(
                 "faultline", "sim", "--scenario", "demo", "--server", url,
                 "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node), "--dir", str(data_dir / "sim"),
                 "--fault-after", str(fault_after), "--fault-every", str(fault_every), "--job-id", DEMO_JOB,
+                "--spares", str(spares), "--repair-time", str(repair_time),
             ]  # fmt: skip
-            services.spawn("sim", sim, env={**services.env, "FAULTLINE_AGENT_TOKEN": tokens["agent"]})
+            env = {**services.env, "FAULTLINE_AGENT_TOKEN": tokens["agent"]}
+            env.pop("FAULTLINE_SCHEDULER_TOKEN", None)
+            if scheduler:  # the stand-in: the real scheduler API's long poll and acks, the simulated cluster acts
+                env["FAULTLINE_SCHEDULER_TOKEN"] = tokens["scheduler"]
+            services.spawn("sim", sim, env=env)
 
         _say(f"ready in {time.monotonic() - started:.1f} s")
+        decisions = (
+            "a scheduler stand-in acts on them (evict or diagnose: a spare swapped in, the job restarted from\n"
+            "               its checkpoint; reset_gpu: the GPU reset) and acknowledges; --approvals turns it off"
+            if simulate and scheduler
+            else f"{url}/api/v1/decisions?state=pending&wait=30 (long poll, scheduler token), or try an\n"
+            f"               adapter: FAULTLINE_TOKEN=<scheduler token> faultline adapter slurm --url {url} --dry-run"
+        )
         cluster = (
-            f"{nodes} simulated nodes x {gpus_per_node} GPUs running job {DEMO_JOB}, one agent each; "
-            f"a fault after {fault_after:g} s, then every {fault_every:g} s\n"
+            f"{nodes} simulated nodes x {gpus_per_node} GPUs running job {DEMO_JOB} and {spares} idle spare(s), "
+            f"one agent each;\n               a fault after {fault_after:g} s, then every {fault_every:g} s\n"
             f"               (injections: {logs / 'sim.log'}; ground truth: {data_dir / 'sim' / 'ground_truth.json'})"
             if simulate
             else "none (--no-sim): point agents at the API with the agent token"
@@ -213,14 +233,14 @@ def run_demo(
   admin token     {tokens["admin"]}
   logs         {logs}/ (api, worker, beat{", sim" if simulate else ""})
   cluster      {cluster}
-  decisions    {url}/api/v1/decisions?state=pending&wait=30 (long poll, scheduler token), or try an
-               adapter: FAULTLINE_TOKEN=<scheduler token> faultline adapter slurm --url {url} --dry-run
+  decisions    {decisions}
 
   Other commands reach this database with --data-dir {data_dir}
-  Press Ctrl-C to stop.
+  {"Stops after " + _hms(duration) + " with a summary" if duration else "Press Ctrl-C to stop"}.
 """
         )
-        while not stopping:
+        deadline = None if duration is None else time.monotonic() + duration
+        while not stopping and (deadline is None or time.monotonic() < deadline):
             if (exited := services.exited()) is not None:
                 name, code = exited
                 if services.restart(name):
@@ -231,6 +251,8 @@ def run_demo(
                 _say(f"{name} exited with code {code}; see {logs / (name + '.log')}; stopping")
                 return 1
             time.sleep(0.5)
+        if simulate:
+            _summary(services, data_dir)
         return 0
     except RuntimeError as exc:
         _say(f"error: {exc}")
@@ -239,3 +261,30 @@ def run_demo(
         _say("stopping ...")
         services.stop()
         _say("stopped")
+
+
+def _hms(seconds: float) -> str:
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m{s:02d}s" if minutes >= 60 else f"{minutes}m{s:02d}s"
+
+
+def _summary(services: Services, data_dir: Path) -> None:
+    """Stop the simulator (its ground truth final), then print what the run did."""
+    from datetime import UTC, datetime
+
+    from service.db import session_scope
+    from service.demo_summary import format_summary, read_summary
+
+    for name, child in services.children:
+        if name == "sim":
+            stop(child)
+    path = data_dir / "sim" / "ground_truth.json"
+    try:
+        truth = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        _say(f"no summary: cannot read {path} ({exc})")
+        return
+    with session_scope() as session:
+        summary = read_summary(session, ground_truth=truth, job_id=DEMO_JOB, now=datetime.now(UTC))
+    (data_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _print(f"\nsummary of the run ({data_dir / 'summary.json'}):\n{format_summary(summary)}\n")

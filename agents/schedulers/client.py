@@ -128,6 +128,24 @@ class FaultlineClient:
             return AckResult(True, response.status_code, "")
         return AckResult(False, response.status_code, error_message(response))
 
+    # -- jobs (a launcher's registration) ----------------------------------------------------------
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job as the service holds it; None when it does not know it yet."""
+        response = self._request("GET", f"/api/v1/jobs/{job_id}")
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise Refused(f"reading job {job_id}: HTTP {response.status_code}: {error_message(response)}")
+        return self._json(response)
+
+    def register_job(self, body: dict[str, Any]) -> None:
+        """Register or update a job (world size, parallelism, rank placement)."""
+        response = self._request("POST", "/api/v1/jobs", json=body)
+        if response.status_code >= 400:
+            status = response.status_code
+            raise Refused(f"registering job {body.get('job_id')}: HTTP {status}: {error_message(response)}")
+
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _check(self, response: httpx.Response) -> None:

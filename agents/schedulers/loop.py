@@ -67,6 +67,8 @@ class LoopOptions:
     once: bool = False
     dry_run: bool = False
     strip_domain: bool = False
+    # What to poll for; a backend that can also take a node out for a check adds `diagnose`.
+    kinds: tuple[str, ...] = NODE_KINDS
 
 
 def scheduler_node(name: str, *, strip_domain: bool) -> str:
@@ -119,7 +121,7 @@ class AdapterLoop:
             "%s adapter polling %s for %s decisions (%s)",
             self.backend.name,
             self.client.url,
-            "/".join(NODE_KINDS),
+            "/".join(self.options.kinds),
             mode,
         )
         try:
@@ -154,7 +156,7 @@ class AdapterLoop:
         """Deliver held acks, read what is pending (long poll), act on each decision, acknowledge it."""
         started = time.monotonic()
         self.flush_acks()
-        decisions = self.client.pending(NODE_KINDS, self.options.wait_s)
+        decisions = self.client.pending(self.options.kinds, self.options.wait_s)
         fresh = [d for d in decisions if int(d["id"]) not in self.finished]
         for decision in fresh:
             if self.stop.is_set():
@@ -181,7 +183,7 @@ class AdapterLoop:
         if kind == "reset_gpu":
             self._reset_gpu(decision, node)
             return
-        take_out = kind in ("evict", "cordon")
+        take_out = kind in ("evict", "cordon", "diagnose")
         verb = "take out of service" if take_out else "return to service"
         if self.options.dry_run:
             log.info("dry run: would %s %s node %s (%s)", verb, self.backend.name, node, decision.get("reason", ""))

@@ -61,4 +61,3 @@ def act(cluster: Cluster, decision: Mapping[str, Any]) -> Outcome:
             return Outcome(False, f"{name} is still {cluster.place[machine]}: it rejoins the spare pool when done")
         message = cluster.put_back(machine)
     return Outcome(True, message, rank_map_changed=cluster.slots_version != before)
-

@@ -73,6 +73,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="set one realism rate or size (repeatable), e.g. checkpoint_every_s=120 or checkpoint_s=20,40; "
         "names: " + ", ".join(RealismParams.__dataclass_fields__),
     )
+    p.add_argument("--spares", type=int, default=0, help="idle spare nodes the scheduler swaps in (default 0)")
+    p.add_argument(
+        "--scheduler-token",
+        help="act as the job's scheduler: poll the service's decisions with this scheduler token, evict/diagnose "
+        "(swap a spare in, restart the job), reset GPUs, ack (default: env FAULTLINE_SCHEDULER_TOKEN; none: off)",
+    )
+    p.add_argument("--repair-time", type=_positive, default=600.0, help="seconds an evicted node is in repair (600)")
+    p.add_argument("--check-time", type=_positive, default=120.0, help="seconds a diagnosed node is checked (120)")
     p.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
     return p
 
@@ -100,6 +108,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         agent_command=tuple(shlex.split(args.agent_command)) if args.agent_command else defaults.agent_command,
         port=args.port,
         realism=args.realism,
+        spares=args.spares,
+        scheduler_token=args.scheduler_token or os.environ.get("FAULTLINE_SCHEDULER_TOKEN"),
+        repair_seconds=args.repair_time,
+        check_seconds=args.check_time,
         realism_params=RealismParams().with_overrides(_pairs(args.realism_param)),
     )
 
@@ -123,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         problems.append(f"unknown scenario {args.scenario!r}; see --list-scenarios")
     if args.nodes < 1 or args.gpus_per_node < 1:
         problems.append("--nodes and --gpus-per-node must be at least 1")
+    if args.spares < 0:
+        problems.append("--spares must be >= 0")
     if args.step_seconds < 0.2:
         problems.append("--step-seconds must be at least 0.2")
     if args.fault_after < 0:

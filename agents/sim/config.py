@@ -90,6 +90,8 @@ class SimConfig:
     # A simulated training step takes about this long (the straggler makes it 30-50% longer).
     step_seconds: float = 1.0
     fault_after: float = 30.0
+    # A one-fault scenario's node rank; None: drawn by the plan. (Tests put one fault on every node in turn.)
+    fault_node: int | None = None
     fault_every: float = 120.0
     # NCCL watchdog, scaled down from PyTorch's 10 minutes so faults end the job quickly...
     watchdog_seconds: float = 20.0
@@ -116,6 +118,8 @@ class SimConfig:
     agent_command: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "faultline", "agent"))
     host: str = "127.0.0.1"
     port: int = 0
+    # With a scheduler token, the scheduler stand-in (agents/sim/scheduler.py) acts on the service's decisions.
+    scheduler_token: str | None = None
 
     def resolved(self) -> SimConfig:
         """Fill in seed, job id and start time, so every later reader sees the same values."""

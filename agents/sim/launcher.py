@@ -1,6 +1,7 @@
 """torchrun stand-in for one simulated node (`python -m agents.sim.launcher`).
 
-Starts the node's rank processes with torchrun's environment, so an agent watching this process finds
+Starts the node's rank processes with torchrun's environment (its node rank from the control file: none while
+the machine is a spare or in repair), so an agent watching this process finds
 its workers (RANK, LOCAL_RANK, GROUP_RANK, WORLD_SIZE, TORCHELASTIC_RUN_ID in /proc/PID/environ). Like an
 elastic agent with restarts it outlives its workers: when the control file's generation changes (the
 job restarts) it stops what is left and starts fresh workers. SIGTERM stops the workers and exits.
@@ -20,13 +21,16 @@ from agents.sim.procs import die_with_parent, stop_all
 POLL = 0.25
 
 
-def _generation(path: str) -> int | None:
+def _control(path: str) -> tuple[int, int | None] | None:
+    """The control file's generation and this machine's node rank (None: not in the job, a spare)."""
     try:
         with open(path) as f:
-            first = f.readline().split()
+            first, second = f.readline().split(), f.readline().split()
     except OSError:
         return None
-    return int(first[1]) if len(first) == 2 and first[0] == "generation" else None
+    if len(first) != 2 or first[0] != "generation" or len(second) != 2 or second[0] != "node_rank":
+        return None
+    return int(first[1]), int(second[1]) if second[1].isdigit() else None
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -40,16 +44,16 @@ def _log(message: str) -> None:
     print(f"[launcher {os.getpid()}] {time.strftime('%H:%M:%S')} {message}", flush=True)
 
 
-def _start_workers(args: argparse.Namespace, generation: int) -> dict[int, subprocess.Popen[bytes]]:
+def _start_workers(args: argparse.Namespace, generation: int, node_rank: int) -> dict[int, subprocess.Popen[bytes]]:
     world = args.nnodes * args.nproc_per_node
     workers = {}
     for local in range(args.nproc_per_node):
-        rank = args.node_rank * args.nproc_per_node + local
+        rank = node_rank * args.nproc_per_node + local
         env = dict(os.environ)
         env.update(
             RANK=str(rank),
             LOCAL_RANK=str(local),
-            GROUP_RANK=str(args.node_rank),
+            GROUP_RANK=str(node_rank),
             ROLE_RANK=str(rank),
             ROLE_NAME="default",
             LOCAL_WORLD_SIZE=str(args.nproc_per_node),
@@ -84,7 +88,6 @@ def _start_workers(args: argparse.Namespace, generation: int) -> dict[int, subpr
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.sim.launcher")
-    parser.add_argument("--node-rank", type=int, required=True)
     parser.add_argument("--nnodes", type=int, required=True)
     parser.add_argument("--nproc-per-node", type=int, required=True)
     parser.add_argument("--job-id", required=True)
@@ -105,13 +108,18 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     workers: dict[int, subprocess.Popen[bytes]] = {}
     reported: set[int] = set()
-    generation: int | None = None
+    state: tuple[int, int | None] | None = None
     while not stopping and os.getppid() == parent:
-        wanted = _generation(args.control)
-        if wanted is not None and wanted != generation:
+        wanted = _control(args.control)
+        if wanted is not None and wanted != state:  # a restart, or the machine joined or left the job
             if workers:
                 stop_all(workers.values(), timeout=3.0, group=False)
-            workers, reported, generation = _start_workers(args, wanted), set(), wanted
+            generation, node_rank = state = wanted
+            workers, reported = {}, set()
+            if node_rank is not None:
+                workers = _start_workers(args, generation, node_rank)
+            else:
+                _write_atomic(args.pids, f"generation {generation}\n")
         for local, p in workers.items():
             code = p.poll()
             if code is not None and local not in reported:

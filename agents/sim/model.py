@@ -24,7 +24,7 @@ from typing import Any
 from agents.sim import logformat as fmt
 from agents.sim.config import RealismParams, SimConfig
 from agents.sim.fabric import Fabric
-from agents.sim.faults import FaultInjection, FaultRecord
+from agents.sim.faults import FaultRecord
 from agents.sim.gpu import (
     BUSY,
     COMM,
@@ -87,7 +87,7 @@ class Job:
     loss_spike: float = 0.0  # the loss's current excess over its trend, as a fraction
 
 
-class Cluster(FaultInjection, RealLife, SparePool):
+class Cluster(SparePool, RealLife):  # SparePool builds on FaultInjection
     def __init__(self, config: SimConfig) -> None:
         config = config.resolved()
         if config.scenario not in SCENARIOS:
@@ -103,8 +103,10 @@ class Cluster(FaultInjection, RealLife, SparePool):
         self.config = config
         self.start: datetime = config.start
         self.rng = random.Random(config.seed)
-        # The plan draws from its own stream, so adding noise to the physics never moves a fault.
-        self._plan: Iterator[FaultSpec] = SCENARIOS[config.scenario].plan(config, random.Random(config.seed ^ 0x5EED))
+        # The plan draws from its own stream, so adding noise to the physics never moves a fault; seeded by the
+        # scenario too, so that one seed does not put every scenario's fault on the same node (issue 26).
+        plan_rng = random.Random(f"plan:{config.scenario}:{config.seed}")
+        self._plan: Iterator[FaultSpec] = SCENARIOS[config.scenario].plan(config, plan_rng)
         self._next_fault: FaultSpec | None = next(self._plan, None)
         self.node_names = config.node_names()  # every machine: the job's, then the spares
         self.machines = config.machines
@@ -189,9 +191,10 @@ class Cluster(FaultInjection, RealLife, SparePool):
         }
 
     def control_text(self, node: int) -> str:
-        """What the machine's launcher and rank processes read: the generation, then one mode per local rank (none
-        for a machine outside the job)."""
-        lines = [f"generation {self.generation}"]
+        """What the machine's launcher and rank processes read: the generation, the machine's node rank (`-` outside
+        the job), then one mode per local rank."""
+        slot = self.node_rank(node)
+        lines = [f"generation {self.generation}", f"node_rank {'-' if slot is None else slot}"]
         lines += [f"{r % self.gpn} {self.modes[r]}" for r in self.ranks_on(node)]
         return "\n".join(lines) + "\n"
 

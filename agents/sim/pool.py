@@ -17,16 +17,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from agents.sim import logformat as fmt
-from agents.sim.config import SimConfig
-from agents.sim.fabric import Fabric
-from agents.sim.faults import FaultRecord
-from agents.sim.gpu import Gpu
-from agents.sim.host import Host
+from agents.sim.faults import FaultInjection, FaultRecord
 from agents.sim.modes import DEAD, TERMINATED
-from agents.sim.realism import RESTART_PAUSE
-
-if TYPE_CHECKING:
-    from agents.sim.model import Job
+from agents.sim.realism import RESTART_PAUSE, RealState
 
 IN_JOB, SPARE, REPAIR, CHECK, CORDONED = "job", "spare", "repair", "check", "cordoned"
 # Fault kinds a GPU reset clears: a hung GSP, and a row remap that waits for the reset to be applied.
@@ -40,7 +33,7 @@ class LoopEvent:
     t: float
     at: datetime
     kind: str  # swap_out | swap_in | reset_gpu | to_repair | to_check | to_pool | cordon | restart
-    node: str
+    node: str  # the machine, or the job's id for a restart
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -56,45 +49,25 @@ def check_machine(cluster: SparePool, machine: int) -> bool:
     return not cluster.faults_on(machine)
 
 
-class SparePool:
-    """Cluster's closed loop (agents/sim/model.py mixes this in); the state below is the cluster's."""
+class SparePool(FaultInjection):
+    """Cluster's closed loop (agents/sim/model.py mixes this in), on top of its faults; the state below, beside
+    FaultInjection's, is the cluster's."""
 
-    config: SimConfig
-    node_names: list[str]
     machines: int
-    gpn: int
-    world: int
-    gpus: list[list[Gpu]]
-    hosts: list[Host]
-    fabrics: list[Fabric]
-    modes: list[str]
-    job: Job
-    faults: list[FaultRecord]
-    faults_version: int
-    generation: int
-    control_version: int
-    slots: list[int]
     _slot_of: dict[int, int]
-    _epoch: int
     _event_seq: int
     _events: list[tuple[float, int, int, Callable[[], None]]]
-    _failed_order: list[int]
-    _torn_down: set[int]
-    loader_wait: dict[int, float]
+    real: RealState | None
+    step_history: list[tuple[int, float, float]]
 
     if TYPE_CHECKING:
 
-        @property
-        def t(self) -> float: ...
         def _ts(self, offset: float = 0.0) -> datetime: ...
-        def _node_ts(self, node: int, offset: float = 0.0) -> datetime: ...
         def _kern(self, node: int, *messages: str) -> None: ...
         def _train(self, node: int, lines: list[str]) -> None: ...
         def _pid(self, rank: int) -> int: ...
         def _launcher_pid(self, node: int) -> int: ...
         def _set_mode(self, rank: int, mode: str) -> None: ...
-        def _stop_pause(self) -> None: ...
-        def ranks_on(self, node: int) -> list[int]: ...
 
     def _init_pool(self) -> None:
         self.place: dict[int, str] = {m: IN_JOB for m in self.slots}
@@ -252,11 +225,13 @@ class SparePool:
             for n in list(self.slots):
                 live = [r for r in self.ranks_on(n) if self.modes[r] not in DEAD]
                 if live:
-                    lines = fmt.torchrun_death_signal(self._node_ts(n), self._launcher_pid(n), [self._pid(r) for r in live])
-                    self._train(n, lines)
+                    pids = [self._pid(r) for r in live]
+                    self._train(n, fmt.torchrun_death_signal(self._node_ts(n), self._launcher_pid(n), pids))
         for r in range(self.world):
             self._set_mode(r, TERMINATED)
         self._stop_pause()
+        if self.real is None:  # no checkpoint lines without realism: the job saved on the realism's interval
+            job.last_checkpoint = self._checkpointed_step()
         job.comm_factor, job.stall_until, job.nan = 1.0, 0.0, False
         job.stuck_rank = job.stall_rank = None
         job.state = "running"
@@ -265,7 +240,14 @@ class SparePool:
         self._failed_order.clear()
         self._torn_down.clear()
         self.restarts += 1
-        self._loop_note("restart", self.slots[0], why)
+        self._loop_note("restart", None, why)
+
+    def _checkpointed_step(self) -> int:
+        """The last step finished by the latest whole checkpoint interval (the job's start when none yet)."""
+        every = self.config.realism_params.checkpoint_every_s
+        saved_by = (self.t // every) * every
+        done = [step for step, end, _ in self.step_history if end <= saved_by]
+        return max([self.job.last_checkpoint, *done[-1:]])
 
     def _restart_when_ready(self) -> None:
         self.job.pause_until = self.t + self.config.restart_seconds
@@ -277,7 +259,8 @@ class SparePool:
         self._event_seq += 1
         heapq.heappush(self._events, (self.t + delay, self._event_seq, -1, action))
 
-    def _loop_note(self, kind: str, machine: int, detail: str = "") -> None:
-        self.loop_events.append(LoopEvent(self.t, self._ts(), kind, self.node_names[machine], detail))
+    def _loop_note(self, kind: str, machine: int | None, detail: str = "") -> None:
+        """One loop event on a machine (None: the job as a whole)."""
+        node = self.node_names[machine] if machine is not None else str(self.config.job_id)
+        self.loop_events.append(LoopEvent(self.t, self._ts(), kind, node, detail))
         self.faults_version += 1  # the runner rewrites the ground truth on this
-

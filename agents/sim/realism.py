@@ -229,7 +229,8 @@ class RealLife:
             rank = real.rng.randrange(self.world)
             seconds = real.rng.uniform(*p.loader_stall_s)
             self._loader_stall(rank, seconds)
-            self._note("loader_stall", node=self.node_names[self.machine_of(rank)], rank=rank, seconds=round(seconds, 2))
+            node = self.node_names[self.machine_of(rank)]
+            self._note("loader_stall", node=node, rank=rank, seconds=round(seconds, 2))
 
     def _after_step(self) -> None:
         """At a step boundary: a due checkpoint or evaluation starts here, as trainers run them between steps."""

@@ -35,6 +35,7 @@ from agents.sim.kerneltree import NodeTree, TreeWriter
 from agents.sim.model import Cluster, LogLine
 from agents.sim.procs import signal_group, spawn, stop_all
 from agents.sim.realism import START, AgentAction
+from agents.sim.scheduler import SchedulerStandIn
 
 LOOP_SECONDS = 0.2
 TREE_SECONDS = 1.0  # the kernel trees are brought up to date at most this often
@@ -74,6 +75,9 @@ class SimRunner:
         self._transients_reported = 0
         self._repairs_reported: set[int] = set()
         self._agents_reported: set[int] = set()
+        self.scheduler: SchedulerStandIn | None = None
+        self._slots_version = 0
+        self._loop_reported = 0
         self._first_step = 0
         self._t0 = 0.0
         self._trees: list[tuple[NodeTree, TreeWriter]] = []
@@ -127,6 +131,14 @@ class SimRunner:
         self._write_ground_truth()
         self._sync_control()
         self._make_trees()
+        if config.scheduler_token and config.server:
+            self.scheduler = SchedulerStandIn(
+                config.server, config.scheduler_token, job_id=str(config.job_id), say=self._say
+            )
+            self.scheduler.register(cluster.rank_map(), cluster.world)  # as the job's launcher would at its start
+            self.scheduler.start()
+            spares = ", ".join(cluster.spares_free()) or "none"
+            self._say(f"scheduler stand-in acting on evict, diagnose, reset_gpu, cordon, return; spares: {spares}")
         self.server = MetricsServer(config.host, config.port)
         self.server.publish(cluster.snapshot())
         self.server.start()
@@ -143,7 +155,7 @@ class SimRunner:
             self.launchers[n] = spawn(
                 [
                     sys.executable, "-m", "agents.sim.launcher",
-                    "--node-rank", str(n), "--nnodes", str(config.nodes),
+                    "--nnodes", str(config.nodes),
                     "--nproc-per-node", str(config.gpus_per_node), "--job-id", str(config.job_id),
                     "--master-port", str(master_port), "--control", str((node_dir / "control").resolve()),
                     "--pids", str((node_dir / "ranks.pids").resolve()), "--step-seconds", str(config.step_seconds),
@@ -156,11 +168,9 @@ class SimRunner:
             if config.agents and cluster.agent_delay(n) <= 0:  # a late node's agent starts when the model says
                 self._start_agent(n, name)
             agent = f", agent pid {self.agents[n].pid}" if n in self.agents else ""
-            first = n * config.gpus_per_node
-            self._say(
-                f"{name} up: {self.server.url(name)}, launcher pid {self.launchers[n].pid} "
-                f"(ranks {first}-{first + config.gpus_per_node - 1}){agent}"
-            )
+            ranks = cluster.ranks_on(n)
+            role = f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "spare"
+            self._say(f"{name} up: {self.server.url(name)}, launcher pid {self.launchers[n].pid} ({role}){agent}")
 
     def _start_agent(self, n: int, name: str) -> None:
         config = self.config
@@ -213,6 +223,13 @@ class SimRunner:
         for action in cluster.take_agent_actions():
             self._act_on_agent(action)
         self._check_agents()
+        if self.scheduler is not None:
+            for decision, outcome in self.scheduler.backend.serve(cluster):
+                what = f"{decision.get('kind')} {decision.get('node')}"
+                self._say(f"t={cluster.t:.1f}s scheduler: {what}: {outcome.ack}, {outcome.message}")
+            if cluster.slots_version != self._slots_version:
+                self._slots_version = cluster.slots_version
+                self.scheduler.register(cluster.rank_map(), cluster.world)
 
     def _act_on_agent(self, action: AgentAction) -> None:
         """Realism: a late node's agent starts, or an agent is stopped (TERM or KILL) and later started again;
@@ -237,6 +254,8 @@ class SimRunner:
         self._say(f"t={action.t:.1f}s agent of {name} stopped with SIG{action.signal}")
 
     def _shutdown(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
         # Agents first (they may want to flush), then the launchers with their ranks, in parallel within each.
         stop_all(self.agents.values(), timeout=5.0)
         stop_all(self.launchers.values(), timeout=5.0)
@@ -352,8 +371,18 @@ class SimRunner:
                 self._say(f"t={fault.t:.1f}s injected {fault.kind} on {where}{ranks}; blame {fault.blame}, {evict}")
             if fault.repaired_at is not None and i not in self._repairs_reported:
                 self._repairs_reported.add(i)
-                self._say(f"repaired {fault.kind} on {', '.join(fault.nodes) or 'the job'}; job restarted")
+                where = ", ".join(fault.nodes) or "the job"
+                how = {
+                    "evict": "in the repair shop, after its eviction",
+                    "diagnose": "in the repair shop, after its check",
+                    "reset_gpu": "by the GPU reset",
+                }.get(fault.resolved_by, "by the scenario; job restarted")
+                self._say(f"repaired {fault.kind} on {where} {how}")
         self._faults_reported = len(cluster.faults)
+        for event in cluster.loop_events[self._loop_reported :]:
+            detail = f" ({event.detail})" if event.detail else ""
+            self._say(f"t={event.t:.1f}s loop: {event.kind} {event.node}{detail}")
+        self._loop_reported = len(cluster.loop_events)
         # Realism's job events (the agents' own are said as the runner acts on them).
         events = cluster.real.events if cluster.real is not None else []
         for event in events[self._noise_reported :]:

@@ -301,10 +301,13 @@ def _nothing(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
 def _one(kind: str) -> Plan:
     def plan(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
         scope = FAULT_KINDS[kind].scope
+        node = rng.randrange(config.nodes)  # drawn either way: a fault_node leaves the GPU's draw as it was
+        if config.fault_node is not None:
+            node = config.fault_node
         if scope == GPU:
-            yield FaultSpec(config.fault_after, kind, rng.randrange(config.nodes), rng.randrange(config.gpus_per_node))
+            yield FaultSpec(config.fault_after, kind, node, rng.randrange(config.gpus_per_node))
         elif scope == NODE:
-            yield FaultSpec(config.fault_after, kind, rng.randrange(config.nodes))
+            yield FaultSpec(config.fault_after, kind, node)
         else:
             yield FaultSpec(config.fault_after, kind)
 
@@ -316,6 +319,8 @@ def _demo(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
     # restarted) after two thirds of the period, so the next one starts from a healthy cluster.
     at = config.fault_after
     hold = max(config.fault_every * 2 / 3, min(config.fault_every - 1.0, config.watchdog_seconds + 10.0))
+    if config.spares:  # a closed loop: eviction is the repair; the scenario's own only just before the next fault
+        hold = max(1.0, config.fault_every - 1.0)
     bag: list[str] = []
     last = None
     while True:

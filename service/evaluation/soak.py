@@ -73,6 +73,7 @@ class SoakJob:
     # Healthy in a soak; the tests give a job a fault, to show the harness's data reaches the detectors.
     scenario: str = "healthy"
     fault_after: float = 30.0
+    fault_node: int | None = None  # the fault's node rank; None: the plan draws it
 
 
 # Jobs of different sizes and shapes at once, on one service (8 nodes, 40 GPUs): small enough that a simulated
@@ -165,6 +166,7 @@ class Soak:
                 gpus_per_node=spec.gpus_per_node,
                 scenario=spec.scenario,
                 fault_after=spec.fault_after,
+                fault_node=spec.fault_node,
                 seed=self.config.seed * 1000 + i,
                 job_id=job_id,
                 node_prefix=f"soak{self.run_id}{spec.name}-",

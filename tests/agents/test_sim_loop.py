@@ -4,6 +4,7 @@ repair or a check, and a job with no spare waits for one. The pure model, in mil
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -17,8 +18,8 @@ START = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
 def cluster(scenario: str = "gpu_lost", *, spares: int = 1, seed: int = 5, **kw: object) -> Cluster:
-    config = SimConfig(nodes=3, gpus_per_node=4, scenario=scenario, seed=seed, fault_after=10.0, start=START, spares=spares, **kw)
-    return Cluster(config)
+    config = SimConfig(nodes=3, gpus_per_node=4, scenario=scenario, seed=seed, fault_after=10.0, start=START)
+    return Cluster(replace(config, spares=spares, **kw))
 
 
 def faulty(c: Cluster) -> tuple[str, int]:
@@ -51,13 +52,21 @@ def test_evict_swaps_a_spare_in_and_restarts_from_the_checkpoint_with_new_proces
     assert all(m == TERMINATED for m in c.modes)  # torchrun stopped every rank
     assert c.faults[0].left_job_at is not None and c.faults[0].resolved_by == "evict"
     assert c.faults[0].repaired_at is None  # still broken, in the shop
+    loop = c.ground_truth()["loop"]
+    assert [(e["kind"], e["node"]) for e in loop] == [
+        ("restart", c.config.job_id),
+        ("swap_out", name),
+        ("to_repair", name),
+        ("swap_in", "node-003"),
+    ]
 
     c.advance(45.0 + 15.0 + 10.0)  # down, then the checkpoint's load
     assert c.generation == generation + 1 and c.job.state == "running" and c.modes == [NORMAL] * c.world
     steps = [s for s, t, _ in c.step_history if t > 45.0]
     assert steps and min(steps) == checkpoint + 1  # the steps since the checkpoint are trained again
-    assert "generation" in c.control_text(3) and len(c.control_text(3).splitlines()) == 5
-    assert c.control_text(machine).splitlines() == [f"generation {c.generation}"]  # no ranks on it
+    assert c.control_text(3).splitlines()[:2] == [f"generation {c.generation}", f"node_rank {slot}"]
+    assert len(c.control_text(3).splitlines()) == 2 + 4
+    assert c.control_text(machine).splitlines() == [f"generation {c.generation}", "node_rank -"]  # no ranks
 
     c.advance(45.0 + 300.0 + 1.0)
     assert c.place[machine] == "spare" and c.pool == [machine]
