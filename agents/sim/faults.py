@@ -381,8 +381,7 @@ class FaultInjection:
         n, gpu = spec.node, spec.gpu
         assert n is not None and gpu is not None
         rank = self._rank(n, gpu)
-        nic = f"0000:{F.PCI_BUSES[gpu % 8] - 1:02x}:00.0"
-        port = f"ibp{F.PCI_BUSES[gpu % 8] - 1}s0"
+        nic, port = _hca(gpu)
         peer = self._peer(n)
         line, worker = 330 + self.rng.randrange(20), 900 + self.rng.randrange(99)
         self._kern(n, f"mlx5_core {nic}: poll_health:{800 + self.rng.randrange(60)}:(pid 0): Fatal error 1 detected")
@@ -430,8 +429,7 @@ class FaultInjection:
         n, gpu = spec.node, spec.gpu
         assert n is not None and gpu is not None
         rank = self._rank(n, gpu)
-        nic = f"0000:{F.PCI_BUSES[gpu % 8] - 1:02x}:00.0"
-        port = f"ibp{F.PCI_BUSES[gpu % 8] - 1}s0"
+        nic, port = _hca(gpu)
         peer = self._peer(n)
 
         def link(state: str) -> None:
@@ -657,6 +655,12 @@ class FaultInjection:
         else:  # one IB async event NCCL warns about and goes on through
             pid = self._pid(self._rank(n, gpu))
             self._train(n, [fmt.nccl_async_event(self.node_names[n], pid, pid + 83, gpu, "GID table change")])
+
+
+def _hca(gpu: int) -> tuple[str, str]:
+    """The PCI address and port name of the GPU's own HCA (one NIC per GPU, on the bus before it)."""
+    bus = F.PCI_BUSES[gpu % 8] - 1
+    return f"0000:{bus:02x}:00.0", f"ibp{bus}s0"
 
 
 def _ip(node: int) -> str:
