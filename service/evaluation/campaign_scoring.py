@@ -285,20 +285,23 @@ def format_table(result: Mapping[str, Any]) -> str:
     def s(v: Any) -> str:
         return "-" if v is None else f"{v:.3f}" if isinstance(v, float) and v <= 1.0 else str(v)
 
+    def secs(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
     lines = [f"{'category':<24} {'faults':>6} {'caught':>6} {'recall':>7} {'median s':>9} {'p95 s':>7}  kinds"]
     for c in result["categories"]:
         mark = "" if c["localizable"] else " *"
         kinds = ", ".join(f"{k} {v}" for k, v in c["kinds"].items())
         lines.append(
             f"{c['category'] + mark:<24} {c['faults']:>6} {c['caught']:>6} {s(c['recall']):>7} "
-            f"{s(c['median_s']):>9} {s(c['p95_s']):>7}  {kinds}"
+            f"{secs(c['median_s']):>9} {secs(c['p95_s']):>7}  {kinds}"
         )
     t = result["totals"]
     lines += [
         "(* nothing to name: caught when no machine is accused)",
         "",
         f"faults {t['faults']}; recall over the localizable categories {s(t['recall'])} (all {s(t['recall_all'])}); "
-        f"time to decision median {s(t['median_s'])} s, p95 {s(t['p95_s'])} s",
+        f"time to decision median {secs(t['median_s'])} s, p95 {secs(t['p95_s'])} s",
         f"false accusations {t['false_accusations']}; incidents {t['incidents']} ({s(t['incidents_per_fault'])} per "
         f"fault); stale incidents {t['stale_incidents']}; manual interventions {t['manual_interventions']}",
         f"notifications on healthy jobs {t['notifications_on_healthy_jobs']} over {t['healthy_job_days']} job-days "
