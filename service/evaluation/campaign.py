@@ -65,7 +65,8 @@ from service.silences import service as silences
 from service.silences.schemas import SilenceIn
 
 # One small job by default: a fault's whole cycle (detection, the loop, the restart) takes a few simulated
-# minutes and the healthy stretches are short, so 200 faults take ~30 minutes of wall time on two cores.
+# minutes and the healthy stretches are short. The harness runs at ~20x real time per free core (measured 2-3x
+# on the loaded dev VM), so 200 faults (~12 simulated hours) need a core to themselves for about 40 minutes.
 DEFAULT_JOBS_SPEC = "4x2:tp2"
 DEFAULT_FAULTS = 200
 SPARES_PER_JOB = 2
