@@ -138,8 +138,19 @@ class FaultInjection:
         def machine_of(self, rank: int) -> int: ...
         def ranks_on(self, node: int) -> list[int]: ...
         def node_rank(self, node: int) -> int | None: ...
+        def swap_out(self, machine: int, *, then: str) -> str: ...
 
-    def _inject(self, spec: FaultSpec) -> None:
+    def inject(self, spec: FaultSpec) -> FaultRecord:
+        """Inject `spec` now (its `at` is ignored; its node is a node rank): for a harness that draws faults as it
+        goes (the campaign)."""
+        return self._inject(spec)
+
+    def repair(self, record: FaultRecord) -> None:
+        """Fixed in place by hand (a user's fixed code, an operator's repair) and the job restarted."""
+        gpu = next(iter(record.gpus.values()), [None])[0] if record.gpus else None
+        self._repair(record, FaultSpec(record.t, record.kind, record.machine, gpu))
+
+    def _inject(self, spec: FaultSpec) -> FaultRecord:
         kind = FAULT_KINDS[spec.kind]
         if spec.node is not None:  # the plan names a node rank: the fault lands on the machine there now
             spec = replace(spec, node=self.slots[spec.node])
@@ -175,6 +186,7 @@ class FaultInjection:
         if spec.repair_at is not None:
             delay = spec.repair_at - self.t
             self._schedule(delay, lambda: self._repair(record, spec))
+        return record
 
     def _hang_job(self, culprits: dict[int, str], watchdog: float) -> None:
         """Ranks in `culprits` go their own way; every other live rank blocks in the next collective (in a
@@ -276,11 +288,25 @@ class FaultInjection:
     def _inject_ecc_dbe(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
         assert n is not None
-        rank = self._rank(n, g.index)
-        g.dbe_vol += 1
-        g.dbe_agg += 1
         g.sbe_vol += self.rng.randrange(2, 9)
         g.sbe_agg += g.sbe_vol
+        self._framebuffer_dbe(n, g)
+        self._crash_rank_ecc(n, g)
+
+        def remap() -> None:
+            g.xid = 63
+            g.unc_remap += 1
+            row = self.rng.getrandbits(28)
+            self._row_remapper(
+                n, g, 63, f"Row Remapper: New row (0x{row:016x}) marked for remapping, reset gpu to activate."
+            )
+
+        self._schedule(0.6, remap)
+
+    def _framebuffer_dbe(self, n: int, g: Gpu) -> None:
+        """Xid 48: an uncorrectable double-bit error in the GPU's memory, counted."""
+        g.dbe_vol += 1
+        g.dbe_agg += 1
         g.xid = 48
         partition, sub = self.rng.randrange(8), self.rng.randrange(2)
         self._kern(
@@ -292,24 +318,96 @@ class FaultInjection:
                 f"partition {partition}, subpartition {sub}.",
             ),
         )
+
+    def _row_remapper(self, n: int, g: Gpu, code: int, text: str) -> None:
+        """The row remapper's Xid (63: a row marked; 64: no spare row left), in the GPU's rank's context."""
+        self._kern(n, fmt.xid(g.bus, code, text, self._pid(self._rank(n, g.index)), "pt_main_thread"))
+
+    def _crash_rank_ecc(self, n: int, g: Gpu) -> None:
+        """The GPU's rank dies with CUDA's uncorrectable-ECC error; its node's torchrun tears down, peers wait."""
+        rank = self._rank(n, g.index)
         self._train(n, fmt.traceback_ecc(rank))
         self._set_mode(rank, CRASH_ECC)
         self._hang_job({}, self.config.watchdog_seconds)
-
-        def remap() -> None:
-            g.xid = 63
-            g.unc_remap += 1
-            row = self.rng.getrandbits(28)
-            self._kern(
-                n,
-                fmt.xid(
-                    g.bus, 63, f"Row Remapper: New row (0x{row:016x}) marked for remapping, reset gpu to activate.",
-                    self._pid(rank), "pt_main_thread",
-                ),
-            )  # fmt: skip
-
-        self._schedule(0.6, remap)
         self._schedule(1.0, lambda: self._teardown_node(n))
+
+    def _inject_hbm_remap_failure(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """HBM3: an uncorrectable error in a row (Xid 48), and the remapper has no spare row left in its bank
+        (Xid 64, DCGM_FI_DEV_ROW_REMAP_FAILURE=1): a reset cannot fix it, the GPU needs repair."""
+        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        assert n is not None
+        self._framebuffer_dbe(n, g)
+        self._crash_rank_ecc(n, g)
+
+        def remap_fails() -> None:
+            g.xid, g.remap_failure = 64, 1
+            row = self.rng.getrandbits(28)
+            self._row_remapper(
+                n, g, 64, f"Row Remapper Error: (0x{row:016x}) - All reserved rows for bank are remapped"
+            )
+
+        self._schedule(0.5, remap_fails)
+
+    def _inject_sram_ecc(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """GPU SRAM: an uncorrectable ECC error in an SM's SRAM, contained to the process (Xid 94, H100's form):
+        the rank dies with CUDA's ECC error; a reset of the GPU clears it."""
+        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        assert n is not None
+        g.dbe_vol += 1  # the volatile total counts SRAM errors too
+        g.dbe_agg += 1
+        g.xid = 94
+        unit = self.rng.choice(("SM (0x1)", "SM (0x2)", "LTC (0x1)"))
+        self._kern(
+            n,
+            fmt.xid(g.bus, 94, f"Contained: {unit}. RST: Yes, D-RST: No", self._pid(self._rank(n, g.index)), "python"),
+        )
+        self._crash_rank_ecc(n, g)
+
+    def _inject_gsp_error(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """GSP: the GPU System Processor's task times out (Xid 120); the rank dies, a GPU reset recovers it."""
+        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
+        assert n is not None
+        rank = self._rank(n, g.index)
+        g.xid = 120
+        pc = 0x5D00000 + self.rng.randrange(0x100000)
+        self._kern(n, fmt.xid(g.bus, 120, f"GSP task timeout @ pc:0x{pc:x}, task: 1", self._pid(rank), "python"))
+        self._train(n, fmt.traceback_cuda(rank, "unspecified launch failure"))
+        self._set_mode(rank, CRASH_ECC)
+        self._hang_job({}, self.config.watchdog_seconds)
+
+    def _inject_nic_down(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """NIC: the HCA of one GPU hits a firmware fatal error and its port stays down; the rank's NCCL
+        connections fail (IB error 12), it dies, peers time out."""
+        n, gpu = spec.node, spec.gpu
+        assert n is not None and gpu is not None
+        rank = self._rank(n, gpu)
+        nic, port = _hca(gpu)
+        peer = self._peer(n)
+        line, worker = 330 + self.rng.randrange(20), 900 + self.rng.randrange(99)
+        self._kern(n, f"mlx5_core {nic}: poll_health:{800 + self.rng.randrange(60)}:(pid 0): Fatal error 1 detected")
+        self._kern(n, f"mlx5_core {nic}: mlx5_health_try_recover:{line}:(pid {worker}): handling bad device here")
+        self._kern(n, f"mlx5_core {nic} {port}: Link down")
+        self._port_down(n, gpu)
+        pid = self._pid(rank)
+        lines = fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Send")
+        self._train(n, lines + fmt.traceback_nccl_remote(rank, self.node_names[peer]))
+        self._set_mode(rank, CRASH_NCCL)
+        self._hang_job({}, self.config.watchdog_seconds)
+        self._schedule(1.0, lambda: self._teardown_node(n))
+
+    def _inject_sdc(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """Silent data corruption: one GPU computes wrong values with no error anywhere; the loss its node reports
+        turns NaN or jumps on most steps, while the other nodes' stay ordinary."""
+        self.gpus[spec.node][spec.gpu].corrupting = True  # type: ignore[index]
+
+    def _inject_host_maintenance(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """Planned host maintenance: the operator drains the machine (a silence first, where a harness has a
+        service), so the scheduler takes it out of the job and a spare takes its place, as for an eviction;
+        nothing is wrong with it and nobody may accuse it."""
+        from agents.sim.pool import REPAIR  # the pool imports this module
+
+        assert spec.node is not None
+        self.swap_out(spec.node, then=REPAIR)
 
     def _inject_nvlink(self, spec: FaultSpec, record: FaultRecord) -> None:
         n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
@@ -331,8 +429,7 @@ class FaultInjection:
         n, gpu = spec.node, spec.gpu
         assert n is not None and gpu is not None
         rank = self._rank(n, gpu)
-        nic = f"0000:{F.PCI_BUSES[gpu % 8] - 1:02x}:00.0"
-        port = f"ibp{F.PCI_BUSES[gpu % 8] - 1}s0"
+        nic, port = _hca(gpu)
         peer = self._peer(n)
 
         def link(state: str) -> None:
@@ -485,7 +582,7 @@ class FaultInjection:
         self._epoch += 1
         if spec.node is not None:
             for g in self.gpus[spec.node]:
-                g.reset()
+                g.repair()
             self.hosts[spec.node].repair()
             self.fabrics[spec.node].repair()
             self._kern(spec.node, fmt.DRIVER_BANNER)
@@ -576,6 +673,12 @@ class FaultInjection:
         else:  # one IB async event NCCL warns about and goes on through
             pid = self._pid(self._rank(n, gpu))
             self._train(n, [fmt.nccl_async_event(self.node_names[n], pid, pid + 83, gpu, "GID table change")])
+
+
+def _hca(gpu: int) -> tuple[str, str]:
+    """The PCI address and port name of the GPU's own HCA (one NIC per GPU, on the bus before it)."""
+    bus = F.PCI_BUSES[gpu % 8] - 1
+    return f"0000:{bus:02x}:00.0", f"ibp{bus}s0"
 
 
 def _ip(node: int) -> str:

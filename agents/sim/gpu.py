@@ -81,7 +81,8 @@ class Gpu:
         self.pcie_flaky = False
         self.pcie_gen, self.pcie_width = F.PCIE_MAX_GEN, F.PCIE_MAX_WIDTH  # as the link trained
         self.remap_pending = 0
-        self.remap_failure = 0  # no spare rows left: only a repair clears it
+        self.remap_failure = 0  # the row remapper found no spare row (HBM3): cleared by repair, not by a reset
+        self.corrupting = False  # silent data corruption: wrong results, no error
         self.values: dict[str, float] = {}
 
     @property
@@ -205,11 +206,16 @@ class Gpu:
 
     def reset(self) -> None:
         """A GPU reset or node repair: faults cleared, volatile counters back to zero, pending remaps applied."""
-        self.lost = self.thermal = self.nvlink_bad = self.pcie_flaky = False
+        self.lost = self.thermal = self.nvlink_bad = self.pcie_flaky = self.corrupting = False
         self.pcie_gen, self.pcie_width = F.PCIE_MAX_GEN, F.PCIE_MAX_WIDTH
         self.remap_pending = 0
         self.xid = 0
         self.sbe_vol = self.dbe_vol = 0
+
+    def repair(self) -> None:
+        """The machine back from the repair shop: reset, and the memory whose rows ran out replaced."""
+        self.reset()
+        self.remap_failure = 0
 
 
 def _poisson(rng: random.Random, lam: float) -> int:

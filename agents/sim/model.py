@@ -52,6 +52,7 @@ NODE_TICKS = 10  # host and network counters advance once per simulated second
 _COMM_NVLINK = TARGETS[COMM][7]  # NVLink rate of a GPU in the all-reduce: its NIC's busiest time too
 GLOBAL_BATCH = 1024
 TOTAL_ITERS = 500000
+SDC_STEP_SHARE = 0.7  # silent data corruption: the share of steps whose loss comes out wrong on the node
 
 
 @dataclass(frozen=True)
@@ -350,13 +351,17 @@ class Cluster(SparePool, RealLife):  # SparePool builds on FaultInjection
         last = self.slots[-1]
         for k, n in enumerate(self.slots):
             node_ts = ts + self.skew[n]
+            node_loss = loss
+            # Silent data corruption: wrong values on the node, no error anywhere.
+            if any(g.corrupting for g in self.gpus[n]) and rng.random() < SDC_STEP_SHARE:
+                node_loss = math.nan if rng.random() < 0.5 else loss * rng.uniform(6.0, 30.0)
             if n == last:  # Megatron logs from the last rank
                 line = fmt.megatron_step(
                     node_ts, job.step, TOTAL_ITERS, job.step * GLOBAL_BATCH, took * 1000, tflops, lr, GLOBAL_BATCH,
-                    loss, grad_norm, job.nan_iters,
+                    node_loss, grad_norm, job.nan_iters,
                 )  # fmt: skip
             else:
-                line = fmt.simple_step(node_ts, k * self.gpn, job.step, loss, grad_norm, lr, took)
+                line = fmt.simple_step(node_ts, k * self.gpn, job.step, node_loss, grad_norm, lr, took)
             self._train(n, [line])
 
     def _activity(self, rank: int) -> str:

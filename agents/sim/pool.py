@@ -23,7 +23,7 @@ from agents.sim.realism import RESTART_PAUSE, RealState
 
 IN_JOB, SPARE, REPAIR, CHECK, CORDONED = "job", "spare", "repair", "check", "cordoned"
 # Fault kinds a GPU reset clears: a hung GSP, and a row remap that waits for the reset to be applied.
-RESET_CLEARS = frozenset({"gpu_reset", "row_remap_pending", "ecc_dbe"})
+RESET_CLEARS = frozenset({"gpu_reset", "row_remap_pending", "ecc_dbe", "sram_ecc", "gsp_error"})
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ class SparePool(FaultInjection):
     def _repaired(self, machine: int) -> None:
         """Fixed in the shop: faults cleared, the driver reloaded; back to the spare pool."""
         for g in self.gpus[machine]:
-            g.reset()
+            g.repair()
         self.hosts[machine].repair()
         self.fabrics[machine].repair()
         self.loader_wait.pop(machine, None)

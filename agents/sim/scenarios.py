@@ -207,6 +207,61 @@ FAULT_KINDS: dict[str, FaultKind] = {
             expect_action=NO_ACTION,
             noise=True,
         ),
+        # The Llama 3 405B mix's kinds the others did not cover (issue 26: `faultline eval --campaign`).
+        FaultKind(
+            "hbm_remap_failure",
+            "HBM3: an uncorrectable row (Xid 48), then the row remapper has no spare row left (Xid 64, "
+            "ROW_REMAP_FAILURE=1); the rank dies with a CUDA ECC error; a reset cannot fix it: evict",
+            "infrastructure",
+            True,
+            GPU,
+        ),
+        FaultKind(
+            "sram_ecc",
+            "GPU SRAM: an uncorrectable ECC error in an SM's SRAM, contained (Xid 94), the DBE count up; the rank "
+            "dies with a CUDA ECC error; a reset of that GPU clears it",
+            "infrastructure",
+            False,
+            GPU,
+            eviction_optional=True,
+            expect_action="reset_gpu",
+        ),
+        FaultKind(
+            "gsp_error",
+            "GPU System Processor: a GSP task timeout (Xid 120); the rank dies with a CUDA error; reset that GPU, "
+            "keep the node",
+            "infrastructure",
+            False,
+            GPU,
+            eviction_optional=True,
+            expect_action="reset_gpu",
+        ),
+        FaultKind(
+            "nic_down",
+            "NIC: one GPU's HCA hits a firmware fatal error (mlx5 poll_health) and its port stays down; NCCL IB "
+            "error 12, the rank dies, peers time out",
+            "infrastructure",
+            True,
+            GPU,
+        ),
+        FaultKind(
+            "sdc",
+            "silent data corruption: no error anywhere; one GPU computes wrong values, its node reports a NaN or a "
+            "6-30x loss on most steps while the other nodes' stay ordinary; diagnose the node",
+            "infrastructure",
+            False,
+            GPU,
+            eviction_optional=True,
+        ),
+        FaultKind(
+            "host_maintenance",
+            "planned host maintenance: the operator silences a node and the scheduler drains it (the job stops "
+            "with SIGTERM and restarts without it); nothing is wrong: nobody may be accused",
+            "none",
+            False,
+            NODE,
+            expect_action=NO_ACTION,
+        ),
     )
 }
 

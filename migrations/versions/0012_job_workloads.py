@@ -1,7 +1,7 @@
 """job workloads: how dcgm-exporter's labels name a job (its pods' namespace and name prefix, the scheduler's job id)
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-11-26 23:00:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """agent enrolment: enrolment tokens (scope enrol, a node-name pattern) and the node tokens they were exchanged for
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-11-26 23:00:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0013"
-down_revision: str | None = "0011"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +34,9 @@ from service.evaluation.report import concurrent_faults, format_summary, format_
 from service.evaluation.scenarios import CATALOG, TORCH, parse_selection
 from service.evaluation.scoring import FAIL, PASS, GroundTruth, Target, summarize
 from service.evaluation.soak import DEFAULT_JOBS_SPEC
+
+CAMPAIGN_JOBS_SPEC = "4x2:tp2"  # service/evaluation/campaign.py's default (not imported: it loads the simulator)
+CAMPAIGN_FAULTS = 200
 
 DEFAULT_DATA_DIR = Path(".faultline/eval")
 
@@ -97,7 +101,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--soak-processes",
         type=positive_int,
         default=os.cpu_count() or 1,
-        help="processes the soak's jobs are spread over (default: one per CPU)",
+        help="processes the soak's (or the campaign's) jobs are spread over (default: one per CPU)",
+    )
+    p.add_argument(
+        "--campaign",
+        action="store_true",
+        help="instead of the scenarios: one long-lived service, faults back to back from the Llama 3 405B mix on "
+        "long-running jobs, the closed loop acting on decisions, in accelerated time (see README)",
+    )
+    p.add_argument(
+        "--faults", type=positive_int, default=CAMPAIGN_FAULTS, help=f"campaign: faults (default {CAMPAIGN_FAULTS})"
+    )
+    p.add_argument(
+        "--duration",
+        metavar="DURATION",
+        help="campaign: a bound on the simulated time (e.g. 12h; default: enough for every fault)",
+    )
+    p.add_argument(
+        "--campaign-jobs",
+        default=CAMPAIGN_JOBS_SPEC,
+        help=f"the campaign's jobs, run at once: NODESxGPUS[:tpTppP],... (default {CAMPAIGN_JOBS_SPEC})",
     )
 
 
@@ -127,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     )
     try:
-        return _soak(args) if args.soak else _run(args)
+        if args.soak and args.campaign:
+            raise SetupError("--soak and --campaign are two different runs: give one")
+        return _soak(args) if args.soak else _campaign(args) if args.campaign else _run(args)
     except SetupError as exc:
         say(f"error: {exc}")
         return 2
@@ -274,20 +299,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if summary.passed else 1
 
 
-def _soak(args: argparse.Namespace) -> int:
-    from service.config import get_settings
+@contextlib.contextmanager
+def _accelerated_services(data_dir: Path) -> Iterator[None]:
+    """The database an accelerated-time run (soak, campaign) writes to: FAULTLINE_DATABASE_URL's, else embedded
+    servers in `data_dir`; migrated; stopped after."""
     from service.demo import Services
     from service.embedded import free_port
-    from service.evaluation import soak
 
-    try:
-        duration = soak.parse_duration(args.soak)
-        jobs = soak.parse_jobs(args.soak_jobs)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
-    if duration > soak.MAX_SIMULATED_S:
-        raise SetupError(f"--soak is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days of data)")
-    data_dir: Path = args.data_dir.resolve()
     (data_dir / "logs").mkdir(parents=True, exist_ok=True)
     services = Services(logs=data_dir / "logs", say=say)
     database_url = os.environ.get("FAULTLINE_DATABASE_URL")
@@ -303,17 +321,61 @@ def _soak(args: argparse.Namespace) -> int:
         else:
             services.start_embedded(data_dir, port=free_port())
         services.migrate()
+        yield
+    finally:
+        services.stop()
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from service.config import get_settings
+    from service.evaluation import soak
+
+    try:
+        duration = soak.parse_duration(args.soak)
+        jobs = soak.parse_jobs(args.soak_jobs)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+    if duration > soak.MAX_SIMULATED_S:
+        raise SetupError(f"--soak is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days of data)")
+    data_dir: Path = args.data_dir.resolve()
+    with _accelerated_services(data_dir):
         config = soak.SoakConfig(
             duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
         )
         report = soak.run_soak(config, get_settings(), say=say, processes=args.soak_processes)
-    finally:
-        services.stop()
     print(soak.format_report(report), flush=True)
     out = args.json or data_dir / "soak.json"
     soak.write_report(report, out)
     say(f"results in {out}")
     return 0 if soak.passed(report) else 1
+
+
+def _campaign(args: argparse.Namespace) -> int:
+    from service.config import get_settings
+    from service.evaluation import campaign, soak
+
+    try:
+        jobs = soak.parse_jobs(args.campaign_jobs)
+        duration = soak.parse_duration(args.duration) if args.duration else None
+    except ValueError as exc:
+        raise SetupError(str(exc).replace("soak", "campaign")) from None
+    if duration is None:
+        duration = campaign.default_duration(args.faults, len(jobs))
+    if duration > soak.MAX_SIMULATED_S:
+        raise SetupError(f"--duration is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days)")
+    data_dir: Path = args.data_dir.resolve()
+    with _accelerated_services(data_dir):
+        config = soak.SoakConfig(
+            duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
+        )
+        report = campaign.run_campaign(
+            config, get_settings(), faults=args.faults, say=say, processes=args.soak_processes
+        )
+    print(campaign.format_report(report), flush=True)
+    out = args.json or data_dir / "campaign.json"
+    campaign.write_report(report, out)
+    say(f"results in {out}")
+    return 0 if campaign.passed(report) else 1
 
 
 class Harness:

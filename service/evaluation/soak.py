@@ -214,10 +214,7 @@ class Soak:
         cfg, started = self.config, time.monotonic()
         with session_scope() as session:
             self._make_jobs(session)
-        shape = ", ".join(
-            f"{j.job_id} ({j.spec.nodes}x{j.spec.gpus_per_node}, tp {j.spec.tp} pp {j.spec.pp})" for j in self.jobs
-        )
-        self.say(f"soak: {_hms(cfg.duration_s)} of simulated time from {self.start.isoformat()}: {shape}")
+        self.say(self._banner())
         steps = round(cfg.duration_s / SAMPLE_S)
         ship_every, pass_every, maint_every = (
             max(1, round(s / SAMPLE_S)) for s in (SHIP_S, self.settings.diagnosis_interval_s, MAINTENANCE_S)
@@ -229,6 +226,7 @@ class Soak:
                 now = self.start + timedelta(seconds=t)
                 for run in self.jobs:
                     self._advance(run, t, now)
+                self._tick(t, now)
                 if k % ship_every == 0:
                     self._ship(now)
                 if k % pass_every == 0:
@@ -237,16 +235,31 @@ class Soak:
                 if k % maint_every == 0:
                     self._maintenance(now)
                 self.covered_s = t
+                if self._finished():
+                    break
                 if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
                     self._progress(t, started)
         except KeyboardInterrupt:
             # Ctrl-C: the time covered so far is reported like a shorter soak.
-            self.say(f"soak: interrupted after {_hms(self.covered_s)} of simulated time; reporting that")
+            self.say(f"interrupted after {_hms(self.covered_s)} of simulated time; reporting that")
         finally:
             shutil.rmtree(self.tree_dir, ignore_errors=True)
         self.wall_s = time.monotonic() - started
         return self.report()
+
+    def _banner(self) -> str:
+        shape = ", ".join(
+            f"{j.job_id} ({j.spec.nodes}x{j.spec.gpus_per_node}, tp {j.spec.tp} pp {j.spec.pp})" for j in self.jobs
+        )
+        return f"soak: {_hms(self.config.duration_s)} of simulated time from {self.start.isoformat()}: {shape}"
+
+    def _tick(self, t: float, now: datetime) -> None:
+        """Each simulated second, after the jobs moved: what a harness built on this one adds (the campaign)."""
+
+    def _finished(self) -> bool:
+        """A harness built on this one may end before the duration (the campaign, once its faults are done)."""
+        return False
 
     def _advance(self, run: JobRun, t: float, now: datetime) -> None:
         c = run.cluster

@@ -107,15 +107,17 @@ class VirtualAgent:
         for parser in (self.kernel, self.training):
             self.events += parser.flush(now=wall)
         assert self.started_at is not None
+        # As the agent finds its job from the training processes: a spare, or a machine in repair, runs none.
+        job = self.job_id if self.cluster.node_rank(self.node) is not None else None
         out: dict[str, Any] = {
             "batch_id": str(uuid.uuid4()),
             "node": self.name,
-            "job_id": self.job_id,
+            "job_id": job,
             "sent_at": wall.isoformat(),
             "heartbeat": {
                 "agent_version": AGENT_VERSION,
                 "uptime_s": round((wall - self.started_at).total_seconds(), 1),
-                "jobs": [self.job_id],
+                "jobs": [job] if job else [],
                 "gpus": self.inventory,
                 "host": self.collectors.facts(),
             },

@@ -569,7 +569,7 @@ def test_expect_action_for_every_kind() -> None:
         want = "evict" if kind.expect_eviction else "diagnose" if kind.eviction_optional else "none"
         if kind.name == "software_slow":
             want = "diagnose"
-        if kind.name == "gpu_reset":
+        if kind.name in ("gpu_reset", "sram_ecc", "gsp_error"):
             want = "reset_gpu"  # the node keeps working: only its GPU is reset
         assert kind.action == want, kind.name
     for name in (

@@ -1,0 +1,93 @@
+"""`faultline eval --campaign` through the real harness: short campaigns on PostgreSQL with the real diagnosis
+passes and the closed loop acting on the service's decisions; and its command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select
+
+from agents.sim.mix import Category
+from service.config import get_settings
+from service.db import session_scope
+from service.evaluation import campaign
+from service.evaluation.cli import main
+from service.evaluation.soak import SoakConfig, SoakJob
+from service.models import Job, Node, Rank, Silence
+
+
+@pytest.fixture(autouse=True)
+def _short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short healthy stretches and an early stale check: a few simulated minutes per fault."""
+    monkeypatch.setattr(campaign, "HEALTHY_S", (40.0, 50.0))
+    monkeypatch.setattr(campaign, "STALE_AFTER_S", 30.0)
+
+
+def _campaign(mix: tuple[Category, ...], faults: int, seconds: float = 1800.0) -> dict[str, Any]:
+    config = SoakConfig(duration_s=seconds, seed=3, jobs=(SoakJob("a", 4, 2, tp=2),))
+    return campaign.run_campaign(config, get_settings(), faults=faults, say=lambda _: None, processes=1, mix=mix)
+
+
+@pytest.mark.timeout(900)
+def test_fatal_xids_are_evicted_by_the_loop_and_the_job_restarts_on_spares(committed: Engine) -> None:
+    report = _campaign((Category("faulty_gpu", 1.0, (("gpu_lost", 1), ("ecc_dbe", 1))),), faults=2)
+    t = report["totals"]
+    assert t["faults"] == 2 and t["recall"] == 1.0 and t["false_accusations"] == 0, report["missed"]
+    faults = report["faults"]
+    assert [f["how"] for f in faults] == ["acted", "acted"]
+    assert all(0 <= f["dealt_s"] - f["injected_s"] <= 30 for f in faults)
+    # The loop evicted each faulty machine and swapped a spare in; the scheduler's acks closed the decisions.
+    evicted = [a["node"] for a in report["loop_acts"] if a["kind"] == "evict" and a["ack"] == "done"]
+    assert evicted == [f["node"] for f in faults]
+    (job,) = report["jobs"]
+    kinds = [e["kind"] for e in job["loop_events"]]
+    assert kinds.count("swap_in") >= 2 and kinds.count("restart") >= 2 and job["restarts"] >= 2
+    assert job["steps_trained"] > 0 and 0 < t["ettr"] <= t["ettr_ideal"] <= 1
+    # The new rank map was registered as a launcher would: no rank left on an evicted machine.
+    with session_scope() as session:
+        placed = set(
+            session.scalars(
+                select(Node.name)
+                .join(Rank, Rank.node_id == Node.id)
+                .join(Job, Job.id == Rank.job_id)
+                .where(Job.external_id == job["job_id"])
+            )
+        )
+    assert placed and not placed & set(evicted)
+    assert report["targets"][0]["status"] == "FAIL"  # fewer than 200 faults
+
+
+@pytest.mark.timeout(600)
+def test_a_planned_drain_is_silenced_drained_and_accuses_nobody(committed: Engine) -> None:
+    report = _campaign((Category("host_maintenance", 1.0, (("host_maintenance", 1),), localizable=False),), faults=1)
+    (fault,) = report["faults"]
+    assert fault["how"] == "drained" and report["totals"]["false_accusations"] == 0
+    assert report["totals"]["recall_all"] == 1.0 and report["totals"]["recall"] is None
+    node_decisions = [d for d in report["decisions"] if d["node"] is not None]
+    assert node_decisions == []
+    with session_scope() as session:
+        patterns = session.scalars(select(Silence.node_pattern)).all()
+    assert fault["node"] in patterns
+    (job,) = report["jobs"]
+    assert any(e["kind"] == "swap_out" and e["node"] == fault["node"] for e in job["loop_events"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--campaign", "--campaign-jobs", "4x3:tp8"], "tp x pp must divide"),
+        (["--campaign", "--duration", "1w"], "bad campaign duration"),
+        (["--campaign", "--duration", "40d"], "at most 28 days"),
+        (["--campaign", "--soak", "1h"], "give one"),
+    ],
+)
+def test_bad_campaign_arguments_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_faults_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--campaign", "--faults", "0"])
+    assert exc.value.code == 2

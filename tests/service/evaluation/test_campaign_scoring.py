@@ -1,0 +1,151 @@
+"""`faultline eval --campaign`'s scoring on hand-made records: every figure worked out by hand."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from agents.sim.mix import CATEGORY_OF, LLAMA3_405B, LOCALIZABLE, draw, spec_of
+from agents.sim.scenarios import FAULT_KINDS
+from service.evaluation.campaign_scoring import (
+    DecisionRow,
+    FaultOutcome,
+    IncidentRow,
+    JobProgress,
+    judge,
+    score,
+)
+
+
+def _fault(index: int, kind: str, node: str | None, t: float, dealt: float, **kw: object) -> FaultOutcome:
+    k = FAULT_KINDS[kind]
+    args: dict[str, object] = {
+        "index": index,
+        "job_id": "j",
+        "category": CATEGORY_OF[kind],
+        "kind": kind,
+        "node": node,
+        "gpu": 1 if k.scope == "gpu" else None,
+        "expect_action": k.action,
+        "eviction_optional": k.eviction_optional,
+        "localizable": CATEGORY_OF[kind] in LOCALIZABLE,
+        "injected_s": t,
+        "dealt_s": dealt,
+        "how": "acted",
+    }
+    args.update(kw)
+    return FaultOutcome(**args)  # type: ignore[arg-type]
+
+
+FAULTS = [
+    _fault(0, "gpu_lost", "n1", 100.0, 130.0),  # evicted at 110: caught in 10 s
+    _fault(1, "gsp_error", "n2", 1000.0, 1020.0),  # reset_gpu on its GPU at 1005: caught in 5 s
+    _fault(2, "user_bug", None, 2000.0, 2100.0, how="restarted"),  # diagnose on n3 at 2010: missed, an accusation
+    _fault(3, "straggler", "n0", 3000.0, 3400.0, how="by_hand"),  # nothing decided: missed
+    _fault(4, "host_maintenance", "n1", 4000.0, 4030.0, how="drained"),  # nothing decided: caught
+    _fault(5, "sdc", "n2", 5000.0, 5100.0),  # evicted (tolerated) at 5040: caught in 40 s
+]
+DECISIONS = [
+    DecisionRow(1, "j", 110.0, "evict", "n1"),
+    DecisionRow(2, "j", 175.0, "evict", "n1"),  # a late echo within the grace period: no accusation
+    DecisionRow(3, "j", 1005.0, "reset_gpu", "n2", gpu=1),
+    DecisionRow(4, "j", 2010.0, "diagnose", "n3", awaited_approval=True),
+    DecisionRow(5, "j", 2012.0, "restart", None),  # job-level: nobody accused
+    DecisionRow(6, "j", 5040.0, "evict", "n2"),
+    DecisionRow(7, "j", 6000.0, "evict", "n0"),  # a healthy stretch: an accusation
+]
+INCIDENTS = [
+    IncidentRow(1, "j", 110.0, "infrastructure"),
+    IncidentRow(2, "j", 1004.0, "infrastructure"),
+    IncidentRow(3, "j", 2005.0, "user_code"),
+    IncidentRow(4, "j", 2006.0, "unknown"),
+    IncidentRow(5, "j", 5030.0, "infrastructure"),
+    IncidentRow(6, "j", 6000.0, "unknown"),  # outside every window: a notification on a healthy job
+    IncidentRow(7, "j", 7000.0, "infrastructure", silenced=True),  # silenced: no notification
+]
+
+
+def test_each_fault_is_judged_by_what_its_kind_expects_on_its_machine() -> None:
+    verdicts, accusations = judge(FAULTS, DECISIONS)
+    assert [v.caught for v in verdicts] == [True, True, False, False, True, True]
+    assert [v.decision_s for v in verdicts] == [10.0, 5.0, None, None, None, 40.0]
+    assert accusations == [4, 7]
+    assert verdicts[2].wrong == [4]
+
+
+def test_a_decision_on_a_drained_node_accuses_it_and_misses_the_drain() -> None:
+    drain = _fault(0, "host_maintenance", "n1", 100.0, 130.0, how="drained")
+    verdicts, accusations = judge([drain], [DecisionRow(1, "j", 120.0, "evict", "n1")])
+    assert accusations == [1] and not verdicts[0].caught
+
+
+def test_an_eviction_is_not_a_gpu_reset_and_a_reset_of_another_gpu_misses() -> None:
+    ecc = _fault(0, "ecc_dbe", "n1", 100.0, 130.0)
+    gsp = _fault(1, "gpu_reset", "n2", 1000.0, 1030.0)  # eviction optional: an eviction is caught too
+    verdicts, _ = judge([ecc, gsp], [DecisionRow(1, "j", 105.0, "reset_gpu", "n1", gpu=1)])
+    assert [v.caught for v in verdicts] == [False, False]
+    verdicts, _ = judge([gsp], [DecisionRow(1, "j", 1005.0, "reset_gpu", "n2", gpu=3)])
+    assert not verdicts[0].caught
+    verdicts, _ = judge([gsp], [DecisionRow(1, "j", 1005.0, "evict", "n2")])
+    assert verdicts[0].caught
+
+
+def test_totals_and_targets_from_hand_computed_figures() -> None:
+    faults = [
+        *FAULTS[:5],
+        _fault(5, "sdc", "n2", 5000.0, 5100.0, stale_incidents=(5,), lost_s=900.0, ideal_lost_s=300.0),
+    ]
+    jobs = [JobProgress("j", elapsed_s=86400.0, productive_s=77760.0)]
+    result = score(faults, DECISIONS, INCIDENTS, jobs)
+    t = result["totals"]
+    # localizable: gpu_lost, gsp_error, straggler, sdc -> 3 of 4; all six: 4 of 6
+    assert t["faults"] == 6 and t["recall"] == 0.75 and t["recall_all"] == round(4 / 6, 4)
+    assert (t["median_s"], t["p95_s"]) == (10.0, 37.0)  # 5, 10, 40: p95 = 10 + 0.9 * 30
+    assert t["false_accusations"] == 2 and t["false_accusation_ids"] == [4, 7]
+    assert t["incidents"] == 7 and t["incidents_per_fault"] == round(7 / 6, 4)
+    assert t["stale_incidents"] == 1 and t["stale_incident_ids"] == [5]
+    assert t["manual_interventions"] == 3  # decision 4 awaited approval; incidents 4 and 6 have unknown blame
+    # Outside every window: decision 7 and incident 6 (incident 7 is silenced).
+    assert t["notifications_on_healthy_jobs"] == 2
+    # Each window: from 2 s before the injection to 60 s after it was dealt with.
+    windows = (30 + 62) + (20 + 62) + (100 + 62) + (400 + 62) + (30 + 62) + (100 + 62)
+    assert t["healthy_job_days"] == round((86400 - windows) / 86400, 4)
+    assert t["notifications_per_healthy_job_day"] == round(2 / ((86400 - windows) / 86400), 4)
+    assert t["ettr"] == 0.9 and t["ettr_ideal"] == round((77760 + 600) / 86400, 4)
+    assert t["dealt_with"] == {"acted": 3, "by_hand": 1, "drained": 1, "restarted": 1}
+    status = {r["name"]: r["status"] for r in result["targets"]}
+    # 6 faults, recall 0.75, 2 accusations, 1.17 incidents per fault, 1 stale, 3 manual, 2.02 per job-day.
+    assert set(status.values()) == {"FAIL"} and len(status) == 7
+    by_category = {c["category"]: c for c in result["categories"]}
+    assert by_category["software_bug"]["recall"] == 0.0 and not by_category["software_bug"]["localizable"]
+    assert by_category["faulty_gpu"]["median_s"] == 10.0
+    assert {m["index"] for m in result["missed"]} == {2, 3}
+
+
+def test_a_clean_campaign_passes_every_target() -> None:
+    faults = [_fault(i, "gpu_lost", "n1", 1000.0 * i, 1000.0 * i + 30) for i in range(200)]
+    decisions = [DecisionRow(i, "j", 1000.0 * i + 8, "evict", "n1") for i in range(200)]
+    incidents = [IncidentRow(i, "j", 1000.0 * i + 8, "infrastructure") for i in range(200)]
+    result = score(faults, decisions, incidents, [JobProgress("j", 200_000.0, 190_000.0)])
+    assert all(r["status"] == "PASS" for r in result["targets"]), result["targets"]
+    assert result["totals"]["recall"] == 1.0 and result["totals"]["median_s"] == 8.0
+
+
+def test_the_mix_draws_categories_by_their_share_and_nodes_uniformly() -> None:
+    rng = random.Random(5)
+    draws = [draw(rng, nodes=4, gpus_per_node=8) for _ in range(20000)]
+    shares = {c.name: c.share for c in LLAMA3_405B}
+    total = sum(shares.values())
+    by_category = Counter(d.category for d in draws)
+    for name, share in shares.items():
+        assert abs(by_category[name] / len(draws) - share / total) < 0.01, name
+    by_node = Counter(d.node for d in draws)
+    assert set(by_node) == {0, 1, 2, 3} and max(by_node.values()) / min(by_node.values()) < 1.1
+    for d in draws[:500]:
+        spec = spec_of(d, 10.0)
+        scope = FAULT_KINDS[d.kind].scope
+        assert (spec.node is None) == (scope == "job") and (spec.gpu is None) == (scope != "gpu")
+    assert all(kind in FAULT_KINDS for kind in CATEGORY_OF)
+    # The same seed, the same draws.
+    again = random.Random(5)
+    assert [draw(again, nodes=4, gpus_per_node=8) for _ in range(50)] == draws[:50]
