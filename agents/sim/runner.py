@@ -35,8 +35,8 @@ from agents.sim.kerneltree import NodeTree, TreeWriter
 from agents.sim.model import Cluster, LogLine
 from agents.sim.procs import signal_group, spawn, stop_all
 from agents.sim.realism import START, AgentAction
-from agents.sim.scheduler import SchedulerStandIn
 from agents.sim.scenarios import SCENARIOS
+from agents.sim.scheduler import SchedulerStandIn
 
 LOOP_SECONDS = 0.2
 TREE_SECONDS = 1.0  # the kernel trees are brought up to date at most this often
