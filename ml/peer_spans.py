@@ -201,6 +201,17 @@ def _pipeline_stages(job: JobInfo, units: Any) -> dict[str, int]:
 BUSY_METRICS = frozenset({"gpu_util", "sm_active", "tensor_active"})
 
 
+# Data moved per second over NVLink and PCIe: a GPU moving MORE than its peers is no fault's sign (a faulty link
+# or a slow GPU moves less, or its peers wait); a restart's reload or a loader's burst does it on healthy machines.
+THROUGHPUT_METRICS = frozenset({NVLINK_TX_BYTES, NVLINK_RX_BYTES, NVLINK_BANDWIDTH_TOTAL, PCIE_TX_BYTES, PCIE_RX_BYTES})
+
+
+def busier(metric_sides: Iterable[tuple[str, str]]) -> bool:
+    """Whether every one of these (metric, side) is a throughput metric on the high side."""
+    sides = list(metric_sides)
+    return bool(sides) and all(metric in THROUGHPUT_METRICS and side == "high" for metric, side in sides)
+
+
 def starved(metric_sides: Iterable[tuple[str, str]]) -> bool:
     """Whether any of these (metric, side) is a busy metric on the low side."""
     return any(metric in BUSY_METRICS and side == "low" for metric, side in metric_sides)

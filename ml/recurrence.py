@@ -24,7 +24,7 @@ import numpy as np
 
 from ml.evidence import PeerEpisode
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
-from ml.peer_spans import _spec, _utc, starved, strength
+from ml.peer_spans import _spec, _utc, busier, starved, strength
 from ml.quantities import significant
 
 DETECTOR = "peers"
@@ -127,6 +127,8 @@ def detect(
         if starved(by_metric):
             continue  # idle, not slow: the node's input (host, storage) is the suspect, which other rules judge
         recurring = {k: v for k, v in by_metric.items() if len(v) >= MIN_EPISODES}
+        if busier(recurring):
+            continue  # moving more data than its peers, again and again: no fault's sign (demo, metric-only eval)
         findings.append(_finding(job, unit, category, recurring, n, latest_end, span_s, horizon_s))
     return findings
 

@@ -135,3 +135,24 @@ def test_a_machine_whose_gpus_wait_for_input_is_worth_a_look_not_an_eviction() -
     _, last = history[-1]  # its power drops first (a throttle's would too); then its GPUs show idle
     assert len(last) == 2 and all(f.action == "diagnose" and f.blame == "unknown" for f in last)
     assert all("waiting for its input" in f.summary for f in last)
+
+
+def traffic_samples(unit_factor: float) -> pd.DataFrame:
+    """GPUs busy alike, but machine n2 (GPUs 4 and 5) moves `unit_factor` times its peers' NVLink and PCIe traffic
+    for 30 s every 2 minutes (a reload after a restart, a loader's burst: the demo's and the metric-only eval's
+    healthy nodes)."""
+    data = samples(lambda u, t: {})
+    rng = random.Random(3)
+    bursts = (data["node"] == "n2") & (((data["ts"] - T0).dt.total_seconds() - 30) % 120 < 30)
+    for metric, base in (("nvlink_rx_bytes", 1.5e11), ("pcie_rx_bytes", 2.0e10)):
+        noise = [1 + rng.gauss(0, 0.03) for _ in range(len(data))]
+        data[metric] = base * pd.Series(noise) * bursts.map({True: unit_factor, False: 1.0})
+    return data
+
+
+def test_a_machine_moving_more_data_than_its_peers_again_and_again_is_not_accused() -> None:
+    busier = [f for _, fs in passes(traffic_samples(2.0)) for f in fs if f.evidence.get("rule") == "recurrence"]
+    assert busier == []
+    # The same machine moving half its peers' data in the same bursts is a recurrent outlier: the rule is not blind.
+    slower = [f for _, fs in passes(traffic_samples(0.5)) for f in fs if f.evidence.get("rule") == "recurrence"]
+    assert {f.node for f in slower} == {"n2"}
