@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from service.evaluation.scoring import FAIL, PASS
 from service.evaluation.spread import percentile
 
 NODE_KINDS = frozenset({"evict", "diagnose", "reset_gpu", "cordon"})
@@ -39,8 +40,6 @@ TARGET_INCIDENTS_PER_FAULT = 1.1
 TARGET_MANUAL_SHARE = 0.01
 TARGET_NOTIFICATIONS_PER_JOB_DAY = 1.0
 DAY_S = 86400.0
-
-PASS, FAIL = "PASS", "FAIL"
 
 
 @dataclass(frozen=True)
