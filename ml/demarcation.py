@@ -1,6 +1,9 @@
 """Demarcation: a job's findings grouped into incidents, each with a root cause, a blame and ranked suspects.
 
-One incident per root cause. Symptoms (victims' watchdog timeouts, peers' NCCL errors, torchrun's summary)
+One incident per fault: a machine's own fault (a GPU, a link, its host) is an incident of its own, by root cause
+and machine, so two machines failing one after another in a long-running job are two incidents, each decided
+and resolved on its own; a job-wide cause (a hang or a slowdown being localized, a user's bug) is one incident
+per root cause. Symptoms (victims' watchdog timeouts, peers' NCCL errors, torchrun's summary)
 never open an incident while a cause explains them; a job-level hang or slowdown is folded into an
 infrastructure incident that already names a machine, because a machine that lost a GPU also stalls the job,
 and so is a stall pinned on a machine for which such a cause is already named.
@@ -67,6 +70,8 @@ class IncidentProposal:
     suspects: list[Suspect] = field(default_factory=list)
     # The strongest job-level action asked for (rollback for a user bug, diagnose for a hang, ...).
     job_action: str = "none"
+    # The machine a machine fault's incident is about; "" for a job-wide incident.
+    anchor: str = ""
 
 
 _ACTION_RANK = {"none": 0, "restart": 1, "diagnose": 2, "rollback": 3, "evict": 4}
@@ -120,22 +125,31 @@ def _gpus(f: Finding) -> set[int] | None:
     return {int(tail)} if f.subject_kind == "gpu" and tail.isdigit() else None
 
 
-def _fold_gpu_consequences(by_category: dict[str, list[tuple[int, Finding]]]) -> None:
-    """A link error on a GPU that had already failed joins the failure's incident as its symptom."""
+def _fold_gpu_consequences(
+    by_category: dict[str, list[tuple[int, Finding]]], earlier_faults: Sequence[Finding] = ()
+) -> None:
+    """A link error on a GPU that had already failed joins the failure's incident as its symptom; after a failure
+    already dealt with (in `earlier_faults`), while in its wake, it is in no incident (the failure's was resolved)."""
     failed = [f for _, f in by_category.get("gpu_hardware", ()) if f.node and f.role == "cause"]
-    if not failed:
+    dealt = [f for f in earlier_faults if f.category == "gpu_hardware" and f.node]
+    if not failed and not dealt:
         return
+
+    def on_failed_gpu(f: Finding, g: Finding) -> bool:
+        gpus = _gpus(f)
+        return (
+            g.node == f.node
+            and f.observed_at >= g.observed_at - VICTIM_SLACK
+            and (gpus is None or (other := _gpus(g)) is None or bool(gpus & other))
+        )
+
     for category in _GPU_CONSEQUENCES:
         for fid, f in list(by_category.get(category, ())):
-            gpus = _gpus(f)
-            if any(
-                g.node == f.node
-                and f.observed_at >= g.observed_at - VICTIM_SLACK
-                and (gpus is None or (other := _gpus(g)) is None or gpus & other)
-                for g in failed
-            ):
+            if any(on_failed_gpu(f, g) for g in failed):
                 by_category[category].remove((fid, f))
                 by_category["gpu_hardware"].append((fid, replace(f, role="symptom")))
+            elif any(on_failed_gpu(f, g) and _in_wake(g, f.observed_at) for g in dealt):
+                by_category[category].remove((fid, f))
         if category in by_category and not by_category[category]:
             del by_category[category]
 
@@ -165,18 +179,19 @@ def demarcate(
     faults = [f for _, f in findings if hard_fault(f)] + [f for f in earlier_faults if hard_fault(f)]
     by_category: dict[str, list[tuple[int, Finding]]] = defaultdict(list)
     symptoms: list[tuple[int, Finding]] = []
-    victims: dict[str, list[tuple[int, Finding]]] = defaultdict(list)  # category of the fault -> its victims
+    # (category, machine) of the fault -> its victims
+    victims: dict[tuple[str, str], list[tuple[int, Finding]]] = defaultdict(list)
     for fid, finding in findings:
         fault = _victim_of(finding, faults)
         if fault is not None:
-            victims[fault.category].append((fid, replace(finding, role="symptom")))
+            victims[(fault.category, fault.node or "")].append((fid, replace(finding, role="symptom")))
         elif finding.role == "symptom":
             symptoms.append((fid, finding))
         else:
             category = finding.category if finding.category in CATEGORIES else "unknown"
             by_category[category].append((fid, finding))
 
-    _fold_gpu_consequences(by_category)
+    _fold_gpu_consequences(by_category, earlier_faults)
     symptoms = [(fid, f) for fid, f in symptoms if not _aftermath(f, [f for _, f in findings], earlier_faults)]
 
     # A node-naming infrastructure cause explains the job's stall: fold job-level stall findings into it.
@@ -203,10 +218,10 @@ def demarcate(
         if not by_category[stall]:
             del by_category[stall]
 
-    proposals = [_proposal(category, items) for category, items in by_category.items()]
+    proposals = [_proposal(category, items, anchor) for category, anchor, items in _per_fault(by_category)]
     for proposal in proposals:
         # Victims corroborate their fault's open incident; a fault already dealt with leaves them in none.
-        proposal.finding_ids.extend(fid for fid, _ in victims.get(proposal.root_cause, ()))
+        proposal.finding_ids.extend(fid for fid, _ in victims.get((proposal.root_cause, proposal.anchor), ()))
     if symptoms:
         if proposals:
             # Victims' symptoms corroborate the most severe cause rather than open their own incident.
@@ -218,12 +233,42 @@ def demarcate(
     return proposals
 
 
+def _per_fault(
+    by_category: dict[str, list[tuple[int, Finding]]],
+) -> list[tuple[str, str, list[tuple[int, Finding]]]]:
+    """(root cause, machine, findings) per incident: a machine fault's findings by machine, the job-level ones
+    folded into its category (the job stalls because of it) with the machine its strongest evidence names; a
+    job-wide cause whole."""
+    groups: list[tuple[str, str, list[tuple[int, Finding]]]] = []
+    for category, items in by_category.items():
+        by_node: dict[str, list[tuple[int, Finding]]] = defaultdict(list)
+        for fid, f in items:
+            if f.node:
+                by_node[f.node].append((fid, f))
+        if category not in _EXPLAINS_STALLS or not by_node:
+            groups.append((category, "", items))
+            continue
+        job_level = [(fid, f) for fid, f in items if not f.node]
+        if job_level:
+            lead = max(
+                by_node,
+                key=lambda n: (
+                    max(f.confidence for _, f in by_node[n]),
+                    -min(f.observed_at for _, f in by_node[n]).timestamp(),
+                    n,
+                ),
+            )
+            by_node[lead].extend(job_level)
+        groups.extend((category, node, its) for node, its in sorted(by_node.items()))
+    return groups
+
+
 def _rank(p: IncidentProposal) -> tuple[int, float]:
     order = {"critical": 0, "major": 1, "minor": 2}
     return (order.get(p.severity, 3), -p.confidence)
 
 
-def _proposal(category: str, items: list[tuple[int, Finding]]) -> IncidentProposal:
+def _proposal(category: str, items: list[tuple[int, Finding]], anchor: str = "") -> IncidentProposal:
     by_node: dict[str, list[Finding]] = defaultdict(list)
     ids_by_node: dict[str, list[int]] = defaultdict(list)
     for fid, f in items:
@@ -268,6 +313,7 @@ def _proposal(category: str, items: list[tuple[int, Finding]]) -> IncidentPropos
         finding_ids=[fid for fid, _ in items],
         suspects=suspects,
         job_action=job_action,
+        anchor=anchor,
     )
 
 

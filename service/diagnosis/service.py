@@ -194,6 +194,9 @@ def _decide(
     applied = incidents.apply_proposals(session, job=job, proposals=proposals, fresh=fresh, now=now)
     result.incidents = [i.id for i in applied.incidents]
     active_silences = silences.active_silences(session, now=now) if proposals else []
+    # The nodes every incident may mark, locked at once in name order (see nodes.lifecycle.lock): one lock per
+    # incident would take them in incident order and deadlock with a maintenance pass resolving others.
+    node_lifecycle.lock(session, names=(s.node for p in proposals for s in p.suspects if s.node))
     for incident, proposal in zip(applied.incidents, proposals, strict=True):
         result.decisions += _act(
             session,

@@ -251,12 +251,6 @@ def stack_samples_for(session: Session, *, directive_ids: Sequence[uuid.UUID]) -
     return {d: list(samples.values()) for d, samples in by_rank.items()}
 
 
-def stepped_since(session: Session, *, job: Job, since: datetime) -> bool:
-    """Whether the job logged a step line stamped after `since` (its training went on)."""
-    query = select(LogEvent.id).where(LogEvent.job_id == job.id, LogEvent.kind == "step", LogEvent.ts > since)
-    return session.execute(query.limit(1)).first() is not None
-
-
 def stopped_by_launcher(session: Session, *, job: Job, since: datetime, until: datetime) -> set[tuple[str, int]]:
     """(node, pid) of the job's processes its launchers stopped in a time range (torchrun's `Sending process N
     closing signal SIGTERM`, DeepSpeed's `Killing subprocess N`): gone because the job is being torn down

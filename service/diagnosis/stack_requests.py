@@ -22,6 +22,7 @@ from ml.findings import Finding, JobInfo
 from service.config import Settings
 from service.diagnosis import signals
 from service.directives.service import request_stack_dump
+from service.jobs import service as jobs
 from service.models import Directive, Job, StackDump
 from service.models import Finding as FindingRow
 
@@ -160,7 +161,7 @@ def _stall_over(session: Session, *, job: Job, info: JobInfo, asked: datetime) -
     last step, so a step stamped later than half of it (at most STALL_OVER_S) before the request is a new one,
     whichever way a node's clock is off by a few seconds."""
     margin = timedelta(seconds=min(STALL_OVER_S, info.hang_timeout_s / 2))
-    return signals.stepped_since(session, job=job, since=asked - margin)
+    return jobs.stepped_since(session, job=job, since=asked - margin)
 
 
 def _advance_campaigns(

@@ -44,7 +44,7 @@ from service.db import session_scope
 from service.decisions.lifecycle import expire_overdue
 from service.diagnosis.service import diagnose_events, diagnose_job
 from service.evaluation.soak_agent import VirtualAgent
-from service.incidents.service import resolve_quiet
+from service.incidents.service import resolve_quiet, resolve_recovered
 from service.ingest.handoff import jobs_with_critical_events, jobs_with_stack_answers
 from service.ingest.schemas import IngestBatch
 from service.ingest.service import UpsertCache, store_batches
@@ -316,6 +316,7 @@ class Soak:
 
     def _maintenance(self, now: datetime) -> None:
         with session_scope() as session:
+            resolve_recovered(session, now=now, after_s=self.settings.incident_recovered_after_s)
             resolve_quiet(session, now=now, quiet_s=self.settings.incident_quiet_resolve_s)
             expire_overdue(session, now=now)
 

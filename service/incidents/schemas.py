@@ -49,6 +49,7 @@ class IncidentOut(BaseModel):
                     "job_id": "llm-pretrain-42",
                     "state": "mitigating",
                     "root_cause": "gpu_hardware",
+                    "anchor": "gpu-node-017",
                     "blame": "infrastructure",
                     "severity": "critical",
                     "confidence": 0.97,
@@ -79,6 +80,9 @@ class IncidentOut(BaseModel):
     job_id: str
     state: str
     root_cause: str
+    anchor: str = Field(
+        default="", description="The machine a machine fault's incident is about; empty for a job-wide incident."
+    )
     blame: str
     severity: str
     confidence: float

@@ -1,4 +1,5 @@
-"""Incidents: one open per job and root cause, kept in step with the job's findings; read for the API."""
+"""Incidents: one open per job, root cause and machine (a machine fault's), kept in step with the job's findings;
+read for the API."""
 
 from __future__ import annotations
 
@@ -31,20 +32,25 @@ SEVERITIES = ("critical", "major", "minor")
 _SEVERITY_ORDER = case({s: i for i, s in enumerate(SEVERITIES)}, value=Incident.severity, else_=len(SEVERITIES))
 
 
-def open_incident(session: Session, *, job: Job, root_cause: str) -> tuple[Incident, bool]:
-    """The job's open incident for this root cause, created if there is none (race-free: partial unique index).
-
-    The flag says whether this call created it.
-    """
+def open_incident(session: Session, *, job: Job, root_cause: str, anchor: str = "") -> tuple[Incident, bool]:
+    """The job's open incident for this root cause and machine ("" for a job-wide one), created if there is none
+    (race-free: partial unique index). The flag says whether this call created it."""
     created = session.scalar(
         insert(Incident)
-        .values(job_id=job.id, root_cause=root_cause)
-        .on_conflict_do_nothing(index_elements=["job_id", "root_cause"], index_where=text("state <> 'resolved'"))
+        .values(job_id=job.id, root_cause=root_cause, anchor=anchor)
+        .on_conflict_do_nothing(
+            index_elements=["job_id", "root_cause", "anchor"], index_where=text("state <> 'resolved'")
+        )
         .returning(Incident.id)
     )
     incident = session.scalar(
         select(Incident)
-        .where(Incident.job_id == job.id, Incident.root_cause == root_cause, Incident.state != "resolved")
+        .where(
+            Incident.job_id == job.id,
+            Incident.root_cause == root_cause,
+            Incident.anchor == anchor,
+            Incident.state != "resolved",
+        )
         .with_for_update()
     )
     assert incident is not None  # inserted above or already there
@@ -67,7 +73,7 @@ def apply_proposals(
     touched: list[Incident] = []
     created: set[int] = set()
     for proposal in proposals:
-        incident, new = open_incident(session, job=job, root_cause=proposal.root_cause)
+        incident, new = open_incident(session, job=job, root_cause=proposal.root_cause, anchor=proposal.anchor)
         if new:
             created.add(incident.id)
             repair_stages.incident_opened(session, finding_ids=proposal.finding_ids, now=now)
@@ -188,10 +194,65 @@ def resolve_quiet(session: Session, *, now: datetime, quiet_s: float) -> list[in
         .limit(500)
         .with_for_update(skip_locked=True)
     ).all()
+    # Every node these incidents name, locked at once in name order: resolving them one by one would lock nodes
+    # in incident order, and a diagnosis pass locking the same nodes in another order deadlocked with it.
+    nodes.lock(session, names=(s["node"] for i in quiet for s in i.suspects or [] if s.get("node")))
     minutes = f"{quiet_s / 60:g} min"
     return [
         i.id for i in quiet if resolve(session, incident=i, resolution=f"quiet: no new evidence for {minutes}", now=now)
     ]
+
+
+# Job-wide causes that stop the job: once it trains again they are over, whoever relaunched it.
+RECOVERS_BY_TRAINING = ("hang", "job_failure", "user_code", "oom")
+
+
+def resolve_recovered(session: Session, *, now: datetime, after_s: float) -> list[int]:
+    """Job-wide incidents of a cause that stops the job (RECOVERS_BY_TRAINING) whose job logged a step `after_s`
+    past their last evidence resolve as recovered: the user fixed the bug and relaunched, or the hang cleared.
+
+    Their job-level decisions still waiting (a rollback nobody carried out, since the user relaunched) are moot and
+    expire; one still waiting for a node (an eviction for a scheduler) keeps the incident open."""
+    candidates = session.scalars(
+        select(Incident)
+        .where(
+            Incident.state != "resolved",
+            Incident.anchor == "",
+            Incident.root_cause.in_(RECOVERS_BY_TRAINING),
+            Incident.updated_at < now - timedelta(seconds=after_s),
+        )
+        .order_by(Incident.id)
+        .limit(500)
+        .with_for_update(skip_locked=True)
+    ).all()
+    resolved: list[int] = []
+    for incident in candidates:
+        waiting = session.execute(
+            select(Decision.id, Decision.node_id).where(
+                Decision.incident_id == incident.id, Decision.state.in_(("pending", "awaiting_approval"))
+            )
+        ).all()
+        if any(node_id is not None for _, node_id in waiting):
+            continue
+        job = session.get_one(Job, incident.job_id)
+        since = incident.updated_at + timedelta(seconds=after_s)
+        if not jobs.stepped_since(session, job=job, since=since):
+            continue
+        session.execute(
+            update(Decision)
+            .where(Decision.id.in_([i for i, _ in waiting] or [0]))
+            .values(
+                state="expired",
+                outcome="expired",
+                outcome_message="moot: the job trains again",
+                acked_at=now,
+                actor=nodes.SYSTEM_ACTOR,
+            )
+        )
+        what = f"recovered: the job trains again ({after_s:g} s after the last evidence)"
+        if resolve(session, incident=incident, resolution=what, now=now):
+            resolved.append(incident.id)
+    return resolved
 
 
 def get(session: Session, *, incident_id: int) -> IncidentOut:

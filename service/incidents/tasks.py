@@ -15,10 +15,15 @@ log = logging.getLogger(__name__)
 
 @celery_app.task(name="maintenance.resolve_quiet_incidents")
 def resolve_quiet_incidents() -> int:
-    """Beat: incidents without new evidence and with nothing waiting resolve themselves. Idempotent."""
+    """Beat: incidents without new evidence and with nothing waiting resolve themselves, and so do job-wide ones
+    whose job trains again. Idempotent."""
     settings = get_settings()
+    now = datetime.now(UTC)
     with session_scope() as session:
-        resolved = incidents.resolve_quiet(session, now=datetime.now(UTC), quiet_s=settings.incident_quiet_resolve_s)
-    if resolved:
-        log.info("incidents resolved after a quiet period: %s", resolved)
-    return len(resolved)
+        recovered = incidents.resolve_recovered(session, now=now, after_s=settings.incident_recovered_after_s)
+        quiet = incidents.resolve_quiet(session, now=now, quiet_s=settings.incident_quiet_resolve_s)
+    if recovered:
+        log.info("incidents resolved as their job trains again: %s", recovered)
+    if quiet:
+        log.info("incidents resolved after a quiet period: %s", quiet)
+    return len(recovered) + len(quiet)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import ColumnElement, CompoundSelect, Row, func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -10,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.jobs.schemas import JobIn, JobOut, Parallelism, PodSelector, RankOut
-from service.models import Incident, Job, Node, Rank
+from service.models import Incident, Job, LogEvent, Node, Rank
 from service.nodes.service import ensure_nodes
 from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
@@ -145,3 +146,9 @@ def node_states(session: Session, *, job: Job) -> dict[str, tuple[str, bool]]:
         select(Node.name, Node.state, Node.lemon).where((Node.id.in_(in_job)) | (Node.current_job_id == job.id))
     ).all()
     return {name: (state, lemon) for name, state, lemon in rows}
+
+
+def stepped_since(session: Session, *, job: Job, since: datetime) -> bool:
+    """Whether the job logged a step line stamped after `since` (its training went on)."""
+    query = select(LogEvent.id).where(LogEvent.job_id == job.id, LogEvent.kind == "step", LogEvent.ts > since)
+    return session.execute(query.limit(1)).first() is not None

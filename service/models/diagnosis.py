@@ -94,11 +94,12 @@ class Incident(Base):
     __table_args__ = (
         CheckConstraint(in_check("state", INCIDENT_STATES), name="state"),
         CheckConstraint(in_check("blame", BLAMES), name="blame"),
-        # One open incident per job and root cause, even with concurrent workers.
+        # One open incident per job, root cause and machine, even with concurrent workers.
         Index(
-            "uq_incidents_open_job_root_cause",
+            "uq_incidents_open_job_root_cause_anchor",
             "job_id",
             "root_cause",
+            "anchor",
             unique=True,
             postgresql_where=text("state <> 'resolved'"),
         ),
@@ -108,6 +109,8 @@ class Incident(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     state: Mapped[str] = mapped_column(Text, server_default="open")
     root_cause: Mapped[str] = mapped_column(Text)
+    # The machine a machine fault's incident is about; '' for a job-wide one (a hang being localized, a user's bug).
+    anchor: Mapped[str] = mapped_column(Text, server_default="")
     blame: Mapped[str] = mapped_column(Text, server_default="unknown")
     severity: Mapped[str] = mapped_column(Text, server_default="major")
     confidence: Mapped[float] = mapped_column(Float, server_default="0")

@@ -122,12 +122,21 @@ def test_network_fault_needs_a_second_flap_within_the_window() -> None:
 
 def test_blast_radius_holds_evictions_beyond_the_share_for_approval() -> None:
     found = [(i, finding("gpu_hardware", node=f"n{i}")) for i in range(1, 4)]
-    (incident,) = demarcate(found)
-    plans = decide(incident, context(job_nodes=8), settings(policy_max_evict_share_per_hour=0.25))
-    assert [p.state for p in plans] == ["pending", "pending", "awaiting_approval"]
-    assert "blast_radius" in plans[2].guard_rails
-    plans = decide(incident, context(job_nodes=8, evicted_last_hour=2), settings(policy_max_evict_share_per_hour=0.25))
-    assert [p.state for p in plans] == ["awaiting_approval"] * 3
+    # Three machines' faults are three incidents; the rail counts the job's evictions across them.
+    incidents = demarcate(found)
+    assert sorted(i.anchor for i in incidents) == ["n1", "n2", "n3"]
+    states = [
+        plan.state
+        for done, incident in enumerate(incidents)
+        for plan in decide(
+            incident, context(job_nodes=8, evicted_last_hour=done), settings(policy_max_evict_share_per_hour=0.25)
+        )
+    ]
+    assert states == ["pending", "pending", "awaiting_approval"]
+    (plan,) = decide(
+        incidents[0], context(job_nodes=8, evicted_last_hour=2), settings(policy_max_evict_share_per_hour=0.25)
+    )
+    assert plan.state == "awaiting_approval" and "blast_radius" in plan.guard_rails
 
 
 def test_cooldown_and_already_decided_suppress_repeats() -> None:

@@ -139,10 +139,15 @@ def test_decisions_and_incidents_api(client, session, make_token) -> None:
     assert client.get("/api/v1/decisions").status_code == 401
     assert client.get("/api/v1/decisions", headers=bearer(agent)).status_code == 403
 
-    incident_id = page["items"][0]["incident_id"]
-    incident = client.get(f"/api/v1/incidents/{incident_id}", headers=bearer(scheduler)).json()
-    assert incident["root_cause"] == "gpu_hardware" and len(incident["decisions"]) == 2
-    assert all(f["evidence"]["signals"] for f in incident["findings"] if f["role"] == "cause")
+    # Two machines' lost GPUs are two faults: an incident each, about its machine, with its own eviction.
+    incidents = [
+        client.get(f"/api/v1/incidents/{d['incident_id']}", headers=bearer(scheduler)).json() for d in page["items"]
+    ]
+    assert len({i["id"] for i in incidents}) == 2
+    for decision, incident in zip(page["items"], incidents, strict=True):
+        assert incident["root_cause"] == "gpu_hardware" and incident["anchor"] == decision["node"]
+        assert [d["node"] for d in incident["decisions"]] == [decision["node"]]
+        assert all(f["evidence"]["signals"] for f in incident["findings"] if f["role"] == "cause")
     assert client.get("/api/v1/incidents/999999999", headers=bearer(scheduler)).status_code == 404
 
 

@@ -1,0 +1,148 @@
+"""One incident per fault on the real database: a machine's fault is its own incident (job, root cause, machine),
+decided and resolved on its own, however many faults the long-running job went through before."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.config import get_settings
+from service.decisions.lifecycle import acknowledge
+from service.incidents.service import resolve_recovered
+from service.models import Decision, Finding, Incident, Job, LogEvent, Node
+from tests import rows
+from tests.decide import decide, finding
+
+# The database's clock: a pass reads the findings stored in the last hour by their insertion time.
+T0 = datetime.now(UTC).replace(microsecond=0)
+
+
+def _xid(node: str, at: datetime) -> list:
+    return [finding(node, detector="xid", category="gpu_hardware", at=at, key=f"xid79-{node}-{at:%H%M%S}")]
+
+
+def _incidents(session: Session, job: Job) -> list[Incident]:
+    return list(session.scalars(select(Incident).where(Incident.job_id == job.id).order_by(Incident.id)))
+
+
+def _decisions(session: Session, incident: Incident) -> list[Decision]:
+    return list(session.scalars(select(Decision).where(Decision.incident_id == incident.id)))
+
+
+def test_a_second_machines_fault_while_the_first_is_open_is_its_own_incident_and_decision(session: Session) -> None:
+    job = rows.job(session)
+    a, b = rows.node(session).name, rows.node(session).name
+    decide(session, job, _xid(a, T0), T0)
+    # The first fault's eviction waits on a scheduler; meanwhile another machine loses a GPU.
+    later = T0 + timedelta(minutes=3)
+    decide(session, job, _xid(b, later), later)
+    first, second = _incidents(session, job)
+    assert (first.root_cause, first.anchor) == ("gpu_hardware", a)
+    assert (second.root_cause, second.anchor) == ("gpu_hardware", b)
+    assert [d.kind for d in _decisions(session, first)] == ["evict"]
+    assert [d.kind for d in _decisions(session, second)] == ["evict"]
+
+
+def test_the_same_kind_of_fault_again_after_its_incident_resolved_opens_a_new_one(session: Session) -> None:
+    job = rows.job(session)
+    a = rows.node(session).name
+    decide(session, job, _xid(a, T0), T0)
+    (first,) = _incidents(session, job)
+    (evict,) = _decisions(session, first)
+    done_at = T0 + timedelta(seconds=30)
+    acknowledge(
+        session, decision_id=evict.id, outcome="done", message="evicted", actor="test", now=done_at,
+        settings=get_settings(),
+    )  # fmt: skip
+    assert first.state == "resolved"
+    back = T0 + timedelta(minutes=40)  # repaired, back in the job, and failing again
+    decide(session, job, _xid(a, back), back)
+    _, second = _incidents(session, job)
+    assert second.anchor == a and second.state != "resolved"
+    held = session.scalars(select(Finding.observed_at).where(Finding.incident_id == second.id)).all()
+    assert held == [back], "the new fault's evidence only; the resolved fault's stays with its incident"
+
+
+def test_link_errors_on_a_failed_gpu_after_its_incident_resolved_open_nothing(session: Session) -> None:
+    job = rows.job(session)
+    a = rows.node(session).name
+    decide(session, job, _xid(a, T0), T0)
+    (first,) = _incidents(session, job)
+    (evict,) = _decisions(session, first)
+    acknowledge(
+        session, decision_id=evict.id, outcome="done", message="evicted", actor="test", now=T0 + timedelta(seconds=20),
+        settings=get_settings(),
+    )  # fmt: skip
+    # The dead GPU's PCIe replays, read from the window after the eviction: the failure's symptom, not a new fault.
+    after = T0 + timedelta(minutes=1)
+    replays = finding(
+        a, detector="counters", category="pcie", at=after - timedelta(seconds=40), key="replays", action="diagnose",
+        confidence=0.7,
+    )  # fmt: skip
+    decide(session, job, [replays], after)
+    assert [i.id for i in _incidents(session, job)] == [first.id]
+    (stored,) = session.scalars(select(Finding).where(Finding.job_id == job.id, Finding.category == "pcie"))
+    assert stored.incident_id is None
+
+
+def test_a_job_wide_cause_stays_one_incident_and_a_stall_joins_the_machine_that_explains_it(session: Session) -> None:
+    job = rows.job(session)
+    nodes = [rows.node(session).name for _ in range(3)]
+    bug = [
+        finding(
+            n, detector="tracebacks", category="user_code", at=T0, key=f"bug-{n}", blame="user_code", action="rollback"
+        )
+        for n in nodes
+    ]
+    decide(session, job, bug, T0)
+    (user,) = _incidents(session, job)
+    assert (user.root_cause, user.anchor) == ("user_code", "")
+    # Later a GPU is lost and the job hangs: the hang is that machine's fault's consequence, in its incident.
+    later = T0 + timedelta(minutes=10)
+    hang = finding(None, detector="progress", category="hang", at=later, key="hang", action="diagnose", confidence=0.9)
+    decide(session, job, [*_xid(nodes[1], later), hang], later)
+    machine = [i for i in _incidents(session, job) if i.root_cause == "gpu_hardware"]
+    assert [i.anchor for i in machine] == [nodes[1]]
+    held = set(session.scalars(select(Finding.detector).where(Finding.incident_id == machine[0].id)))
+    assert held == {"xid", "progress"}
+
+
+def _step(session: Session, job: Job, node: str, at: datetime) -> None:
+    node_id = session.scalar(select(Node.id).where(Node.name == node))
+    session.add(
+        LogEvent(
+            batch_id=uuid.uuid4(), node_id=node_id, job_id=job.id, ts=at, source="training", kind="step",
+            line=f"step 100 at {at:%H:%M:%S}", rank=0,
+        )
+    )  # fmt: skip
+    session.flush()
+
+
+def test_a_user_bug_resolves_once_the_relaunched_job_trains_again_and_its_rollback_is_moot(session: Session) -> None:
+    job = rows.job(session)
+    nodes = [rows.node(session).name for _ in range(2)]
+    bug = [
+        finding(
+            n, detector="tracebacks", category="user_code", at=T0, key=f"bug-{n}", blame="user_code", action="rollback"
+        )
+        for n in [*nodes, None]  # every rank's traceback, and the job's: roll back
+    ]
+    xid = _xid(nodes[1], T0)
+    decide(session, job, [*bug, *xid], T0)
+    user = next(i for i in _incidents(session, job) if i.root_cause == "user_code")
+    machine = next(i for i in _incidents(session, job) if i.root_cause == "gpu_hardware")
+    (rollback,) = _decisions(session, user)
+    assert (rollback.kind, rollback.state) == ("rollback", "pending")
+    after = get_settings().incident_recovered_after_s
+    # Still down: nothing. A step soon after the last evidence is the crash's tail, not a relaunch.
+    _step(session, job, nodes[0], T0 + timedelta(seconds=after / 2))
+    assert resolve_recovered(session, now=T0 + timedelta(seconds=3 * after), after_s=after) == []
+    _step(session, job, nodes[0], T0 + timedelta(seconds=after + 5))
+    assert resolve_recovered(session, now=T0 + timedelta(seconds=3 * after), after_s=after) == [user.id]
+    assert user.state == "resolved" and user.resolution.startswith("recovered")
+    assert (rollback.state, rollback.outcome_message) == ("expired", "moot: the job trains again")
+    # A machine's fault is not over because the job trains around it: it waits for its eviction.
+    assert machine.state != "resolved"
