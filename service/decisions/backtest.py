@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -233,6 +233,17 @@ def _stored_verdict(decision: Decision, node: str | None) -> Verdict:
     return Verdict(decision.kind, node, decision.state, decision.created_at, approval, rails)
 
 
+def _of_incident(proposals: Sequence[demarcation.IncidentProposal], incident: Incident) -> demarcation.IncidentProposal:
+    """The replayed proposal of a stored incident: its root cause and machine (its findings may also split off
+    another, which was its own incident). One stored before incidents were per machine held every machine's fault
+    of its root cause: their proposals, merged."""
+    own = [p for p in proposals if p.root_cause == incident.root_cause and incident.anchor in ("", p.anchor)]
+    if len(own) <= 1:
+        return own[0] if own else proposals[0]
+    suspects = sorted((x for p in own for x in p.suspects), key=lambda x: (-x.confidence, x.node))
+    return replace(own[0], suspects=suspects, finding_ids=[i for p in own for i in p.finding_ids])
+
+
 def _replay(
     stored: Sequence[_Stored], background: Sequence[PriorDecision], job_nodes: dict[int, int], policy: Settings
 ) -> dict[int, _Replayed]:
@@ -247,8 +258,7 @@ def _replay(
         proposals = demarcation.demarcate([(f.id, f.to_ml(node)) for f, node in rows])
         if not proposals:
             continue
-        # The incident's own root cause; its findings may also split off another (which was its own incident).
-        proposal = next((p for p in proposals if p.root_cause == s.incident.root_cause), proposals[0])
+        proposal = _of_incident(proposals, s.incident)
         suspect_ids = {i for suspect in proposal.suspects for i in suspect.finding_ids}
         network = (
             network_times((node, f.observed_at, f.evidence) for f, node in rows if f.id in suspect_ids and node)
