@@ -111,9 +111,10 @@ def _victim_of(f: Finding, faults: Sequence[Finding]) -> Finding | None:
     return next((fault for fault in faults if _in_wake(fault, f.observed_at)), None)
 
 
-# What a GPU that failed does to its own links: PCIe replays, NVLink errors. On the failed GPU (or, where the
-# findings do not say which GPU, its node), from its failure on, they are the failure's symptoms.
-_GPU_CONSEQUENCES = ("pcie", "nvlink")
+# What a GPU that failed does to its own links and to the ranks on it: PCIe replays, NVLink errors, a CUDA error
+# of unknown cause in one rank (a GSP timeout kills its kernels with launch_failure). On the failed GPU (or, where
+# the findings do not say which GPU, its node), from its failure on, they are the failure's symptoms.
+_GPU_CONSEQUENCES = ("pcie", "nvlink", "unknown")
 
 
 def _gpus(f: Finding) -> set[int] | None:
@@ -166,6 +167,38 @@ def _aftermath(symptom: Finding, current: Sequence[Finding], earlier_faults: Seq
 def _in_wake(fault: Finding, when: datetime) -> bool:
     """Whether a moment falls in a fault's wake: from (just before) it until VICTIM_AFTER after its last sign."""
     return fault.observed_at - VICTIM_SLACK <= when <= (fault.seen_until or fault.observed_at) + VICTIM_AFTER
+
+
+@dataclass(frozen=True, slots=True)
+class Dealt:
+    """A machine fault's incident already resolved (its node evicted, its GPU reset, or closed by a person)."""
+
+    incident_id: int
+    node: str
+    since: datetime  # its first evidence
+    until: datetime  # when it was resolved
+
+
+def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt]) -> dict[int, int]:
+    """Finding id -> the resolved incident it belongs to: a finding about a machine observed while that machine's
+    fault was being dealt with, which reached a pass only after (a metric counter's rise is read a pass after the
+    Xid line that got the node evicted). Opening a new incident with it would accuse the machine again once it is
+    back from repair. A user's bug is the job's, never one machine's late evidence."""
+    late: dict[int, int] = {}
+    for fid, f in findings:
+        if not f.node or f.category == "user_code":
+            continue
+        owner = next(
+            (
+                d
+                for d in sorted(dealt, key=lambda d: d.until, reverse=True)
+                if d.node == f.node and d.since - VICTIM_AFTER <= f.observed_at <= d.until + VICTIM_SLACK
+            ),
+            None,
+        )
+        if owner is not None:
+            late[fid] = owner.incident_id
+    return late
 
 
 def demarcate(

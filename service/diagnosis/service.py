@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -187,7 +187,9 @@ def _decide(
     fresh = store_findings(session, job=job, findings=findings, now=now)
     result.new_findings = len(fresh)
 
-    open_findings = _open_findings(session, job=job, now=now)
+    open_findings = _late_to_their_incidents(
+        session, job=job, open_findings=_open_findings(session, job=job, now=now), now=now
+    )
     proposals = demarcation.demarcate(
         [(fid, f) for fid, f, _ in open_findings], earlier_faults=_earlier_faults(session, job=job, now=now)
     )
@@ -368,6 +370,39 @@ def _earlier_faults(session: Session, *, job: Job, now: datetime) -> list[Findin
         .limit(200)
     ).all()
     return [f for f in (row.to_ml(node) for row, node in rows) if demarcation.hard_fault(f)]
+
+
+def _late_to_their_incidents(
+    session: Session, *, job: Job, open_findings: list[tuple[int, Finding, FindingRow]], now: datetime
+) -> list[tuple[int, Finding, FindingRow]]:
+    """Late evidence of a machine fault already dealt with joins its resolved incident (which stays resolved); the
+    rest of the open findings go on to demarcation."""
+    rows = session.execute(
+        select(Incident.id, Incident.anchor, Incident.opened_at, Incident.resolved_at).where(
+            Incident.job_id == job.id,
+            Incident.state == "resolved",
+            Incident.anchor != "",
+            Incident.resolved_at >= now - FINDING_HORIZON,
+        )
+    ).all()
+    if not rows:
+        return open_findings
+    first = dict(
+        session.execute(
+            select(FindingRow.incident_id, func.min(FindingRow.observed_at))
+            .where(FindingRow.incident_id.in_([r.id for r in rows]))
+            .group_by(FindingRow.incident_id)
+        ).all()
+    )
+    dealt = [
+        demarcation.Dealt(r.id, r.anchor, first.get(r.id, r.opened_at), r.resolved_at)
+        for r in rows
+        if r.resolved_at is not None
+    ]
+    late = demarcation.late_evidence([(fid, f) for fid, f, _ in open_findings], dealt)
+    for row_id, incident_id in late.items():
+        session.execute(update(FindingRow).where(FindingRow.id == row_id).values(incident_id=incident_id))
+    return [item for item in open_findings if item[0] not in late]
 
 
 def _open_findings(session: Session, *, job: Job, now: datetime) -> list[tuple[int, Finding, FindingRow]]:

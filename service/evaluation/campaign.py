@@ -323,7 +323,12 @@ class Campaign(Soak):
             silences.create(
                 session,
                 silence_in=SilenceIn(
-                    node_pattern=node, duration_s=2 * 3600.0, author=ACTOR, comment="planned maintenance (campaign)"
+                    # As long as the maintenance (the machine is in the shop REPAIR_S): an operator's silence
+                    # that outlived it hid the machine's next real fault once it was back in a job.
+                    node_pattern=node,
+                    duration_s=REPAIR_S,
+                    author=ACTOR,
+                    comment="planned maintenance (campaign)",
                 ),
                 principal=Principal(token_id=0, scope="operator", node_name=None, name=ACTOR, expires_at=None),
                 now=now,
@@ -456,13 +461,20 @@ class Campaign(Soak):
     # -- the report --
 
     def campaign_report(self) -> dict[str, Any]:
-        # Blame may be settled after an incident opened: read it at the end.
+        # Blame may be settled after an incident opened, and it may have resolved since: read them at the end.
         with session_scope() as session:
-            blames = dict(
-                session.execute(select(Incident.id, Incident.blame).where(Incident.id.in_(self.incident_rows))).all()
-            )
+            final = {
+                row.id: row
+                for row in session.execute(
+                    select(
+                        Incident.id, Incident.blame, Incident.root_cause, Incident.anchor, Incident.resolution
+                    ).where(Incident.id.in_(self.incident_rows))
+                )
+            }
         incidents = [
-            scoring.IncidentRow(r.id, r.job_id, r.first_seen_s, blames.get(r.id, r.blame), r.silenced)
+            replace(r, blame=f.blame, root_cause=f.root_cause, anchor=f.anchor, resolution=f.resolution)
+            if (f := final.get(r.id)) is not None
+            else r
             for r in self.incident_rows.values()
         ]
         outcomes = [replace(o, stale_incidents=tuple(self.stale.get(o.index, ()))) for o in self.outcomes]

@@ -85,6 +85,9 @@ class IncidentRow:
     first_seen_s: float
     blame: str
     silenced: bool = False
+    root_cause: str = ""  # these three as the service had them at the campaign's end
+    anchor: str = ""
+    resolution: str | None = None  # None while open
 
 
 @dataclass(frozen=True)

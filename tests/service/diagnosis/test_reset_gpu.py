@@ -105,6 +105,10 @@ def test_a_gpu_reset_xid_on_one_gpu_resets_it_and_a_repeat_within_the_window_evi
     incident = session.get(Incident, decision.incident_id)
     session.refresh(incident)
     assert incident.state == "resolved"
+    # Stamped by the database clock: date the reset back to when it was done, seconds after the Xid (evidence
+    # observed before then is the same fault's, not a repeat).
+    incident.resolved_at = first + timedelta(seconds=5)
+    session.flush()
 
     # The same Xid on the same GPU three minutes later (after a quiet spell): a new fault of a GPU reset within
     # the window, so the node goes.
@@ -130,8 +134,10 @@ def test_a_repeat_beyond_the_window_resets_again(client, session, make_token) ->
     session.flush()
     client.post(f"/api/v1/decisions/{one.id}/ack", json={"outcome": "done"}, headers=bearer(scheduler))
 
-    # Decisions are stamped by the database clock: date the first reset back to when its Xid came.
+    # Decisions are stamped by the database clock: date the first reset (and its incident's resolution) back to
+    # when its Xid came.
     one.created_at = first
+    session.get_one(Incident, one.incident_id).resolved_at = first + timedelta(seconds=5)
     session.flush()
     second = first + timedelta(minutes=3)  # 180 s later: the 120 s window holds no earlier reset
     _ship(client, token, job, {0: _xid(94, 5, second, "Contained: SM (0x1). RST: No, D-RST: No")}, at=second)

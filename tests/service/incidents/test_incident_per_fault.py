@@ -76,10 +76,11 @@ def test_link_errors_on_a_failed_gpu_after_its_incident_resolved_open_nothing(se
         session, decision_id=evict.id, outcome="done", message="evicted", actor="test", now=T0 + timedelta(seconds=20),
         settings=get_settings(),
     )  # fmt: skip
-    # The dead GPU's PCIe replays, read from the window after the eviction: the failure's symptom, not a new fault.
+    # The dead GPU's PCIe replays, still rising after the eviction (the node leaves the job's window a little
+    # later): the failure's symptom, not a new fault.
     after = T0 + timedelta(minutes=1)
     replays = finding(
-        a, detector="counters", category="pcie", at=after - timedelta(seconds=40), key="replays", action="diagnose",
+        a, detector="counters", category="pcie", at=after - timedelta(seconds=5), key="replays", action="diagnose",
         confidence=0.7,
     )  # fmt: skip
     decide(session, job, [replays], after)
@@ -146,3 +147,31 @@ def test_a_user_bug_resolves_once_the_relaunched_job_trains_again_and_its_rollba
     assert (rollback.state, rollback.outcome_message) == ("expired", "moot: the job trains again")
     # A machine's fault is not over because the job trains around it: it waits for its eviction.
     assert machine.state != "resolved"
+
+
+def test_late_evidence_of_a_fault_already_dealt_with_joins_its_incident_and_accuses_nobody(session: Session) -> None:
+    """The DCGM counters' rise is read a pass after the Xid line that got the node evicted: it is the same fault's
+    evidence; a new incident with it accused the machine again once it was back from repair."""
+    job = rows.job(session)
+    a = rows.node(session).name
+    decide(session, job, _xid(a, T0), T0)
+    (first,) = _incidents(session, job)
+    (evict,) = _decisions(session, first)
+    acknowledge(
+        session, decision_id=evict.id, outcome="done", message="evicted", actor="test", now=T0 + timedelta(seconds=2),
+        settings=get_settings(),
+    )  # fmt: skip
+    counter = finding(
+        a, detector="counters", category="gpu_hardware", at=T0 - timedelta(seconds=5), key="dbe",
+        summary="uncorrectable ECC errors +1",
+    )  # fmt: skip
+    later = T0 + timedelta(seconds=15)
+    result = decide(session, job, [counter], later)
+    assert result.decisions == [] and [i.id for i in _incidents(session, job)] == [first.id]
+    assert first.state == "resolved"
+    (stored,) = session.scalars(select(Finding).where(Finding.job_id == job.id, Finding.detector == "counters"))
+    assert stored.incident_id == first.id
+    # The same machine's new fault, observed after its repair, is a new incident.
+    back = T0 + timedelta(minutes=40)
+    decide(session, job, _xid(a, back), back)
+    assert len(_incidents(session, job)) == 2
