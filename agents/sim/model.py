@@ -364,6 +364,10 @@ class Cluster(SparePool, RealLife):  # SparePool builds on FaultInjection
                 line = fmt.simple_step(node_ts, k * self.gpn, job.step, node_loss, grad_norm, lr, took)
             self._train(n, [line])
 
+    def activity(self, rank: int) -> str:
+        """What a rank is doing now (its GPU's activity, and where a stack dump would find it)."""
+        return self._activity(rank)
+
     def _activity(self, rank: int) -> str:
         mode, job = self.modes[rank], self.job
         if mode == NORMAL:

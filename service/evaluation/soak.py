@@ -25,6 +25,7 @@ import shutil
 import signal
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -151,6 +152,7 @@ class Soak:
         self.run_id = config.run_id
         self.tree_dir = Path(tempfile.mkdtemp(prefix="faultline-soak-", dir=_tree_parent()))
         self.cache = UpsertCache()
+        self.answered: set[uuid.UUID] = set()  # stack requests the agents answered
         self.jobs: list[JobRun] = []
         self.wall_s = 0.0
         self.covered_s = 0.0  # simulated seconds run so far
@@ -279,8 +281,29 @@ class Soak:
             agent.read_lines(by_node.get(agent.name, []), now)
             agent.sample(now, snapshot[agent.name])
 
+    def _stack_requests(self) -> dict[str, list[str]]:
+        """Job id -> the stack requests (dump_stacks directives) the service made since the last ship: the agents
+        answer them in this batch, as agents do the directives an ingest answer carries."""
+        with session_scope() as session:
+            rows = session.execute(
+                select(Directive.id, Job.external_id)
+                .join(Job, Job.id == Directive.job_id)
+                .where(
+                    Directive.kind == "dump_stacks",
+                    Job.external_id.in_([run.job_id for run in self.jobs]),
+                    Directive.id.not_in(self.answered or {uuid.UUID(int=0)}),
+                )
+                .order_by(Directive.created_at)
+            ).all()
+        out: dict[str, list[str]] = {}
+        for directive_id, job_id in rows:
+            self.answered.add(directive_id)
+            out.setdefault(job_id, []).append(str(directive_id))
+        return out
+
     def _ship(self, now: datetime) -> None:
-        raw = [b for run in self.jobs for a in run.agents if (b := a.batch(now)) is not None]
+        asked = self._stack_requests()
+        raw = [b for run in self.jobs for a in run.agents if (b := a.batch(now, asked.get(run.job_id, ()))) is not None]
         if not raw:
             return
         context = self.settings.time_context

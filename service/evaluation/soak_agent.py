@@ -22,6 +22,7 @@ from agents.gpu import ExporterParser, GpuReading
 from agents.node import NodeCollectors
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
+from agents.sim import stacks
 from agents.sim.exporter import render
 from agents.sim.gpu import GpuSample
 from agents.sim.kerneltree import NodeTree, TreeWriter
@@ -97,8 +98,9 @@ class VirtualAgent:
         ts = self._clock(now).isoformat()
         self.metrics += [{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in readings]
 
-    def batch(self, now: datetime) -> dict[str, Any] | None:
-        """The ship tick: node collectors read once, then everything gathered since the last batch."""
+    def batch(self, now: datetime, stack_requests: Sequence[str] = ()) -> dict[str, Any] | None:
+        """The ship tick: node collectors read once, then everything gathered since the last batch, with a dump of
+        each live rank for every stack request (`dump_stacks` directive ids) the service sent since."""
         if not self.running:
             return None
         wall = self._clock(now)
@@ -124,11 +126,31 @@ class VirtualAgent:
             "metrics": self.metrics,
             "node_metrics": self.node_metrics,
             "logs": [e.to_wire() for e in self.events],
-            "stacks": [],
+            "stacks": [dump for directive in stack_requests for dump in self._dumps(directive, wall)],
             "processes": self._processes(wall),
         }
         self.metrics, self.node_metrics, self.events = [], [], []
         self.batches += 1
+        return out
+
+    def _dumps(self, directive_id: str, wall: datetime) -> list[dict[str, Any]]:
+        """`py-spy dump` of each of the node's live ranks, answering one stack request, as the agent ships them."""
+        c, out = self.cluster, []
+        for rank in c.ranks_on(self.node):  # none on a spare
+            names = stacks.frames(c.modes[rank], c.activity(rank))
+            if names is None:
+                continue  # no process left to dump
+            pid = self.pid(rank)
+            out.append(
+                {
+                    "ts": wall.isoformat(),
+                    "pid": pid,
+                    "job_id": self.job_id,
+                    "rank": rank,
+                    "directive_id": directive_id,
+                    "threads": stacks.pyspy_threads(pid, names),
+                }
+            )
         return out
 
     def _processes(self, wall: datetime) -> list[dict[str, Any]]:
