@@ -14,7 +14,8 @@ Definitions:
   no node decision at all.
 - Notifications on healthy jobs: the "opened" and "decided" events the service would send about incidents
   opened and decisions made outside every fault window, per job-day outside the windows.
-- Manual interventions: decisions that waited for a person's approval, plus incidents left with blame unknown.
+- Manual interventions: decisions that waited for a person's approval, plus incidents left with blame unknown (not
+  counting those merged away into another incident, which settled their blame).
 - ETTR: simulated seconds of training progress over elapsed seconds; its ideal adds back what each fault cost
   beyond the restart and the recomputation since the last checkpoint that acting at once would still cost.
 """
@@ -192,7 +193,10 @@ def score(
     in_windows = sum(min(f.window[1], _elapsed(jobs, f.job_id)) - max(0.0, f.window[0]) for f in faults)
     healthy_days = max(0.0, covered - in_windows) / DAY_S
     stale = sorted({i for f in faults for i in f.stale_incidents})
-    manual = sum(d.awaited_approval for d in decisions) + sum(i.blame == "unknown" for i in incidents)
+    # An incident merged away (a hang explained a pass later by a machine's fault) left its findings and blame to
+    # the incident that took them: nobody has its blame to settle.
+    unknown = sum(i.blame == "unknown" and not (i.resolution or "").startswith("merged") for i in incidents)
+    manual = sum(d.awaited_approval for d in decisions) + unknown
     elapsed = sum(j.elapsed_s for j in jobs)
     productive = sum(j.productive_s for j in jobs)
     excess = sum(max(0.0, f.lost_s - f.ideal_lost_s) for f in faults)
@@ -210,7 +214,7 @@ def score(
         "stale_incident_ids": stale,
         "manual_interventions": manual,
         "awaiting_approval": sum(d.awaited_approval for d in decisions),
-        "unknown_blame_incidents": sum(i.blame == "unknown" for i in incidents),
+        "unknown_blame_incidents": unknown,
         "notifications_on_healthy_jobs": noisy,
         "healthy_job_days": round(healthy_days, 4),
         "notifications_per_healthy_job_day": _ratio(noisy, healthy_days),

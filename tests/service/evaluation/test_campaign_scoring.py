@@ -62,6 +62,8 @@ INCIDENTS = [
     IncidentRow(5, "j", 5030.0, "infrastructure"),
     IncidentRow(6, "j", 6000.0, "unknown"),  # outside every window: a notification on a healthy job
     IncidentRow(7, "j", 7000.0, "infrastructure", silenced=True),  # silenced: no notification
+    # A hang merged a pass later into the machine fault that explained it: its blame is that incident's.
+    IncidentRow(8, "j", 1005.0, "unknown", root_cause="hang", resolution="merged: its findings belong to another"),
 ]
 
 
@@ -102,9 +104,10 @@ def test_totals_and_targets_from_hand_computed_figures() -> None:
     assert t["faults"] == 6 and t["recall"] == 0.75 and t["recall_all"] == round(4 / 6, 4)
     assert (t["median_s"], t["p95_s"]) == (10.0, 37.0)  # 5, 10, 40: p95 = 10 + 0.9 * 30
     assert t["false_accusations"] == 2 and t["false_accusation_ids"] == [4, 7]
-    assert t["incidents"] == 7 and t["incidents_per_fault"] == round(7 / 6, 4)
+    assert t["incidents"] == 8 and t["incidents_per_fault"] == round(8 / 6, 4)
     assert t["stale_incidents"] == 1 and t["stale_incident_ids"] == [5]
-    assert t["manual_interventions"] == 3  # decision 4 awaited approval; incidents 4 and 6 have unknown blame
+    # Decision 4 awaited approval; incidents 4 and 6 have unknown blame (8 was merged away).
+    assert t["manual_interventions"] == 3 and t["unknown_blame_incidents"] == 2
     # Outside every window: decision 7 and incident 6 (incident 7 is silenced).
     assert t["notifications_on_healthy_jobs"] == 2
     # Each window: from 2 s before the injection to 60 s after it was dealt with.
@@ -114,7 +117,7 @@ def test_totals_and_targets_from_hand_computed_figures() -> None:
     assert t["ettr"] == 0.9 and t["ettr_ideal"] == round((77760 + 600) / 86400, 4)
     assert t["dealt_with"] == {"acted": 3, "by_hand": 1, "drained": 1, "restarted": 1}
     status = {r["name"]: r["status"] for r in result["targets"]}
-    # 6 faults, recall 0.75, 2 accusations, 1.17 incidents per fault, 1 stale, 3 manual, 2.02 per job-day.
+    # 6 faults, recall 0.75, 2 accusations, 1.33 incidents per fault, 1 stale, 3 manual, 2.02 per job-day.
     assert set(status.values()) == {"FAIL"} and len(status) == 7
     by_category = {c["category"]: c for c in result["categories"]}
     assert by_category["software_bug"]["recall"] == 0.0 and not by_category["software_bug"]["localizable"]
