@@ -185,13 +185,14 @@ def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt
     Xid line that got the node evicted). Opening a new incident with it would accuse the machine again once it is
     back from repair. A user's bug is the job's, never one machine's late evidence."""
     late: dict[int, int] = {}
+    newest_first = sorted(dealt, key=lambda d: d.until, reverse=True)
     for fid, f in findings:
         if not f.node or f.category == "user_code":
             continue
         owner = next(
             (
                 d
-                for d in sorted(dealt, key=lambda d: d.until, reverse=True)
+                for d in newest_first
                 if d.node == f.node and d.since - VICTIM_AFTER <= f.observed_at <= d.until + VICTIM_SLACK
             ),
             None,
