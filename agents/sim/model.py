@@ -53,6 +53,7 @@ _COMM_NVLINK = TARGETS[COMM][7]  # NVLink rate of a GPU in the all-reduce: its N
 GLOBAL_BATCH = 1024
 TOTAL_ITERS = 500000
 SDC_STEP_SHARE = 0.7  # silent data corruption: the share of steps whose loss comes out wrong on the node
+VACANT_RETRY_S = 10.0  # a planned fault on a node rank waiting for a spare is tried again this much later
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,15 @@ class Cluster(SparePool, RealLife):  # SparePool builds on FaultInjection
     def _run_due(self) -> None:
         now = self.t + 1e-9
         while self._next_fault is not None and self._next_fault.at <= now:
-            spec, self._next_fault = self._next_fault, next(self._plan, None)
+            spec = self._next_fault
+            if spec.node is not None and spec.node in self.vacant:
+                # Its node rank waits for a spare (the demo's loop evicted a machine and the pool is empty): the
+                # fault lands on the machine that fills it, a little later.
+                later = now + VACANT_RETRY_S
+                repair_at = spec.repair_at + (later - spec.at) if spec.repair_at is not None else None
+                self._next_fault = replace(spec, at=later, repair_at=repair_at)
+                break
+            self._next_fault = next(self._plan, None)
             self._inject(spec)
         while self._events and self._events[0][0] <= now:
             _, _, epoch, action = heapq.heappop(self._events)

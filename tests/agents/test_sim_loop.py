@@ -13,6 +13,7 @@ from agents.sim.actions import act
 from agents.sim.config import SimConfig
 from agents.sim.model import Cluster
 from agents.sim.modes import NORMAL, TERMINATED
+from agents.sim.scenarios import FaultSpec
 
 START = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -168,3 +169,18 @@ def test_spares_report_idle_gpus_and_no_ranks() -> None:
     assert all(s.values["DCGM_FI_DEV_GPU_UTIL"] > 0 for s in snap["node-000"])
     gt = c.ground_truth()
     assert gt["spares"] == ["node-003"] and gt["job_nodes"] == ["node-000", "node-001", "node-002"]
+
+
+def test_a_planned_fault_on_a_node_rank_waiting_for_a_spare_lands_when_a_machine_fills_it() -> None:
+    """The 30-minute demo crashed (KeyError) injecting its next fault into a node rank the loop had emptied."""
+    c = cluster(spares=0, repair_seconds=100.0, restart_seconds=10.0)
+    c.advance(45.0)
+    name, _ = faulty(c)
+    act(c, {"kind": "evict", "node": name})
+    vacant = next(iter(c.vacant))
+    # The plan's next fault names that node rank (the demo draws node ranks uniformly).
+    c._next_fault = FaultSpec(c.t + 5.0, "gpu_lost", vacant, 1, repair_at=c.t + 200.0)
+    c.advance(c.t + 30.0)
+    assert len(c.faults) == 1, "nothing to inject into while the rank is empty"
+    c.advance(160.0)  # repaired at 145 s, back in its node rank
+    assert len(c.faults) == 2 and c.faults[1].nodes == [c.node_names[c.slots[vacant]]]
