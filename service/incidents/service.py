@@ -35,26 +35,30 @@ _SEVERITY_ORDER = case({s: i for i, s in enumerate(SEVERITIES)}, value=Incident.
 def open_incident(session: Session, *, job: Job, root_cause: str, anchor: str = "") -> tuple[Incident, bool]:
     """The job's open incident for this root cause and machine ("" for a job-wide one), created if there is none
     (race-free: partial unique index). The flag says whether this call created it."""
-    created = session.scalar(
-        insert(Incident)
-        .values(job_id=job.id, root_cause=root_cause, anchor=anchor)
-        .on_conflict_do_nothing(
-            index_elements=["job_id", "root_cause", "anchor"], index_where=text("state <> 'resolved'")
+    for _ in range(3):
+        created = session.scalar(
+            insert(Incident)
+            .values(job_id=job.id, root_cause=root_cause, anchor=anchor)
+            .on_conflict_do_nothing(
+                index_elements=["job_id", "root_cause", "anchor"], index_where=text("state <> 'resolved'")
+            )
+            .returning(Incident.id)
         )
-        .returning(Incident.id)
-    )
-    incident = session.scalar(
-        select(Incident)
-        .where(
-            Incident.job_id == job.id,
-            Incident.root_cause == root_cause,
-            Incident.anchor == anchor,
-            Incident.state != "resolved",
+        incident = session.scalar(
+            select(Incident)
+            .where(
+                Incident.job_id == job.id,
+                Incident.root_cause == root_cause,
+                Incident.anchor == anchor,
+                Incident.state != "resolved",
+            )
+            .with_for_update()
         )
-        .with_for_update()
-    )
-    assert incident is not None  # inserted above or already there
-    return incident, created is not None
+        if incident is not None:
+            return incident, created is not None
+        # The open incident the insert ran into was resolved in between (the beat's quiet resolution committed
+        # after the insert looked and before this read): insert again.
+    raise RuntimeError(f"no open {root_cause} incident for job {job.external_id} after three tries")
 
 
 @dataclass
