@@ -448,3 +448,36 @@ def test_faultline_check_by_hand(tmp_path: Path) -> None:
         check=False,
     )
     assert low.returncode == 2 and "--level 3" in low.stderr
+
+
+def test_under_the_simulator_the_agent_ships_the_results_written_for_its_machine(tmp_path: Path) -> None:
+    from agents.checks.suite import simulated_checks
+
+    path = tmp_path / "checks.json"
+    written = {
+        "1": [CheckResult("nvml_state", "gpu:0", "fail", evidence={"problems": ["row remap pending: 1"]}).to_wire()],
+        "2": [
+            CheckResult("nvml_state", "gpu:0", "pass").to_wire(),
+            CheckResult("gemm_bf16", "gpu:0", "pass", 612.0, unit="TFLOPS").to_wire(),
+        ],
+    }
+    with pytest.raises(Refused):
+        simulated_checks(path, Options(level=2), busy_ranks=[1234])
+    stop = threading.Event()
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(r=simulated_checks(path, Options(level=2), stop=stop)))
+    thread.start()  # waits for the simulator's suite to finish
+    time.sleep(0.3)
+    assert thread.is_alive()
+    path.write_text(json.dumps({"results": written}))
+    thread.join(5)
+    assert [(r.check, r.status, r.measured) for r in box["r"]] == [
+        ("nvml_state", "pass", None),
+        ("gemm_bf16", "pass", 612.0),
+    ]
+    only = simulated_checks(path, Options(level=2, only=["gemm_bf16"]))
+    assert [r.check for r in only] == ["gemm_bf16"]
+    stop.set()
+    path.unlink()
+    [gone] = simulated_checks(path, Options(level=1), stop=stop)  # stopping: no results, a failure on record
+    assert gone.status == "fail" and "no results" in gone.evidence["reason"]
