@@ -4,7 +4,8 @@ the simulated machine instead of NVML, PyTorch and NCCL, so that a fault shows w
 What each check reads:
 - nvml_state: `driver.judge` on the GPU's DCGM fields as the simulator last set them (a lost GPU answers nothing;
   a pending row remap, a volatile double-bit error, a narrowed PCIe link, clocks held back by heat all fail there),
-  plus the Xid the GPU last raised (the driver check's "Xid since boot"), which names a reset for a hung GSP.
+  plus the Xid the GPU raised since its last reset (the driver check's "Xid since boot"); a GSP still hung after
+  Xid 119/120 fails with a reset as its action (on a real GPU, NVML's recovery action field says the same).
 - compute (bf16 GEMM, memory and host-to-device bandwidth, numerics): `compute.measure` and `compute.numerics` on
   `SimCompute`, whose figures are an H100's as PyTorch measures them, each GPU with its own small, stable offset
   and run-to-run noise; a GPU that throttles (straggler, also the intermittent one: a GEMM's heat sets it off) is
@@ -32,6 +33,7 @@ from agents.checks import compute, driver
 from agents.checks import host as host_check
 from agents.checks.network import CHECK as IB_PORT
 from agents.checks.result import CheckResult, not_available
+from agents.parsers.xid import lookup
 from agents.sim.dcgm_fields import INT64_NOT_SUPPORTED, MODEL_NAME, PCIE_LANE_GBPS, PCIE_MAX_GEN, PCIE_MAX_WIDTH
 from agents.sim.fabric import ACTIVE, LINK_UP
 from agents.sim.gpu import THROTTLE_RATIO
@@ -122,11 +124,13 @@ def _nvml_state(cluster: Cluster, machine: int) -> list[CheckResult]:
         )
         problems, action = driver.judge(fields)
         evidence: dict[str, Any] = {"model": MODEL_NAME, "uuid": g.uuid, "pci_bus_id": g.bus_id}
-        if g.xid:
-            evidence["xid_since_boot"] = [g.xid]
-            if g.xid in XID_RESET and not g.lost:
-                problems.append(f"Xid {g.xid} since boot (GSP timeout): reset the GPU")
-                action = action or "reset_gpu"
+        info = lookup(g.xid) if g.xid else None
+        evidence["xid_since_boot"] = (
+            [{"xid": g.xid, "mnemonic": info.mnemonic, "action": info.action}] if info is not None else []
+        )
+        if g.xid in XID_RESET and not g.lost:  # the GSP still hung: the driver's recovery action says reset
+            problems.append(f"the driver asks for a GPU reset (Xid {g.xid}, GSP timeout, since the last reset)")
+            action = action or "reset_gpu"
         if problems:
             evidence["problems"], evidence["action"] = problems, action
         out.append(

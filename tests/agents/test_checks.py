@@ -80,6 +80,36 @@ def test_a_gpu_that_answers_nothing_and_a_down_nvlink_fail() -> None:
     assert results["gpu:1"].evidence["problems"] == ["NVLinks down: 1"]
 
 
+def test_xid_events_since_boot_are_listed_per_gpu_from_the_kernel_log_or_na() -> None:
+    kmsg = [  # /dev/kmsg records, as read_kmsg returns them: one Xid on GPU 1's bus, one on another GPU's
+        "6,1201,5000000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07",
+        "3,1876,812345678,-;NVRM: Xid (PCI:0000:19:00): 119, pid=4242, name=python, Timeout after 6s of waiting "
+        "for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20800a4c 0x4).",
+        " SUBSYSTEM=pci",
+        "3,1877,812345999,-;NVRM: Xid (PCI:0000:1b:00): 13, pid=4243, name=python, Graphics Exception",
+    ]
+    xids = driver.xids_since_boot((lambda: None, lambda: kmsg))  # no /dev/kmsg here: the second source answers
+    assert xids is not None and set(xids) == {"0000:19:00", "0000:1b:00"}
+    [gsp] = xids["0000:19:00"]
+    assert (gsp["xid"], gsp["mnemonic"], gsp["action"]) == (119, "GSP_RPC_TIMEOUT", "RESET_GPU")
+    fake = FakeNvml(2)
+    fake.nvmlInit()
+    results = _by_subject(driver.results_from(Nvml(fake, 2), xids=xids))
+    assert [x["xid"] for x in results["gpu:1"].evidence["xid_since_boot"]] == [119]
+    assert results["gpu:0"].evidence["xid_since_boot"] == []
+    assert results["gpu:1"].status == "pass"  # evidence: the service acted on the Xid when it happened
+    assert driver.xids_since_boot((lambda: None, lambda: None)) is None
+    na = _by_subject(driver.results_from(Nvml(fake, 2), xids=None))
+    assert na["gpu:0"].evidence["xid_since_boot"] == "n/a"
+
+
+def test_reading_the_kernel_ring_buffer_stops_at_its_end(tmp_path: Path) -> None:
+    assert driver.read_kmsg(str(tmp_path / "absent")) is None
+    if os.access(driver.KMSG, os.R_OK):  # a real /dev/kmsg (root, or kernel.dmesg_restrict=0): whole, then EAGAIN
+        lines = driver.read_kmsg()
+        assert lines is not None and all(";" in line for line in lines[:5])
+
+
 def test_driver_state_without_nvml_is_not_available(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails, as on a node without nvidia-ml-py
     [result] = driver.run()
