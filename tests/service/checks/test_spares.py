@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import select
 
 from service.checks import spares
@@ -14,6 +15,13 @@ from service.models import CheckResult, Directive, Node, Rank
 from tests import rows
 
 NOW = datetime.now(UTC)
+
+
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    """Each test's own now: a module-level one would age while the tests before it run."""
+    global NOW
+    NOW = datetime.now(UTC)
 
 
 def _settings(**kw: object):
