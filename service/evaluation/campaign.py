@@ -82,8 +82,13 @@ ACTOR = "faultline-campaign"
 # waiting for a person; so the campaign lifts it (the rail's own tests are in tests/service/decisions).
 # Likewise the node cooldown (no second eviction of a node within 30 min): real repairs take hours, so a
 # repaired machine is past it when it rejoins; the campaign's shop takes REPAIR_S, so the cooldown is scaled
-# below that (a machine back from repair is a fresh one).
-CAMPAIGN_POLICY = {"policy_max_evict_share_per_hour": 1000.0, "policy_node_cooldown_s": 0.8 * REPAIR_S}
+# below that (a machine back from repair is a fresh one), and so is the node quarantine (1 h: an evicted node the
+# shop gave back to the pool would otherwise fail to return when its stop-time checks pass).
+CAMPAIGN_POLICY = {
+    "policy_max_evict_share_per_hour": 1000.0,
+    "policy_node_cooldown_s": 0.8 * REPAIR_S,
+    "node_quarantine_s": 0.8 * REPAIR_S,
+}
 STALE_AFTER_S = scoring.STALE_AFTER_S
 
 
