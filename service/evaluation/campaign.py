@@ -247,7 +247,8 @@ class Campaign(Soak):
     def _job_finished(self, job: CampaignJob) -> bool:
         i = self.jobs.index(job.run)
         done = sum(1 for o in self.outcomes if o.job_id == job.run.job_id)
-        return done >= self.quota[self.indices[i]] and job.active is None and not job.stale_checks
+        checking = job.desk is not None and bool(job.desk.pending)  # a diagnosed machine's checks still running
+        return done >= self.quota[self.indices[i]] and job.active is None and not job.stale_checks and not checking
 
     def _progress(self, t: float, started: float) -> None:
         wall = time.monotonic() - started
