@@ -75,7 +75,8 @@ def test_a_diagnosed_node_answers_its_checks_from_its_fault_and_the_verdict_evic
         with Session(committed) as session:
             failed = session.scalars(select(CheckResult.check).where(CheckResult.verdict == "fail")).all()
         assert "numerics" in failed
-        assert not (tmp_path / "sim" / name / "checks.json").exists()  # gone once the machine left its check
+        results = tmp_path / "sim" / name / "checks.json"
+        wait_for(lambda: not results.exists(), what="the results gone once the machine left its check", timeout=10)
     finally:
         stop.set()
         thread.join(timeout=60)
