@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     # Every return to service needs a passing diagnostics report, not only a lemon's.
     node_return_requires_diagnostics: bool = False
 
+    # Stop-time checks on idle spares (service/checks/spares.py): a node with no ranks in a running job, in service,
+    # whose agent reports, is sent the level-1 checks when its last check is older than this (0: never), at most
+    # this many at once.
+    checks_spare_interval_s: float = Field(default=6 * 3600.0, ge=0)
+    checks_spare_max_concurrent: int = Field(default=2, ge=1)
+
     # Chat webhooks: hosts a channel may post to (shell patterns, e.g. "hooks.slack.com", "*.larksuite.com");
     # empty allows any host.
     webhook_allowed_hosts: list[str] = []

@@ -29,6 +29,7 @@ def create_celery() -> Celery:
             "service.ui.retention",
             # No tasks: it registers the diagnose loop (stop-time checks after a diagnose decision) with decisions.
             "service.checks.loop",
+            "service.checks.tasks",
         ],
     )
     app.conf.update(
@@ -72,6 +73,12 @@ def create_celery() -> Celery:
             "notify-send-due": {"task": "notify.send_due", "schedule": timedelta(seconds=2), "options": {"expires": 2}},
             "resolve-quiet-incidents": {
                 "task": "maintenance.resolve_quiet_incidents",
+                "schedule": timedelta(seconds=60),
+                "options": {"expires": 60},
+            },
+            # Idle spares due for their checks (service/checks/spares.py), within the budget.
+            "check-idle-spares": {
+                "task": "maintenance.check_idle_spares",
                 "schedule": timedelta(seconds=60),
                 "options": {"expires": 60},
             },

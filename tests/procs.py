@@ -33,8 +33,8 @@ def running(args: list[str], *, env: dict[str, str] | None = None, log: Path | N
 
 
 @contextmanager
-def api_server(env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[str]:
-    port = free_port()
+def api_server(env: dict[str, str] | None = None, log: Path | None = None, port: int | None = None) -> Iterator[str]:
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     with running(["faultline", "serve", "--port", str(port)], env=env, log=log) as process:
         wait_healthy(url, process, timeout=30, log=log)

@@ -6,15 +6,27 @@ management and Xid documents): a row remap pending (reset the GPU) or failed (re
 pending or for double-bit errors, a volatile double-bit ECC error, a PCIe link narrower than its maximum, clocks
 held back by thermal or power-brake hardware, an NVLink that was up and is down, and a GPU that answers nothing.
 A PCIe generation below the maximum is evidence only: an idle GPU trains its link down to save power.
+
+Xid events since boot: NVML keeps no history of them, so the kernel log is read whole (the /dev/kmsg ring buffer,
+else `journalctl -k -b`) through the agent's own parser (agents/parsers/kernel.py), and each GPU's Xids are listed
+in its evidence with their catalog mnemonic and action; "n/a" when neither can be read (a container without
+/dev/kmsg or journald). They are evidence, not a verdict: an Xid before a reset or a reboot's repair says nothing
+of the GPU now, and the service already acted on each when it happened.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import subprocess
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from agents.checks.result import CheckResult, not_available
 from agents.nvml import LINKS_DOWN, SLOWDOWN_FLAGS, Nvml, clock_event_flags, open_nvml
+from agents.parsers.kernel import KernelLogParser
 
 CHECK = "nvml_state"
 
@@ -65,8 +77,82 @@ def judge(fields: dict[str, float | None]) -> tuple[list[str], str | None]:
     return problems, action
 
 
-def results_from(reader: Nvml) -> list[CheckResult]:
-    """One result per GPU from one full read (every slow reading included)."""
+KMSG = "/dev/kmsg"
+JOURNALCTL = ("journalctl", "-k", "-b", "--no-pager", "-o", "short-iso")
+KERNEL_LOG_TIMEOUT_S = 10.0
+MAX_XIDS_PER_GPU = 50  # the most recent; a flapping link can log thousands
+
+
+def read_kmsg(path: str = KMSG) -> list[str] | None:
+    """Every record left in the kernel's ring buffer (since boot unless it wrapped); None when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    lines: list[str] = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break  # the end of the buffer
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue  # records overwritten while reading: the next read goes on from the oldest left
+                break
+            if not record:
+                break
+            lines.append(record.decode("utf-8", "replace").rstrip("\n"))
+    finally:
+        os.close(fd)
+    return lines
+
+
+def read_journal() -> list[str] | None:
+    """The kernel's messages of this boot from journald; None when journalctl is absent or fails."""
+    try:
+        done = subprocess.run(JOURNALCTL, capture_output=True, text=True, timeout=KERNEL_LOG_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.splitlines() if done.returncode == 0 else None
+
+
+def xids_since_boot(
+    sources: tuple[Callable[[], list[str] | None], ...] = (read_kmsg, read_journal),
+) -> dict[str, list[dict[str, Any]]] | None:
+    """PCI bus ("0000:9d:00") -> the Xids the kernel logged for that GPU since boot; None when no source answers."""
+    lines = None
+    for source in sources:
+        lines = source()
+        if lines is not None:
+            break
+    if lines is None:
+        return None
+    now = datetime.now(UTC)
+    parser = KernelLogParser()
+    events = [e for line in lines for e in parser.feed(line, now=now)] + parser.flush(now=now)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        if event.kind != "xid" or not event.fields.get("pci"):
+            continue
+        item = {
+            "ts": event.ts.isoformat(),
+            "xid": event.fields.get("xid"),
+            "mnemonic": event.fields.get("mnemonic"),
+            "action": event.fields.get("action"),
+        }
+        out.setdefault(_bus(event.fields["pci"]), []).append(item)
+    return {bus: items[-MAX_XIDS_PER_GPU:] for bus, items in out.items()}
+
+
+def _bus(pci: str) -> str:
+    """NVML's "00000000:9D:00.0" and the kernel's "0000:9d:00" to one key: domain (4 digits):bus:device."""
+    domain, _, rest = pci.lower().partition(":")
+    return f"{domain[-4:]}:{rest[:5]}"
+
+
+def results_from(reader: Nvml, *, xids: dict[str, list[dict[str, Any]]] | None = None) -> list[CheckResult]:
+    """One result per GPU from one full read (every slow reading included), with the Xids since boot (None: n/a)."""
     reader.slow_period = 0.0
     started = time.monotonic()
     readings = reader.read()
@@ -77,6 +163,7 @@ def results_from(reader: Nvml) -> list[CheckResult]:
         evidence: dict[str, Any] = {"model": reading.model, "uuid": reading.uuid, "pci_bus_id": reading.pci_bus_id}
         evidence["fields"] = {k: reading.fields[k] for k in _EVIDENCE if reading.fields.get(k) is not None}
         evidence["clock_event_reasons"] = clock_event_flags(reading.fields.get("DCGM_FI_DEV_CLOCKS_EVENT_REASONS"))
+        evidence["xid_since_boot"] = "n/a" if xids is None else xids.get(_bus(reading.pci_bus_id or ""), [])
         if problems:
             evidence["problems"] = problems
             evidence["action"] = action
@@ -100,6 +187,6 @@ def run() -> list[CheckResult]:
     if reader is None:
         return [not_available(CHECK, "NVML is unavailable (no NVIDIA driver, or no GPU)")]
     try:
-        return results_from(reader)
+        return results_from(reader, xids=xids_since_boot())
     finally:
         reader.close()

@@ -32,7 +32,7 @@ def run(
     for item in items:
         fields: dict[str, Any] = item["fields"]
         if item["subject"] == "host":
-            out += _host(fields)
+            out += judge(fields)
         elif item["subject"].startswith("vol:"):
             free = fields.get("disk_free_pct")
             status = "fail" if free is not None and free < MIN_DISK_FREE_PCT else "pass"
@@ -40,7 +40,8 @@ def run(
     return out
 
 
-def _host(fields: dict[str, Any]) -> list[CheckResult]:
+def judge(fields: dict[str, Any]) -> list[CheckResult]:
+    """Memory available and pressure stalls from the host collector's fields (the simulator's hosts too)."""
     out = []
     total, available = fields.get("mem_total_mib"), fields.get("mem_available_mib")
     if total and available is not None:

@@ -13,11 +13,13 @@ all-reduces in between shows in them.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agents.checks import collectives, compute, dcgm, driver, host
@@ -139,3 +141,30 @@ def verdict(results: Iterable[CheckResult]) -> str:
     if "fail" in statuses:
         return "fail"
     return "pass" if "pass" in statuses else "not_available"
+
+
+SIMULATED_WAIT_S = 1800.0  # the simulator writes the results when the machine's (simulated) suite is done
+
+
+def simulated_checks(
+    path: Path, options: Options, *, busy_ranks: Iterable[Any] = (), stop: threading.Event | None = None
+) -> list[CheckResult]:
+    """The results the simulator wrote for this machine (agents/sim/runner.py: {"results": {level: [result]}}),
+    once they are there; refused, as the real suite, while a job's ranks run. The simulator's stand-in for the
+    GPUs, NICs and host a real node's suite measures (agents/sim/checks.py computes them from its faults)."""
+    if options.level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, not {options.level}")
+    busy = list(busy_ranks)
+    if busy and not options.force:
+        raise Refused(f"{len(busy)} training processes run on this node; drain it first, or force")
+    waited = 0.0
+    while not path.exists():
+        if waited >= SIMULATED_WAIT_S or (stop is not None and stop.is_set()):
+            return [CheckResult("suite", "node", "fail", evidence={"reason": f"no results in {path}"})]
+        (stop or threading.Event()).wait(1.0)
+        waited += 1.0
+    raw = json.loads(path.read_text())["results"][str(options.level)]
+    results = [CheckResult(**item) for item in raw]
+    if options.only is not None:
+        results = [r for r in results if r.check in options.only]
+    return results

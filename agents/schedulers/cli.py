@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from agents.schedulers.client import NODE_KINDS
 from agents.schedulers.loop import EXIT_AUTH, BackendConfigError, LoopOptions
 
 TOKEN_ENV = "FAULTLINE_TOKEN"
@@ -45,6 +46,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="log what would be done; act on and ack nothing")
     parser.add_argument(
         "--strip-domain", action="store_true", help="gpu-01.example.com in faultline is gpu-01 in the scheduler"
+    )
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="also drain a node for a diagnose decision: its agent then runs the stop-time checks the service sends "
+        "and the service's verdict comes back as an eviction or a return (the node condition or drain reason says "
+        "checks running, failed, passed)",
     )
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
@@ -142,7 +150,13 @@ def run(args: argparse.Namespace) -> int:
     loop = AdapterLoop(
         client,
         backend,
-        LoopOptions(wait_s=args.wait, once=args.once, dry_run=args.dry_run, strip_domain=args.strip_domain),
+        LoopOptions(
+            wait_s=args.wait,
+            once=args.once,
+            dry_run=args.dry_run,
+            strip_domain=args.strip_domain,
+            kinds=(*NODE_KINDS, "diagnose") if args.diagnose else NODE_KINDS,
+        ),
         stop=stop,
     )
     previous = {}

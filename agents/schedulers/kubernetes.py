@@ -1,11 +1,13 @@
 """Kubernetes backend: cordon and taint a faulty node, mark it with a node condition; undo on return; mark one
 GPU of a node for a reset.
 
-evict / cordon: `spec.unschedulable = true`, taint `faultline.io/faulty=<decision id>:<effect>` (one, never
-duplicated; other taints kept), and condition `FaultlineFaulty=True` (reason FaultlineEvict or
-FaultlineCordon, message = the decision's reason) through the status subresource.
+evict / cordon / diagnose: `spec.unschedulable = true`, taint `faultline.io/faulty=<decision id>:<effect>` (one,
+never duplicated; other taints kept), and condition `FaultlineFaulty=True` (reason FaultlineEvict or
+FaultlineCordon; FaultlineChecksRunning for a diagnose, whose node runs the stop-time checks, and
+FaultlineChecksFailed for the eviction their failure made; message = the decision's reason) through the status
+subresource.
 return: `spec.unschedulable = false`, our taint removed (only ours), condition `FaultlineFaulty=False`
-with reason FaultlineReturned; the GPU marks below removed.
+with reason FaultlineReturned (FaultlineChecksPassed when the node's checks passed); the GPU marks below removed.
 reset_gpu: the node stays schedulable; one GPU is marked on the Node object, by faultline's own convention:
   label      `faultline.io/unhealthy-gpus=3` (indexes joined by "." as label values allow no comma: "3.5"),
   annotation `faultline.io/unhealthy-gpus: "3,5"` (the same list, comma-separated).
@@ -35,6 +37,7 @@ from typing import Any, TypeVar
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from agents.schedulers.checks import checks_state
 from agents.schedulers.loop import ActionFailed, BackendConfigError
 
 TAINT_KEY = "faultline.io/faulty"
@@ -110,7 +113,8 @@ class KubernetesBackend:
         """Cordon, taint once, condition FaultlineFaulty=True."""
         ours = {"key": TAINT_KEY, "value": str(decision["id"]), "effect": self.options.taint_effect}
         current, changed = self._retrying(lambda: self._set_spec(node, unschedulable=True, taint=ours))
-        reason = "FaultlineEvict" if decision.get("kind") == "evict" else "FaultlineCordon"
+        reason = _CONDITION_REASON.get(checks_state(decision) or "", "")
+        reason = reason or ("FaultlineEvict" if decision.get("kind") == "evict" else "FaultlineCordon")
         self._retrying(lambda: self._set_condition(node, current, "True", reason, str(decision.get("reason") or "")))
         held = next(t for t in current["spec"]["taints"] if t.get("key") == TAINT_KEY)
         taint = f"taint {TAINT_KEY}={held.get('value', '')}:{held['effect']}"
@@ -122,7 +126,8 @@ class KubernetesBackend:
         """Uncordon, remove our taint (only ours), condition FaultlineFaulty=False."""
         current, changed = self._retrying(lambda: self._set_spec(node, unschedulable=False, taint=None))
         message = str(decision.get("reason") or "returned to service")
-        self._retrying(lambda: self._set_condition(node, current, "False", "FaultlineReturned", message))
+        reason = "FaultlineChecksPassed" if checks_state(decision) == "passed" else "FaultlineReturned"
+        self._retrying(lambda: self._set_condition(node, current, "False", reason, message))
         if self._clear_gpu_marks(node):
             return f"uncordoned {node} in Kubernetes, taint {TAINT_KEY} and label {GPU_LABEL} removed"
         if not changed:
@@ -238,6 +243,10 @@ class KubernetesBackend:
                 raise ActionFailed(f"Kubernetes API at {self.where} unreachable: {exc}") from exc
             raise
         raise AssertionError("unreachable")  # Retrying either returns or raises
+
+
+# The node condition's reason for a decision about the stop-time checks (agents/schedulers/checks.py).
+_CONDITION_REASON = {"running": "FaultlineChecksRunning", "failed": "FaultlineChecksFailed"}
 
 
 def _label_value(gpus: list[int]) -> str:

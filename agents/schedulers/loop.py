@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from agents.schedulers import checks
 from agents.schedulers.client import NODE_KINDS, AuthFailed, FaultlineClient, GaveUp, Refused
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class AdapterLoop:
             self._queue_ack(decision_id, "failed", f"{type(exc).__name__}: {exc}")
             return
         self.acted += 1
-        log.info("%s: %s", _describe(decision), summary)
+        log.info("%s: %s%s", _describe(decision), summary, checks.note(decision))
         self._queue_ack(decision_id, "done", summary)
 
     def _reset_gpu(self, decision: Mapping[str, Any], node: str) -> None:
@@ -228,7 +229,7 @@ class AdapterLoop:
             self._queue_ack(decision_id, "failed", f"{type(exc).__name__}: {exc}")
             return
         self.acted += 1
-        log.info("%s: %s", _describe(decision), summary)
+        log.info("%s: %s%s", _describe(decision), summary, checks.note(decision))
         self._queue_ack(decision_id, "done", summary)
 
     def flush_acks(self) -> None:

@@ -26,6 +26,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from agents.schedulers.checks import checks_state
 from agents.schedulers.loop import ActionFailed, BackendConfigError
 
 MAX_REASON = 200  # Slurm shows the reason in sinfo -R; keep it readable
@@ -38,7 +39,9 @@ def drain_reason(decision: Mapping[str, Any]) -> str:
     scontrol strips one double quote at each end of a reason, so a reason must not carry its own.
     """
     text = re.sub(r"\s+", " ", str(decision.get("reason") or "")).strip().replace('"', "'")
-    reason = f"faultline: {decision['kind']} #{decision['id']}: {text}".rstrip(": ")
+    state = checks_state(decision)
+    checks = f"checks {state}: " if state else ""  # sinfo -R shows "checks running" while the node is checked
+    reason = f"faultline: {decision['kind']} #{decision['id']}: {checks}{text}".rstrip(": ")
     return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 3].rstrip() + "..."
 
 

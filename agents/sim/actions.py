@@ -50,6 +50,8 @@ def act(cluster: Cluster, decision: Mapping[str, Any]) -> Outcome:
         if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu < cluster.gpn:
             return Outcome(False, f"reset_gpu decision names no GPU of {name} (0-{cluster.gpn - 1})")
         message = cluster.reset_gpu(machine, gpu)
+        if cluster.place[machine] == CHECK:  # the checks named this GPU: reset, the machine is fit again
+            message += "; " + cluster.checked(machine)
     elif kind == "evict":
         message = cluster.swap_out(machine, then=REPAIR)
     elif kind == "diagnose":
@@ -57,7 +59,8 @@ def act(cluster: Cluster, decision: Mapping[str, Any]) -> Outcome:
     elif kind == "cordon":
         message = cluster.cordon(machine)
     else:  # return
-        if cluster.place[machine] in (REPAIR, CHECK):
+        if cluster.place[machine] == REPAIR:
             return Outcome(False, f"{name} is still {cluster.place[machine]}: it rejoins the spare pool when done")
-        message = cluster.put_back(machine)
+        # Out for a check: the service returns it when its checks pass (service/checks/loop.py).
+        message = cluster.checked(machine) if cluster.place[machine] == CHECK else cluster.put_back(machine)
     return Outcome(True, message, rank_map_changed=cluster.slots_version != before)

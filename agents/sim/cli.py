@@ -80,7 +80,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(swap a spare in, restart the job), reset GPUs, ack (default: env FAULTLINE_SCHEDULER_TOKEN; none: off)",
     )
     p.add_argument("--repair-time", type=_positive, default=600.0, help="seconds an evicted node is in repair (600)")
-    p.add_argument("--check-time", type=_positive, default=120.0, help="seconds a diagnosed node is checked (120)")
+    p.add_argument(
+        "--check-time",
+        type=_positive,
+        default=120.0,
+        help="seconds a diagnosed node's checks run (120); with --scheduler-token and agents, its agent then ships "
+        "results computed from its faults and the service's verdict settles it; else a placeholder check does",
+    )
     p.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
     return p
 
@@ -112,6 +118,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         scheduler_token=args.scheduler_token or os.environ.get("FAULTLINE_SCHEDULER_TOKEN"),
         repair_seconds=args.repair_time,
         check_seconds=args.check_time,
+        service_checks=bool(args.scheduler_token or os.environ.get("FAULTLINE_SCHEDULER_TOKEN")) and not args.no_agents,
         realism_params=RealismParams().with_overrides(_pairs(args.realism_param)),
     )
 

@@ -44,8 +44,9 @@ class LoopEvent:
 
 
 def check_machine(cluster: SparePool, machine: int) -> bool:
-    """The check a `diagnose` sends a machine to: healthy when it carries no fault. (Issue 28 replaces this with
-    real checks: GPU burn-in, NCCL tests, memory tests.)"""
+    """The placeholder check (without `service_checks`), and a person's look at a check nobody answered: healthy
+    when the machine carries no fault. With `service_checks` the service decides from the results the machine
+    ships (agents/sim/checks.py)."""
     return not cluster.faults_on(machine)
 
 
@@ -78,6 +79,7 @@ class SparePool(FaultInjection):
         self.restarts = 0  # job restarts the loop caused
         self.loop_events: list[LoopEvent] = []
         self._restart_at: float | None = None
+        self._check_round: dict[int, int] = {}  # machine -> its current check; a later one voids older timers
 
     # --- reading ---
 
@@ -101,6 +103,11 @@ class SparePool(FaultInjection):
         a spare takes its node rank and the job restarts. Idempotent: a machine already out stays where it is."""
         name = self.node_names[machine]
         where = self.place[machine]
+        if where == CHECK and then == REPAIR:  # the service's verdict on the checks: evict
+            for f in self.faults_on(machine):
+                f.resolved_by = f.resolved_by or "diagnose"
+            self._send(machine, REPAIR)
+            return f"{name} failed its checks: to repair"
         if where in (REPAIR, CHECK):
             return f"{name} is already out of service ({where})"
         slot = self._slot_of.get(machine)
@@ -141,6 +148,14 @@ class SparePool(FaultInjection):
             return f"GPU {gpu} of {name} reset; the job's ranks restart from its last checkpoint"
         return f"GPU {gpu} of {name} reset"
 
+    def checked(self, machine: int) -> str:
+        """The service's verdict on the checks: pass, the machine rejoins the spare pool."""
+        name = self.node_names[machine]
+        if self.place[machine] != CHECK:
+            return f"{name} is {self._where(machine)}; no check to end"
+        self._to_pool(machine)
+        return f"{name} passed its checks: back in the spare pool"
+
     def cordon(self, machine: int) -> str:
         """No new work on the machine: a spare leaves the pool; a machine in the job stays there until it leaves."""
         name = self.node_names[machine]
@@ -167,12 +182,19 @@ class SparePool(FaultInjection):
             self._loop_note("to_repair", machine, f"{self.config.repair_seconds:.0f} s")
             self._later(self.config.repair_seconds, lambda: self._repaired(machine))
         elif then == CHECK:
-            self._loop_note("to_check", machine, f"{self.config.check_seconds:.0f} s")
-            self._later(self.config.check_seconds, lambda: self._checked(machine))
+            round_ = self._check_round[machine] = self._check_round.get(machine, 0) + 1
+            if self.config.service_checks:  # the service's verdict ends it; a person, if none comes
+                self._loop_note("to_check", machine, "waiting for the service's verdict on its checks")
+                self._later(self.config.check_wait_seconds, lambda: self._checked(machine, round_))
+            else:
+                self._loop_note("to_check", machine, f"{self.config.check_seconds:.0f} s")
+                self._later(self.config.check_seconds, lambda: self._checked(machine, round_))
         else:
             self._loop_note("cordon", machine)
 
-    def _checked(self, machine: int) -> None:
+    def _checked(self, machine: int, round_: int) -> None:
+        if self.place[machine] != CHECK or self._check_round.get(machine) != round_:
+            return  # settled already (the service's verdict), or a later check runs
         if check_machine(self, machine):
             self._to_pool(machine)
         else:

@@ -29,10 +29,12 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 import agents
+from agents.sim import checks as sim_checks
 from agents.sim.config import SimConfig
 from agents.sim.exporter import MetricsServer
 from agents.sim.kerneltree import NodeTree, TreeWriter
 from agents.sim.model import Cluster, LogLine
+from agents.sim.pool import CHECK
 from agents.sim.procs import signal_group, spawn, stop_all
 from agents.sim.realism import START, AgentAction
 from agents.sim.scenarios import SCENARIOS
@@ -44,7 +46,8 @@ SHARED_MEMORY = Path("/dev/shm")
 SHM_PREFIX = "faultline-sim-"  # then the simulator's pid: a tree whose simulator died (SIGKILL) is removed
 # Room a node's tree takes in memory, with a margin: ~640 small files, a page each.
 TREE_BYTES_PER_NODE = 8 << 20
-_NODE_FILES = ("kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log")
+CHECKS_FILE = "checks.json"
+_NODE_FILES = ("kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log", CHECKS_FILE)
 _TREE_ROOTS = ("sys", "proc")
 # Where the sitecustomize that skews an agent's wall clock lives (realism's clock skew).
 SKEW_CLOCK_DIR = Path(__file__).resolve().parent / "skewclock"
@@ -85,6 +88,7 @@ class SimRunner:
         self._tree_at = -TREE_SECONDS
         self._tree_shm: Path | None = None
         self.tree_stats = {"syncs": 0, "files": 0, "seconds": 0.0}
+        self._in_check: dict[int, float] = {}  # machine -> when it went out for its checks (service_checks)
 
     # --- lifecycle ---
 
@@ -198,6 +202,8 @@ class SimRunner:
         if config.sample_interval is not None:
             command += ["--sample-interval", str(config.sample_interval)]
         command += ["--sysfs-root", str(node_dir / "sys"), "--procfs-root", str(node_dir / "proc")]
+        if config.service_checks:  # run_checks answered from the machine's faults (agents/sim/checks.py)
+            command += ["--checks-file", str(node_dir / CHECKS_FILE)]
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.
@@ -235,6 +241,8 @@ class SimRunner:
         for action in cluster.take_agent_actions():
             self._act_on_agent(action)
         self._check_agents()
+        if self.config.service_checks:
+            self._write_checks(elapsed)
         if self.scheduler is not None:
             for decision, outcome in self.scheduler.backend.serve(cluster):
                 what = f"{decision.get('kind')} {decision.get('node')}"
@@ -242,6 +250,28 @@ class SimRunner:
             if cluster.slots_version != self._slots_version:
                 self._slots_version = cluster.slots_version
                 self.scheduler.register(cluster.rank_map(), cluster.world)
+
+    def _write_checks(self, elapsed: float) -> None:
+        """A machine out for its checks: `check_seconds` later (the suite's run) its results, computed from its
+        faults, are written where its agent reads them (--checks-file); gone when the machine leaves its check."""
+        cluster = self.cluster
+        assert cluster is not None
+        for m, name in enumerate(cluster.node_names):
+            path = self.dir / name / CHECKS_FILE
+            if cluster.place[m] != CHECK:
+                if self._in_check.pop(m, None) is not None:
+                    path.unlink(missing_ok=True)
+                continue
+            since = self._in_check.setdefault(m, elapsed)
+            if elapsed - since >= self.config.check_seconds and not path.exists():
+                results = {
+                    str(level): [r.to_wire() for r in sim_checks.run(cluster, m, level=level, seed=int(since))]
+                    for level in (1, 2, 3)
+                }
+                _write_atomic(path, json.dumps({"results": results}))
+                self._say(
+                    f"t={cluster.t:.1f}s {name}: its checks ran ({sum(len(v) for v in results.values())} results)"
+                )
 
     def _act_on_agent(self, action: AgentAction) -> None:
         """Realism: a late node's agent starts, or an agent is stopped (TERM or KILL) and later started again;

@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.checks.service import request_checks
+from service.checks.schemas import CheckResultIn
+from service.checks.service import record, request_checks
 from service.config import Settings
 from service.decisions import lifecycle as decision_lifecycle
 from service.errors import Conflict
@@ -54,6 +55,31 @@ def _checks_after_diagnose(session: Session, decision: Decision, now: datetime) 
         ttl_s=DIRECTIVE_TTL_S,
         decision_id=decision.id,
     )
+
+
+def accept(
+    session: Session,
+    *,
+    node_id: int,
+    node: str,
+    batch_id: uuid.UUID,
+    items: list[CheckResultIn],
+    now: datetime,
+    settings: Settings,
+) -> dict[str, str]:
+    """One batch's check results stored and judged, then acted on where a decision waits on them (the ingest path;
+    the simulator's accelerated-time harness calls it directly, with its simulated `now`).
+
+    Acting never costs the results: it runs in a savepoint, and a failure there leaves them stored for a person
+    (an agent whose batch failed would resend it forever)."""
+    record(session, node_id=node_id, node=node, batch_id=batch_id, items=items, now=now)
+    directive_ids = {item.directive_id for item in items if item.directive_id}
+    try:
+        with session.begin_nested():
+            return conclude(session, directive_ids=directive_ids, now=now, settings=settings)
+    except Exception:
+        log.exception("acting on the check results of %s failed; they are stored, a person decides", node)
+        return {}
 
 
 def conclude(session: Session, *, directive_ids: set[str], now: datetime, settings: Settings) -> dict[str, str]:
@@ -123,6 +149,8 @@ def _act(
             )
     except Conflict as exc:
         return f"checks passed, but the node cannot return: {exc}"
+    if decision is not None:
+        _undrain(session, decision=decision, node=node, now=now, settings=settings)
     incident = session.get(Incident, decision.incident_id) if decision and decision.incident_id is not None else None
     if incident is not None:
         incidents.resolve(
@@ -132,6 +160,32 @@ def _act(
             resolution=f"stop-time checks passed on {node.name}: no fault found, node returned",
         )
     return "passed: node returned" + (", incident resolved" if incident is not None else "")
+
+
+def _undrain(session: Session, *, decision: Decision, node: Node, now: datetime, settings: Settings) -> None:
+    """The scheduler drained the node for the diagnose decision: it needs a `return` to put it back, also when the
+    service never took the node out of service (a diagnose on a node still `healthy` returns nothing above)."""
+    pending = session.scalar(
+        select(Decision.id).where(
+            Decision.node_id == node.id, Decision.kind == "return", Decision.state.in_(("pending", "awaiting_approval"))
+        )
+    )
+    if pending is not None:
+        return
+    session.add(
+        Decision(
+            node_id=node.id,
+            kind="return",
+            state="pending",
+            confidence=1.0,
+            reason=f"return {node.name}: its stop-time checks for diagnose decision {decision.id} passed"[:1000],
+            evidence={"checks": {"diagnose_decision": decision.id}},
+            created_at=now,
+            expires_at=now + timedelta(seconds=settings.decision_ttl_s),
+            actor=ACTOR,
+        )
+    )
+    session.flush()
 
 
 def _remedy(

@@ -121,10 +121,18 @@ def _finding(row: CheckResult, *, node_id: int, node: str) -> Finding:
 
 
 def record(
-    session: Session, *, node_id: int, node: str, batch_id: uuid.UUID, items: list[CheckResultIn]
+    session: Session,
+    *,
+    node_id: int,
+    node: str,
+    batch_id: uuid.UUID,
+    items: list[CheckResultIn],
+    now: datetime | None = None,
 ) -> list[CheckResult]:
-    """Store one batch's check results with their verdicts; a failing verdict also becomes a finding."""
-    now = datetime.now(UTC)
+    """Store one batch's check results with their verdicts; a failing verdict also becomes a finding.
+
+    `now` bounds the fleet history read (an accelerated-time harness passes its simulated time)."""
+    now = now or datetime.now(UTC)
     # A figure without its model in the evidence (an all-reduce) takes the model of the node's GPUs.
     gpus = session.execute(select(Gpu.index, Gpu.model).where(Gpu.node_id == node_id, Gpu.model.is_not(None)))
     models: dict[int, str] = {index: model for index, model in gpus}

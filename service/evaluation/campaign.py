@@ -48,6 +48,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.decisions.lifecycle import acknowledge
 from service.evaluation import campaign_scoring as scoring
+from service.evaluation.campaign_checks import CheckDesk
 from service.evaluation.soak import (
     MAX_SIMULATED_S,
     JobRun,
@@ -81,8 +82,13 @@ ACTOR = "faultline-campaign"
 # waiting for a person; so the campaign lifts it (the rail's own tests are in tests/service/decisions).
 # Likewise the node cooldown (no second eviction of a node within 30 min): real repairs take hours, so a
 # repaired machine is past it when it rejoins; the campaign's shop takes REPAIR_S, so the cooldown is scaled
-# below that (a machine back from repair is a fresh one).
-CAMPAIGN_POLICY = {"policy_max_evict_share_per_hour": 1000.0, "policy_node_cooldown_s": 0.8 * REPAIR_S}
+# below that (a machine back from repair is a fresh one), and so is the node quarantine (1 h: an evicted node the
+# shop gave back to the pool would otherwise fail to return when its stop-time checks pass).
+CAMPAIGN_POLICY = {
+    "policy_max_evict_share_per_hour": 1000.0,
+    "policy_node_cooldown_s": 0.8 * REPAIR_S,
+    "node_quarantine_s": 0.8 * REPAIR_S,
+}
 STALE_AFTER_S = scoring.STALE_AFTER_S
 
 
@@ -117,6 +123,7 @@ class CampaignJob:
     count: int = 0  # faults injected
     in_shop: set[int] = field(default_factory=set)  # machines whose agent is down while they are repaired
     decided: set[int] = field(default_factory=set)  # decision ids the loop has seen
+    desk: CheckDesk | None = None  # the stop-time checks its machines answer (campaign_checks.py)
 
 
 def _training(c: Cluster) -> bool:
@@ -136,7 +143,9 @@ class Campaign(Soak):
         say: Callable[[str], None],
         indices: list[int] | None = None,
         mix: tuple[Category, ...] = LLAMA3_405B,
+        service_checks: bool = True,
     ) -> None:
+        self.service_checks = service_checks  # False: the placeholder check, as before issue 28 (a baseline)
         # model_copy: the rail's field is validated <= 1 for operators; the campaign's value is deliberate.
         super().__init__(config, settings.model_copy(update=CAMPAIGN_POLICY), say=say, indices=indices)
         self.total_faults, self.mix = faults, mix
@@ -167,6 +176,7 @@ class Campaign(Soak):
             realism=True,
             realism_params=self.config.realism,
             agents=False,
+            service_checks=self.service_checks,
         )
 
     def _make_jobs(self, session: Session) -> None:
@@ -193,6 +203,8 @@ class Campaign(Soak):
                 CampaignJob(
                     run, stream, rng, next_at=rng.uniform(*HEALTHY_S), first_step=cluster.job.step,
                     step_s=cluster.config.step_seconds,
+                    desk=CheckDesk(self.settings, job_id=job_id, seconds=cluster.config.check_seconds)
+                    if self.service_checks else None,
                 )
             )  # fmt: skip
 
@@ -221,6 +233,10 @@ class Campaign(Soak):
     def _tick(self, t: float, now: datetime) -> None:
         for job in self.campaign:
             self._step(job, t, now)
+            if job.desk is not None and job.desk.busy(t):
+                with session_scope() as session:  # the checks' results, in-process at simulated time
+                    for decision_id in job.desk.tick(session, job.run.cluster, t=t, now=now):
+                        job.run.decision_times.setdefault(decision_id, t)  # the next pass acts on them
 
     def _finished(self) -> bool:
         return all(self._job_finished(j) for j in self.campaign)
@@ -231,7 +247,8 @@ class Campaign(Soak):
     def _job_finished(self, job: CampaignJob) -> bool:
         i = self.jobs.index(job.run)
         done = sum(1 for o in self.outcomes if o.job_id == job.run.job_id)
-        return done >= self.quota[self.indices[i]] and job.active is None and not job.stale_checks
+        checking = job.desk is not None and bool(job.desk.pending)  # a diagnosed machine's checks still running
+        return done >= self.quota[self.indices[i]] and job.active is None and not job.stale_checks and not checking
 
     def _progress(self, t: float, started: float) -> None:
         wall = time.monotonic() - started
@@ -427,6 +444,7 @@ class Campaign(Soak):
                     node,
                     decision.gpu,
                     awaited_approval=decision.state == "awaiting_approval",
+                    by_checks_of=job.desk.remedies.get(decision.id) if job.desk is not None else None,
                 )
                 if decision.state != "pending" or decision.kind not in LOOP_KINDS:
                     continue  # waiting for a person, or a job-level decision no node scheduler acts on
@@ -440,6 +458,8 @@ class Campaign(Soak):
                     now=now,
                     settings=self.settings,
                 )
+                if job.desk is not None and decision.kind == "diagnose" and outcome.done:
+                    job.desk.after_ack(session, run.cluster, decision_id=decision.id, node=node, t=t)
                 self.loop_acts.append(
                     {"t_s": t, "decision": decision.id, "kind": decision.kind, "node": node, "ack": outcome.ack,
                      "message": outcome.message}
@@ -511,6 +531,7 @@ class Campaign(Soak):
             "decisions": [asdict(d) for d in self.decision_rows.values()],
             "incidents": [asdict(i) for i in incidents],
             "loop_acts": self.loop_acts,
+            "checks": [asdict(r) for j in self.campaign if j.desk is not None for r in j.desk.records],
         }
 
 
@@ -525,6 +546,7 @@ def scored(report: dict[str, Any]) -> dict[str, Any]:
         [scoring.DecisionRow(**d) for d in report["decisions"]],
         [scoring.IncidentRow(**i) for i in report["incidents"]],
         [scoring.JobProgress(**p) for p in report["progress"]],
+        [scoring.CheckRow(**c) for c in report.get("checks", [])],
     )
     return {**report, **result}
 
@@ -537,30 +559,34 @@ def run_campaign(
     say: Callable[[str], None],
     processes: int,
     mix: tuple[Category, ...] = LLAMA3_405B,
+    service_checks: bool = True,
 ) -> dict[str, Any]:
     """Every job of the config, spread over `processes` worker processes; one scored report."""
     groups = [list(range(len(config.jobs)))[k::processes] for k in range(min(processes, len(config.jobs)))]
     if len(groups) == 1:
-        return scored(Campaign(config, settings, faults=faults, say=say, mix=mix).run())
+        return scored(Campaign(config, settings, faults=faults, say=say, mix=mix, service_checks=service_checks).run())
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine or pool inherited
     with ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
-        parts = [f.result() for f in [pool.submit(_run_group, (config, settings, faults, say, g, mix)) for g in groups]]
+        args = [(config, settings, faults, say, g, mix, service_checks) for g in groups]
+        parts = [f.result() for f in [pool.submit(_run_group, a) for a in args]]
     merged = {
         **parts[0],
         "wall_s": max(p["wall_s"] for p in parts),
         "simulated_s": max(p["simulated_s"] for p in parts),
     }
-    for key in ("jobs", "progress", "faults", "decisions", "incidents", "loop_acts"):
+    for key in ("jobs", "progress", "faults", "decisions", "incidents", "loop_acts", "checks"):
         merged[key] = [item for p in parts for item in p[key]]
     return scored(merged)
 
 
 def _run_group(
-    args: tuple[SoakConfig, Settings, int, Callable[[str], None], list[int], tuple[Category, ...]],
+    args: tuple[SoakConfig, Settings, int, Callable[[str], None], list[int], tuple[Category, ...], bool],
 ) -> dict[str, Any]:
-    config, settings, faults, say, indices, mix = args
+    config, settings, faults, say, indices, mix, service_checks = args
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    return Campaign(config, settings, faults=faults, say=say, indices=indices, mix=mix).run()
+    return Campaign(
+        config, settings, faults=faults, say=say, indices=indices, mix=mix, service_checks=service_checks
+    ).run()
 
 
 def default_duration(faults: int, jobs: int) -> float:

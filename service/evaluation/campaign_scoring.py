@@ -16,6 +16,14 @@ Definitions:
   opened and decisions made outside every fault window, per job-day outside the windows.
 - Manual interventions: decisions that waited for a person's approval, plus incidents left with blame unknown (not
   counting those merged away into another incident, which settled their blame).
+- Stop-time checks (issue 28): a diagnose decision is resolved by its checks when the service concluded from them
+  without a person: an eviction (or GPU reset) on a failing check, or the node's return on a clean pass, not left
+  waiting for approval. A decision the checks made is judged at its diagnose decision's time (the checks take
+  minutes after it), so an eviction by the checks of a faulty machine catches its fault and one of a healthy
+  machine is a false accusation; besides, the totals count healthy nodes evicted by a check and faulty nodes
+  (a fault of the machine itself on them) that reached diagnose but passed their checks. A diagnose decision that
+  found its machine out of service already (in repair after an eviction: nothing to drain, no agent to answer) is
+  moot: counted apart, in neither side of the share.
 - ETTR: simulated seconds of training progress over elapsed seconds; its ideal adds back what each fault cost
   beyond the restart and the recomputation since the last checkpoint that acting at once would still cost.
 """
@@ -40,6 +48,7 @@ TARGET_RECALL = 0.97
 TARGET_INCIDENTS_PER_FAULT = 1.1
 TARGET_MANUAL_SHARE = 0.01
 TARGET_NOTIFICATIONS_PER_JOB_DAY = 1.0
+TARGET_RESOLVED_BY_CHECKS = 0.9  # issue 28
 DAY_S = 86400.0
 
 
@@ -77,6 +86,32 @@ class DecisionRow:
     node: str | None
     gpu: int | None = None
     awaited_approval: bool = False
+    by_checks_of: int | None = None  # made by the stop-time checks of this diagnose decision
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One diagnose decision's stop-time checks, as the harness delivered them and the service concluded."""
+
+    diagnose_decision: int
+    job_id: str
+    node: str
+    t_s: float  # when the results were delivered
+    outcome: str  # evict | reset_gpu | return | none (left to a person) | moot (the machine was out already)
+    remedy_awaits_approval: bool  # the decision the checks made waits for a person
+    faulty: bool  # the machine carried an infrastructure fault when it was checked
+    fault_kinds: tuple[str, ...] = ()
+    failed_checks: tuple[str, ...] = ()
+    conclusion: str = ""
+
+    @property
+    def settled(self) -> bool:
+        """Concluded without a person: evicted (or reset) on a failure, or returned on a clean pass."""
+        if self.remedy_awaits_approval:
+            return False
+        return (self.outcome in ("evict", "reset_gpu") and bool(self.failed_checks)) or (
+            self.outcome == "return" and not self.failed_checks
+        )
 
 
 @dataclass(frozen=True)
@@ -122,14 +157,21 @@ def _in(window: tuple[float, float], t: float) -> bool:
     return window[0] <= t <= window[1]
 
 
+def _judged_at(decisions: Sequence[DecisionRow]) -> dict[int, float]:
+    """Decision id -> the time its window is read at: its own, or its diagnose decision's for one the checks made."""
+    t = {d.id: d.t_s for d in decisions}
+    return {d.id: t.get(d.by_checks_of, d.t_s) if d.by_checks_of is not None else d.t_s for d in decisions}
+
+
 def judge(faults: Sequence[FaultOutcome], decisions: Sequence[DecisionRow]) -> tuple[list[FaultVerdict], list[int]]:
     """Each fault's verdict, and the ids of the decisions that accused a healthy machine."""
     verdicts = [FaultVerdict(f, caught=f.expect_action == "none", decision_s=None) for f in faults]
     accusations: list[int] = []
+    at = _judged_at(decisions)
     for d in sorted(decisions, key=lambda d: (d.t_s, d.id)):
         if d.kind not in NODE_KINDS or d.node is None:
             continue
-        mine = [v for v in verdicts if v.fault.job_id == d.job_id and _in(v.fault.window, d.t_s)]
+        mine = [v for v in verdicts if v.fault.job_id == d.job_id and _in(v.fault.window, at[d.id])]
         owner = next((v for v in mine if v.fault.node == d.node and v.fault.kind != "host_maintenance"), None)
         if owner is None:
             accusations.append(d.id)
@@ -159,14 +201,32 @@ def _times(values: Iterable[float | None]) -> dict[str, float | None]:
     }
 
 
+def checks_totals(decisions: Sequence[DecisionRow], checks: Sequence[CheckRow]) -> dict[str, Any]:
+    """How the diagnose decisions ended: settled by their stop-time checks, or left to a person."""
+    moot = {c.diagnose_decision for c in checks if c.outcome == "moot"}
+    diagnose = {d.id for d in decisions if d.kind == "diagnose"} - moot
+    settled = {c.diagnose_decision for c in checks if c.settled} & diagnose
+    return {
+        "diagnose_decisions": len(diagnose),
+        "diagnose_moot": len(moot),
+        "diagnose_checked": len({c.diagnose_decision for c in checks if c.outcome != "moot"} & diagnose),
+        "diagnose_resolved_by_checks": _ratio(len(settled), len(diagnose)),
+        "checks_outcomes": dict(sorted(_count(c.outcome for c in checks).items())),
+        "healthy_evicted_by_checks": sum(1 for c in checks if c.outcome in ("evict", "reset_gpu") and not c.faulty),
+        "faulty_passed_checks": sum(1 for c in checks if c.outcome == "return" and c.faulty),
+    }
+
+
 def score(
     faults: Sequence[FaultOutcome],
     decisions: Sequence[DecisionRow],
     incidents: Sequence[IncidentRow],
     jobs: Sequence[JobProgress],
+    checks: Sequence[CheckRow] = (),
 ) -> dict[str, Any]:
     """The campaign's `categories` table, its `totals` and its `targets`."""
     verdicts, accusations = judge(faults, decisions)
+    at = _judged_at(decisions)
     categories: list[dict[str, Any]] = []
     for name in dict.fromkeys(f.category for f in faults):
         mine = [v for v in verdicts if v.fault.category == name]
@@ -188,7 +248,7 @@ def score(
         return any(f.job_id == job_id and _in(f.window, t) for f in faults)
 
     noisy = sum(1 for i in incidents if not i.silenced and not windowed(i.job_id, i.first_seen_s))
-    noisy += sum(1 for d in decisions if not windowed(d.job_id, d.t_s))
+    noisy += sum(1 for d in decisions if not windowed(d.job_id, at[d.id]))
     covered = sum(j.elapsed_s for j in jobs)
     in_windows = sum(min(f.window[1], _elapsed(jobs, f.job_id)) - max(0.0, f.window[0]) for f in faults)
     healthy_days = max(0.0, covered - in_windows) / DAY_S
@@ -221,6 +281,7 @@ def score(
         "ettr": _ratio(productive, elapsed),
         "ettr_ideal": _ratio(min(elapsed, productive + excess), elapsed),
         "dealt_with": dict(sorted(_count(f.how for f in faults).items())),
+        **checks_totals(decisions, checks),
     }
     missed = [
         {**asdict(v.fault), "wrong_decisions": v.wrong}
@@ -278,6 +339,22 @@ def targets(totals: Mapping[str, Any]) -> list[dict[str, str]]:
             f"{totals['unknown_blame_incidents']} incidents of unknown blame)",
         ),
         row(
+            f">= {TARGET_RESOLVED_BY_CHECKS:.0%} of diagnose decisions resolved by their checks, no person",
+            totals.get("diagnose_resolved_by_checks") is None
+            or totals["diagnose_resolved_by_checks"] >= TARGET_RESOLVED_BY_CHECKS,
+            f"{totals.get('diagnose_resolved_by_checks')} of {totals.get('diagnose_decisions', 0)} diagnose decisions",
+        ),
+        row(
+            "0 healthy nodes evicted by a check",
+            not totals.get("healthy_evicted_by_checks"),
+            f"{totals.get('healthy_evicted_by_checks', 0)} nodes",
+        ),
+        row(
+            "every faulty node that reached diagnose caught by its checks",
+            not totals.get("faulty_passed_checks"),
+            f"{totals.get('faulty_passed_checks', 0)} faulty nodes passed",
+        ),
+        row(
             f"<= {TARGET_NOTIFICATIONS_PER_JOB_DAY:g} notification per healthy job-day",
             per_day is None or per_day <= TARGET_NOTIFICATIONS_PER_JOB_DAY,
             f"{per_day} ({totals['notifications_on_healthy_jobs']} over {totals['healthy_job_days']} job-days)",
@@ -313,6 +390,12 @@ def format_table(result: Mapping[str, Any]) -> str:
         f"notifications on healthy jobs {t['notifications_on_healthy_jobs']} over {t['healthy_job_days']} job-days "
         f"({s(t['notifications_per_healthy_job_day'])} per job-day); ETTR {s(t['ettr'])} (ideal with the same faults "
         f"{s(t['ettr_ideal'])}); dealt with: {', '.join(f'{k} {v}' for k, v in t['dealt_with'].items())}",
+        f"diagnose decisions {t.get('diagnose_decisions', 0)} (and {t.get('diagnose_moot', 0)} moot), checked "
+        f"{t.get('diagnose_checked', 0)}, resolved by their checks {s(t.get('diagnose_resolved_by_checks'))} "
+        f"(target >= {TARGET_RESOLVED_BY_CHECKS:.0%}); checks concluded: "
+        f"{', '.join(f'{k} {v}' for k, v in t.get('checks_outcomes', {}).items()) or 'none'}; "
+        f"healthy nodes evicted by a check {t.get('healthy_evicted_by_checks', 0)}; faulty nodes passed "
+        f"{t.get('faulty_passed_checks', 0)}",
     ]
     if result["missed"]:
         lines += ["", "missed:"]

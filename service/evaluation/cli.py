@@ -118,6 +118,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="campaign: a bound on the simulated time (e.g. 12h; default: enough for every fault)",
     )
     p.add_argument(
+        "--campaign-placeholder-checks",
+        action="store_true",
+        help="campaign: a machine sent to diagnose is settled by the placeholder check, not by the service's verdict "
+        "on the stop-time checks it answers (the baseline before issue 28)",
+    )
+    p.add_argument(
         "--campaign-jobs",
         default=CAMPAIGN_JOBS_SPEC,
         help=f"the campaign's jobs, run at once: NODESxGPUS[:tpTppP],... (default {CAMPAIGN_JOBS_SPEC})",
@@ -369,7 +375,12 @@ def _campaign(args: argparse.Namespace) -> int:
             duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
         )
         report = campaign.run_campaign(
-            config, get_settings(), faults=args.faults, say=say, processes=args.soak_processes
+            config,
+            get_settings(),
+            faults=args.faults,
+            say=say,
+            processes=args.soak_processes,
+            service_checks=not args.campaign_placeholder_checks,
         )
     print(campaign.format_report(report), flush=True)
     out = args.json or data_dir / "campaign.json"

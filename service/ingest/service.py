@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 
 from ml.metrics import FIELD_TO_COLUMN
 from service.checks import loop as checks_loop
-from service.checks import service as checks
 from service.config import get_settings
 from service.ingest import attribution
 from service.ingest.attribution import Attribution
@@ -146,17 +145,16 @@ def _record_checks(session: Session, batches: list[IngestBatch], keys: _Keys) ->
     """Stop-time check results (rare: one batch per suite), judged against the fleet and stored; those answering
     a diagnose decision are acted on (service/checks/loop.py)."""
     for b in batches:
-        if not b.checks:
-            continue
-        checks.record(session, node_id=keys.nodes[b.node], node=b.node, batch_id=b.batch_id, items=b.checks)
-        directive_ids = {item.directive_id for item in b.checks if item.directive_id}
-        try:
-            with session.begin_nested():  # acting must never cost the batch: the agent would resend it forever
-                checks_loop.conclude(
-                    session, directive_ids=directive_ids, now=datetime.now(UTC), settings=get_settings()
-                )
-        except Exception:
-            log.exception("acting on the check results of %s failed; they are stored, a person decides", b.node)
+        if b.checks:
+            checks_loop.accept(
+                session,
+                node_id=keys.nodes[b.node],
+                node=b.node,
+                batch_id=b.batch_id,
+                items=b.checks,
+                now=datetime.now(UTC),
+                settings=get_settings(),
+            )
 
 
 def _counts(batch: IngestBatch) -> dict[str, int]:

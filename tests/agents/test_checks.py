@@ -80,6 +80,36 @@ def test_a_gpu_that_answers_nothing_and_a_down_nvlink_fail() -> None:
     assert results["gpu:1"].evidence["problems"] == ["NVLinks down: 1"]
 
 
+def test_xid_events_since_boot_are_listed_per_gpu_from_the_kernel_log_or_na() -> None:
+    kmsg = [  # /dev/kmsg records, as read_kmsg returns them: one Xid on GPU 1's bus, one on another GPU's
+        "6,1201,5000000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07",
+        "3,1876,812345678,-;NVRM: Xid (PCI:0000:19:00): 119, pid=4242, name=python, Timeout after 6s of waiting "
+        "for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20800a4c 0x4).",
+        " SUBSYSTEM=pci",
+        "3,1877,812345999,-;NVRM: Xid (PCI:0000:1b:00): 13, pid=4243, name=python, Graphics Exception",
+    ]
+    xids = driver.xids_since_boot((lambda: None, lambda: kmsg))  # no /dev/kmsg here: the second source answers
+    assert xids is not None and set(xids) == {"0000:19:00", "0000:1b:00"}
+    [gsp] = xids["0000:19:00"]
+    assert (gsp["xid"], gsp["mnemonic"], gsp["action"]) == (119, "GSP_RPC_TIMEOUT", "RESET_GPU")
+    fake = FakeNvml(2)
+    fake.nvmlInit()
+    results = _by_subject(driver.results_from(Nvml(fake, 2), xids=xids))
+    assert [x["xid"] for x in results["gpu:1"].evidence["xid_since_boot"]] == [119]
+    assert results["gpu:0"].evidence["xid_since_boot"] == []
+    assert results["gpu:1"].status == "pass"  # evidence: the service acted on the Xid when it happened
+    assert driver.xids_since_boot((lambda: None, lambda: None)) is None
+    na = _by_subject(driver.results_from(Nvml(fake, 2), xids=None))
+    assert na["gpu:0"].evidence["xid_since_boot"] == "n/a"
+
+
+def test_reading_the_kernel_ring_buffer_stops_at_its_end(tmp_path: Path) -> None:
+    assert driver.read_kmsg(str(tmp_path / "absent")) is None
+    if os.access(driver.KMSG, os.R_OK):  # a real /dev/kmsg (root, or kernel.dmesg_restrict=0): whole, then EAGAIN
+        lines = driver.read_kmsg()
+        assert lines is not None and all(";" in line for line in lines[:5])
+
+
 def test_driver_state_without_nvml_is_not_available(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails, as on a node without nvidia-ml-py
     [result] = driver.run()
@@ -448,3 +478,36 @@ def test_faultline_check_by_hand(tmp_path: Path) -> None:
         check=False,
     )
     assert low.returncode == 2 and "--level 3" in low.stderr
+
+
+def test_under_the_simulator_the_agent_ships_the_results_written_for_its_machine(tmp_path: Path) -> None:
+    from agents.checks.suite import simulated_checks
+
+    path = tmp_path / "checks.json"
+    written = {
+        "1": [CheckResult("nvml_state", "gpu:0", "fail", evidence={"problems": ["row remap pending: 1"]}).to_wire()],
+        "2": [
+            CheckResult("nvml_state", "gpu:0", "pass").to_wire(),
+            CheckResult("gemm_bf16", "gpu:0", "pass", 612.0, unit="TFLOPS").to_wire(),
+        ],
+    }
+    with pytest.raises(Refused):
+        simulated_checks(path, Options(level=2), busy_ranks=[1234])
+    stop = threading.Event()
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(r=simulated_checks(path, Options(level=2), stop=stop)))
+    thread.start()  # waits for the simulator's suite to finish
+    time.sleep(0.3)
+    assert thread.is_alive()
+    path.write_text(json.dumps({"results": written}))
+    thread.join(5)
+    assert [(r.check, r.status, r.measured) for r in box["r"]] == [
+        ("nvml_state", "pass", None),
+        ("gemm_bf16", "pass", 612.0),
+    ]
+    only = simulated_checks(path, Options(level=2, only=["gemm_bf16"]))
+    assert [r.check for r in only] == ["gemm_bf16"]
+    stop.set()
+    path.unlink()
+    [gone] = simulated_checks(path, Options(level=1), stop=stop)  # stopping: no results, a failure on record
+    assert gone.status == "fail" and "no results" in gone.evidence["reason"]

@@ -184,3 +184,20 @@ def test_a_planned_fault_on_a_node_rank_waiting_for_a_spare_lands_when_a_machine
     assert len(c.faults) == 1, "nothing to inject into while the rank is empty"
     c.advance(160.0)  # repaired at 145 s, back in its node rank
     assert len(c.faults) == 2 and c.faults[1].nodes == [c.node_names[c.slots[vacant]]]
+
+
+def test_with_service_checks_a_node_in_its_check_waits_for_the_services_verdict() -> None:
+    c = cluster(spares=3, service_checks=True, check_wait_seconds=600.0, repair_seconds=200.0)
+    c.advance(45.0)
+    name, machine = faulty(c)
+    healthy = [m for m in c.slots if m != machine][:2]
+    for m in (machine, *healthy):
+        assert act(c, {"kind": "diagnose", "node": c.node_names[m]}).ack == "done"
+    c.advance(300.0)  # past the placeholder's check_seconds: nothing settles without the service
+    assert [c.place[m] for m in (machine, *healthy)] == ["check"] * 3
+    evicted = act(c, {"kind": "evict", "node": name})  # the service's verdict on failing checks
+    assert evicted.ack == "done" and "failed its checks" in evicted.message and c.place[machine] == "repair"
+    returned = act(c, {"kind": "return", "node": c.node_names[healthy[0]]})  # on a clean pass
+    assert returned.ack == "done" and c.place[healthy[0]] == "spare"
+    c.advance(700.0)  # nobody answered the last one's checks: a person looks (healthy: back to the pool)
+    assert c.place[healthy[1]] == "spare" and c.place[machine] == "spare"  # repaired meanwhile

@@ -16,6 +16,7 @@ from service.incidents.schemas import ResolveIn
 from service.params import Id
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import page, redirect
+from service.ui.views import checks as checks_view
 from service.ui.views import incident as view
 from service.validation import validated
 
@@ -25,7 +26,10 @@ router = APIRouter(include_in_schema=False)
 @router.get("/incidents/{incident_id}")
 def incident(request: Request, incident_id: Id, session: DbSession, _: ViewerDep) -> Response:
     p = view.incident_page(session, incident_id=incident_id)
-    return page(request, "incident.html", {"p": p, "i": p.incident, "return_to": f"/incidents/{incident_id}"})
+    context = {"p": p, "i": p.incident, "return_to": f"/incidents/{incident_id}"}
+    diagnose = [d.id for d in p.decisions if d.kind == "diagnose"]
+    context["checks"] = checks_view.incident_checks(session, diagnose_decisions=diagnose)
+    return page(request, "incident.html", context)
 
 
 @router.post("/incidents/{incident_id}/resolve")

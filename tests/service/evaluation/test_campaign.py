@@ -14,7 +14,7 @@ from service.db import session_scope
 from service.evaluation import campaign
 from service.evaluation.cli import main
 from service.evaluation.soak import SoakConfig, SoakJob
-from service.models import Job, Node, Rank, Silence
+from service.models import CheckResult, Job, Node, Rank, Silence
 
 
 @pytest.fixture(autouse=True)
@@ -91,3 +91,27 @@ def test_faults_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--campaign", "--faults", "0"])
     assert exc.value.code == 2
+
+
+@pytest.mark.timeout(900)
+def test_a_diagnosed_node_is_settled_by_its_stop_time_checks(committed: Engine) -> None:
+    # Host memory pressure: the service cannot pin it from the metrics alone and sends the node to diagnose; the
+    # machine's checks fail memory_available and the service evicts it, with no person.
+    report = _campaign((Category("other", 1.0, (("host_mem_pressure", 1),)),), faults=1)
+    t = report["totals"]
+    assert t["diagnose_decisions"] >= 1 and t["diagnose_resolved_by_checks"] == 1.0, report["checks"]
+    assert t["healthy_evicted_by_checks"] == 0 and t["faulty_passed_checks"] == 0
+    (fault,) = report["faults"]
+    record = next(c for c in report["checks"] if c["outcome"] != "moot")
+    assert record["node"] == fault["node"] and record["outcome"] == "evict" and record["faulty"]
+    assert "memory_available" in record["failed_checks"]
+    # The eviction the checks made is judged at the diagnose decision: the fault is caught, nobody accused.
+    assert t["recall"] == 1.0 and t["false_accusations"] == 0, report["missed"]
+    evict = next(d for d in report["decisions"] if d["by_checks_of"] == record["diagnose_decision"])
+    assert evict["kind"] == "evict"
+    acts = [(a["kind"], a["ack"]) for a in report["loop_acts"] if a["node"] == fault["node"]]
+    assert ("diagnose", "done") in acts and ("evict", "done") in acts
+    # The acceptance burn-in gave the fleet its history: the checks' GEMM figures were judged against the fleet.
+    with session_scope() as session:
+        bases = set(session.scalars(select(CheckResult.basis).where(CheckResult.check == "gemm_bf16")))
+    assert "fleet" in bases

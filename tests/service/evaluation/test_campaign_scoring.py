@@ -8,10 +8,13 @@ from collections import Counter
 from agents.sim.mix import CATEGORY_OF, LLAMA3_405B, LOCALIZABLE, draw, spec_of
 from agents.sim.scenarios import FAULT_KINDS
 from service.evaluation.campaign_scoring import (
+    CheckRow,
     DecisionRow,
     FaultOutcome,
     IncidentRow,
     JobProgress,
+    checks_totals,
+    format_table,
     judge,
     score,
 )
@@ -117,8 +120,16 @@ def test_totals_and_targets_from_hand_computed_figures() -> None:
     assert t["ettr"] == 0.9 and t["ettr_ideal"] == round((77760 + 600) / 86400, 4)
     assert t["dealt_with"] == {"acted": 3, "by_hand": 1, "drained": 1, "restarted": 1}
     status = {r["name"]: r["status"] for r in result["targets"]}
-    # 6 faults, recall 0.75, 2 accusations, 1.33 incidents per fault, 1 stale, 3 manual, 2.02 per job-day.
-    assert set(status.values()) == {"FAIL"} and len(status) == 7
+    # 6 faults, recall 0.75, 2 accusations, 1.33 incidents per fault, 1 stale, 3 manual, 2.02 per job-day; the one
+    # diagnose decision (4) waited for a person and was never checked: 0 of 1 resolved by checks.
+    checks = {n for n in status if "check" in n}
+    assert {status[n] for n in status if n not in checks} == {"FAIL"} and len(status) == 10
+    assert t["diagnose_decisions"] == 1 and t["diagnose_resolved_by_checks"] == 0.0
+    assert {n: status[n] for n in checks} == {
+        ">= 90% of diagnose decisions resolved by their checks, no person": "FAIL",
+        "0 healthy nodes evicted by a check": "PASS",
+        "every faulty node that reached diagnose caught by its checks": "PASS",
+    }
     by_category = {c["category"]: c for c in result["categories"]}
     assert by_category["software_bug"]["recall"] == 0.0 and not by_category["software_bug"]["localizable"]
     assert by_category["faulty_gpu"]["median_s"] == 10.0
@@ -152,3 +163,66 @@ def test_the_mix_draws_categories_by_their_share_and_nodes_uniformly() -> None:
     # The same seed, the same draws.
     again = random.Random(5)
     assert [draw(again, nodes=4, gpus_per_node=8) for _ in range(50)] == draws[:50]
+
+
+def _check(
+    diagnose: int, node: str, outcome: str, *, faulty: bool, failed: tuple[str, ...] = (), **kw: object
+) -> CheckRow:
+    return CheckRow(diagnose, "j", node, 0.0, outcome, False, faulty, failed_checks=failed, **kw)  # type: ignore[arg-type]
+
+
+def test_diagnose_decisions_resolved_by_their_checks_and_the_checks_mistakes() -> None:
+    decisions = [
+        DecisionRow(1, "j", 100.0, "diagnose", "n1"),  # checks failed: evicted (11)
+        DecisionRow(2, "j", 200.0, "diagnose", "n2"),  # checks passed: returned
+        DecisionRow(3, "j", 300.0, "diagnose", "n3"),  # checks failed, the eviction waits for approval
+        DecisionRow(4, "j", 400.0, "diagnose", "n0"),  # never checked (the machine's agent was down)
+        DecisionRow(5, "j", 500.0, "diagnose", "n1"),  # checks refused: left to a person
+        DecisionRow(6, "j", 600.0, "diagnose", "n2"),  # healthy, yet a check failed: reset
+        DecisionRow(7, "j", 700.0, "diagnose", "n3"),  # faulty, but every check passed: returned
+        DecisionRow(8, "j", 800.0, "diagnose", "n1"),  # the machine was in repair already: moot
+        DecisionRow(11, "j", 220.0, "evict", "n1", by_checks_of=1),
+    ]
+    checks = [
+        _check(1, "n1", "evict", faulty=True, failed=("gemm_bf16",)),
+        _check(2, "n2", "return", faulty=False),
+        CheckRow(3, "j", "n3", 0.0, "evict", True, True, failed_checks=("nvml_state",)),
+        _check(5, "n1", "none", faulty=False),
+        _check(6, "n2", "reset_gpu", faulty=False, failed=("nvml_state",)),
+        _check(7, "n3", "return", faulty=True),
+        _check(8, "n1", "moot", faulty=False),
+    ]
+    t = checks_totals(decisions, checks)
+    # Settled without a person: 1 (evict on fail), 2 (return on pass), 6 and 7 (wrongly, but without a person).
+    assert t["diagnose_decisions"] == 7 and t["diagnose_moot"] == 1 and t["diagnose_checked"] == 6
+    assert t["diagnose_resolved_by_checks"] == round(4 / 7, 4)
+    assert t["checks_outcomes"] == {"evict": 2, "moot": 1, "none": 1, "reset_gpu": 1, "return": 2}
+    assert t["healthy_evicted_by_checks"] == 1 and t["faulty_passed_checks"] == 1
+
+
+def test_a_checks_eviction_is_judged_at_its_diagnose_decision_and_catches_the_fault() -> None:
+    # A straggler: diagnose at 110, the node out for its checks at 115 (dealt with), evicted by them at 240, past
+    # the 60 s grace: judged at 110 it is the fault's eviction, not an accusation, and the fault is caught.
+    straggler = _fault(0, "straggler", "n1", 100.0, 115.0)
+    decisions = [
+        DecisionRow(1, "j", 110.0, "diagnose", "n1"),
+        DecisionRow(2, "j", 240.0, "evict", "n1", by_checks_of=1),
+    ]
+    verdicts, accusations = judge([straggler], decisions)
+    assert accusations == [] and verdicts[0].caught and verdicts[0].decision_s == 140.0
+    # The same eviction without its link to the diagnose decision is a late accusation.
+    _, accusations = judge([straggler], [decisions[0], DecisionRow(2, "j", 240.0, "evict", "n1")])
+    assert accusations == [2]
+    result = score(
+        [straggler],
+        decisions,
+        [],
+        [JobProgress("j", 1000.0, 900.0)],
+        [_check(1, "n1", "evict", faulty=True, failed=("nvml_state", "gemm_bf16"))],
+    )
+    assert (
+        result["totals"]["diagnose_resolved_by_checks"] == 1.0
+        and result["totals"]["notifications_on_healthy_jobs"] == 0
+    )
+    table = format_table(result)
+    assert "resolved by their checks 1.000 (target >= 90%)" in table and "checks concluded: evict 1" in table
