@@ -25,7 +25,9 @@ router = APIRouter(include_in_schema=False)
 @router.get("/incidents/{incident_id}")
 def incident(request: Request, incident_id: Id, session: DbSession, _: ViewerDep) -> Response:
     p = view.incident_page(session, incident_id=incident_id)
-    return page(request, "incident.html", {"p": p, "i": p.incident, "return_to": f"/incidents/{incident_id}"})
+    return page(
+        request, "incident.html", {"p": p, "i": p.incident, "gpus": p.gpus, "return_to": f"/incidents/{incident_id}"}
+    )
 
 
 @router.post("/incidents/{incident_id}/resolve")

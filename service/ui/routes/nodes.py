@@ -20,7 +20,7 @@ from service.nodes import service as nodes
 from service.nodes.schemas import CordonIn, NodeDetail, ReturnIn
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import page, redirect
-from service.ui.views import machine
+from service.ui.views import gpus, machine
 from service.ui.views import nodes as view
 from service.validation import validated
 
@@ -62,7 +62,8 @@ def node_detail(request: Request, name: str, session: DbSession, _: ViewerDep) -
     now = datetime.now(UTC)
     v = view.node_view(session, name=name, now=now)
     subjects = machine.machine_rows(session, name=name, now=now, window_s=view.COUNTERS_WINDOW_S)
-    return page(request, "node.html", {"v": v, "cells": [h for h, _ in view.COUNTER_CELLS], "subjects": subjects})
+    context = {"v": v, "cells": [h for h, _ in view.COUNTER_CELLS], "subjects": subjects}
+    return page(request, "node.html", {**context, "gpus": gpus.for_nodes(session, [name])})
 
 
 def _body(model: type[M], **fields: Any) -> M:
