@@ -54,7 +54,8 @@ def node_list(
         limit=limit,
         cursor=cursor or None,
     )
-    return page(request, "nodes.html", {"page": result, "params": params, "states": NODE_STATES})
+    names = gpus.for_nodes(session, [n.name for n in result.items])
+    return page(request, "nodes.html", {"page": result, "params": params, "states": NODE_STATES, "gpus": names})
 
 
 @router.get("/nodes/{name}")

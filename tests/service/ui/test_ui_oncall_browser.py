@@ -120,6 +120,11 @@ def test_the_on_call_points_in_a_real_browser(committed, tmp_path) -> None:
         card.get_by_role("button", name="Reject").click()
         result = page.locator("#action-results")
         expect(result).to_contain_text(f"Decision {made['decision']} rejected", timeout=5_000)
+        # The waiting list and its counts re-read at once: no card left with a Reject button, no orphaned
+        # "incident #n" line where the card was.
+        waiting = page.locator("#pending-decisions")
+        expect(waiting).not_to_contain_text(f"incident #{made['incident']}", timeout=3_000)
+        expect(waiting.locator(f"#decision-{made['decision']} button")).to_have_count(0)
         page.wait_for_timeout(6_500)
         expect(result).to_contain_text(f"Decision {made['decision']} rejected")
         counts = page.locator(".counts").inner_text()
