@@ -78,8 +78,9 @@ def _act(request: Request, return_to: str, action: Callable[..., DecisionOut], v
     if is_htmx(request):
         context = {"d": decision, "return_to": return_to, "done": verb, "override_nodes": choices, "gpus": names}
         response = page(request, "_decision.html", context)
-        # Parts of the page that summarize decisions (the incident's header) listen for this and re-read.
-        response.headers["HX-Trigger"] = "decision-changed"
+        # Parts of the page that summarize decisions (the incident's header, the overview's counts) listen for
+        # this and re-read: after the swap, so the acted-on form is gone and the overview's refresh is not held.
+        response.headers["HX-Trigger-After-Swap"] = "decision-changed"
         return response
     return redirect(
         request, return_to, flash=f"Decision {decision.id} {verb}: {decision.kind} is now {decision.state}."
