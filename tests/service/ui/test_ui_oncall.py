@@ -125,7 +125,7 @@ def test_gpu_names_for_a_page_show_the_index_with_the_address_on_hover_and_escap
     assert str(names.html("n1", None)) == ""
 
 
-def test_a_long_timeline_shows_its_start_and_latest_with_the_middle_behind_a_toggle(ui, session) -> None:
+def test_a_long_fault_shows_its_start_latest_and_strongest_with_the_rest_behind_toggles(ui, session) -> None:
     from service.models import Finding
 
     job = rows.job(session, "long-job")
@@ -143,7 +143,16 @@ def test_a_long_timeline_shows_its_start_and_latest_with_the_middle_behind_a_tog
             )
         )  # fmt: skip
     session.flush()
+    ids = [f.id for f in session.query(Finding).filter(Finding.incident_id == incident.id).order_by(Finding.id)]
+    incident.suspects = [
+        {"node": node.name, "confidence": 0.99, "action": "evict", "reason": "a long fault", "finding_ids": ids}
+    ]
+    session.flush()
     html = ui.get(f"/incidents/{incident.id}").text
+    # The suspect lists its strongest 4 findings, the other 36 behind a toggle.
+    suspects = html[html.index('id="suspects"') : html.index("</section>", html.index('id="suspects"'))]
+    assert f"36 more findings about {node.name}" in suspects
+    assert suspects.split("<details", 1)[0].count('class="pill role-cause"') == 4
     timeline = html[html.index('id="timeline"') : html.index("</section>", html.index('id="timeline"'))]
     shown, hidden = timeline.split("<details>", 1)[0], timeline.split("<details>", 1)[1].split("</details>")[0]
     after = timeline.split("</details>", 1)[1]
