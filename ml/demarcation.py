@@ -83,6 +83,15 @@ def localizing(root_cause: str, suspects: Sequence[object]) -> bool:
     return root_cause in (*_LOCALIZED, "job_failure") and not suspects
 
 
+def incident_confidence(suspects: Sequence[Suspect], confidences: Sequence[float], blame: str) -> float:
+    """An incident's one confidence, the figure shown wherever the incident is: its top suspect's when it names
+    machines (so the header never disagrees with its suspect), else its strongest finding's. A user-code incident
+    keeps its strongest finding's: the job-level action (rollback) reads it, and no machine is blamed."""
+    if suspects and blame != "user_code":
+        return max(s.confidence for s in suspects)
+    return max(confidences, default=0.0)
+
+
 def _noisy_or(confidences: Sequence[float]) -> float:
     """Independent pieces of evidence about one node add up, without ever reaching certainty."""
     miss = 1.0
@@ -333,7 +342,7 @@ def _proposal(category: str, items: list[tuple[int, Finding]], anchor: str = "")
         suspects = [replace(only, confidence=boosted)]
     job_action = max((f.action for f in job_level), key=lambda a: _ACTION_RANK.get(a, 0), default="none")
     blame = _blame(category, [f for _, f in items])
-    confidence = max(f.confidence for _, f in items)
+    confidence = incident_confidence(suspects, [f.confidence for _, f in items], blame)
     lead = max(items, key=lambda x: x[1].confidence)[1]
     summary = f"{category.replace('_', ' ')}: {lead.summary}"
     if len(suspects) > 1:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import health, openapi
+from service import api_docs, health, openapi
 from service.alerts import routes as alerts_routes
 from service.checks import routes as checks_routes
 from service.config import Settings, get_settings
@@ -69,8 +69,10 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
             await app.state.decision_waiter.close()
             writer.stop()
 
-    # /docs and /redoc from the Swagger UI and ReDoc files fastapi-offline ships, so they work without internet.
+    # /docs and /redoc from the Swagger UI and ReDoc files fastapi-offline ships, so they work without internet;
+    # /redoc is service/api_docs.py's (ReDoc's badge would fetch its logo from a CDN).
     app = FastAPIOffline(
+        redoc_url=None,
         favicon_url="/static/favicon.svg",
         title="faultline",
         version=_version(),
@@ -92,6 +94,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     app.state.decision_waiter = DecisionWaiter(settings.sqlalchemy_url)
 
     app.include_router(health.router)
+    app.include_router(api_docs.router)
     app.add_middleware(ingest_routes.IngestFastPath)
     app.add_middleware(AuthenticateBeforeBody)
     # Outermost: a URL no route could store is refused before any of them runs.

@@ -9,7 +9,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,24 @@ def _demo_tokens(data_dir: Path) -> dict[str, str]:
     path.write_text(json.dumps(saved, indent=2))
     path.chmod(0o600)
     return saved
+
+
+def policy_env(*, simulate: bool, scheduler: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """Policy settings the demo sets for its services, unless the caller's environment sets them."""
+    out: dict[str, str] = {}
+    if simulate and scheduler and "FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR" not in environ:
+        # A fault every few minutes is months of a real fleet's: at the default 25% of the job's nodes per
+        # hour, every eviction after the first would wait for a person, and the loop would stop.
+        out["FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR"] = "1.0"
+    if (
+        simulate
+        and not scheduler
+        and not {"FAULTLINE_POLICY_MODE", "FAULTLINE_POLICY_APPROVAL_REQUIRED_FOR"} & set(environ)
+    ):
+        # --approvals: a person stands where the scheduler would, so evictions and GPU resets wait for their
+        # Approve or Reject in the UI (pending ones offer only Reject, and no adapter runs to take them).
+        out["FAULTLINE_POLICY_APPROVAL_REQUIRED_FOR"] = '["evict", "reset_gpu"]'
+    return out
 
 
 # Service children the demo restarts when they exit, up to MAX_RESTARTS within RESTART_WINDOW_S each.
@@ -188,10 +206,7 @@ def run_demo(
         services.migrate()
         tokens = _demo_tokens(data_dir)
 
-        if simulate and scheduler and "FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR" not in os.environ:
-            # A fault every few minutes is months of a real fleet's: at the default 25% of the job's nodes per
-            # hour, every eviction after the first would wait for a person, and the loop would stop.
-            services.env["FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR"] = "1.0"
+        services.env.update(policy_env(simulate=simulate, scheduler=scheduler, environ=os.environ))
         url = services.start_processes(port)
         if simulate:
             # A simulated cluster: per node a dcgm-exporter endpoint, kernel and training logs, rank

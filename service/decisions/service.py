@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -15,6 +14,7 @@ from sqlalchemy.orm import Session
 from ml.demarcation import IncidentProposal
 from service.config import Settings
 from service.decisions import rejects
+from service.decisions.gpu_names import by_address, name_gpus
 from service.decisions.policy import (
     INACTIVE,
     DecisionPlan,
@@ -37,7 +37,6 @@ _MAX_CHAIN_SIGNALS = 10
 # Resets that were not carried out (rejected, expired) count for no escalation; a failed one does (the GPU is
 # still faulty), and so does a shadow one (so shadow mode shows what `act` would decide).
 _NOT_RESET = ("rejected", "expired")
-_PCI = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
 
 
 def decide_incident(
@@ -64,6 +63,14 @@ def decide_incident(
         session.execute(select(Node.name, Node.id).where(Node.name.in_({p.node for p in plans if p.node}))).all()
     )
     chain = _evidence_chain(session, plans)
+    # Reasons quote kernel lines ("GPU 0000:df:00"); people and the scheduler's tools count GPUs by index.
+    gpu_indexes = by_address(
+        session.execute(
+            select(Node.name, Gpu.index, Gpu.pci_bus_id)
+            .join(Gpu, Gpu.node_id == Node.id)
+            .where(Node.name.in_(list(node_ids)))
+        )
+    )
     first = not repair_stages.has_decision(session, incident_id=incident.id)
     stored: list[Decision] = []
     for plan in plans:
@@ -75,7 +82,7 @@ def decide_incident(
             "gpu": plan.gpu,
             "state": plan.state,
             "confidence": plan.confidence,
-            "reason": plan.reason[:1000],
+            "reason": name_gpus(plan.reason, plan.node, gpu_indexes)[:1000],
             "evidence": {
                 "incident_id": incident.id,
                 "root_cause": proposal.root_cause,
@@ -163,14 +170,6 @@ def _context(
     )
 
 
-def kernel_pci(value: str | None) -> str | None:
-    """A PCI bus id as the kernel's Xid lines name a GPU: "00000000:3B:00.0" -> "0000:3b:00"."""
-    m = _PCI.match((value or "").strip())
-    if not m:
-        return None
-    return f"{(m.group(1) or '0').rjust(4, '0')[-4:]}:{m.group(2)}:{m.group(3)}".lower()
-
-
 def _gpus(
     session: Session, *, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
 ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, int], list[datetime]]]:
@@ -179,12 +178,11 @@ def _gpus(
     nodes = {s.node for s in proposal.suspects if s.reset_gpu is not None}
     if not nodes or not settings.policy_reset_gpu_enabled:
         return {}, {}
-    indexes: dict[tuple[str, str], int] = {}
-    for node, index, pci in session.execute(
-        select(Node.name, Gpu.index, Gpu.pci_bus_id).join(Gpu, Gpu.node_id == Node.id).where(Node.name.in_(nodes))
-    ):
-        if (key := kernel_pci(pci)) is not None:
-            indexes[(node, key)] = index
+    indexes = by_address(
+        session.execute(
+            select(Node.name, Gpu.index, Gpu.pci_bus_id).join(Gpu, Gpu.node_id == Node.id).where(Node.name.in_(nodes))
+        )
+    )
     resets: dict[tuple[str, int], list[datetime]] = defaultdict(list)
     since = now - timedelta(seconds=settings.policy_reset_gpu_window_s)
     for node, gpu, created_at in session.execute(

@@ -3,13 +3,14 @@ scientific notation), and GPUs by index. Templates reach these as filters (regis
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC
 from typing import Any
 
+from markupsafe import Markup, escape
+
 from ml.quantities import iec, quantity, significant
-from service.decisions.service import kernel_pci
+from service.decisions.gpu_names import by_address, kernel_pci, name_gpus
 from service.ui import plots
 
 
@@ -72,13 +73,11 @@ def number(value: float | None, unit: str = "") -> str:
 
 
 class GpuNames:
-    """GPUs named by index where the inventory knows the PCI address a kernel line gave: "GPU 7 (PCI 0000:df:00)"."""
+    """GPUs named by index where the inventory knows the PCI address a kernel line gave: "GPU 7", the address
+    on hover ("GPU 7 (PCI 0000:df:00)" as plain text)."""
 
     def __init__(self, inventory: Iterable[tuple[str, int, str | None]]) -> None:
-        self._index: dict[tuple[str, str], int] = {}
-        for node, index, pci in inventory:
-            if (key := kernel_pci(pci)) is not None:
-                self._index[(node, key)] = index
+        self._index = by_address(inventory)
 
     def index(self, node: str | None, gpu: str) -> int | None:
         key = kernel_pci(gpu)
@@ -93,19 +92,16 @@ class GpuNames:
         return f"{owner} GPU {index if index is not None else gpu}"
 
     def text(self, node: str | None, text: str) -> str:
-        """A detector's sentence with each "GPU <PCI address>" the inventory knows as "GPU 7 (PCI ...)"; without
-        a node, the one node of the inventory that has that address and whose name the sentence mentions."""
+        """A sentence with each GPU the inventory knows as "GPU 7 (PCI ...)": for plain text (a title, a CSV)."""
+        return name_gpus(text, node, self._index)
 
-        def named(m: re.Match[str]) -> str:
-            key = kernel_pci(m.group(1))
-            owners = [node] if node else [n for n, pci in self._index if pci == key and n in text]
-            index = self.index(owners[0], m.group(1)) if len(owners) == 1 else None
-            return m.group(0) if index is None else f"GPU {index} (PCI {m.group(1)})"
-
-        return _GPU_PCI.sub(named, text)
+    def html(self, node: str | None, text: str | None) -> Markup:
+        """A sentence for a page: each known GPU as "GPU 7" with its PCI address on hover, the rest escaped."""
+        return Markup(name_gpus(str(escape(text or "")), node, self._index, _gpu_span))
 
 
-_GPU_PCI = re.compile(r"GPU ((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
+def _gpu_span(index: int, pci: str) -> str:
+    return f'<span class="gpu" title="PCI {pci}">GPU {index}</span>'
 
 
 def evidence_numbers(evidence: Mapping[str, Any], skip: Iterable[str]) -> list[tuple[str, str]]:

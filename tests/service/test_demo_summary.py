@@ -69,3 +69,17 @@ def test_demo_refuses_bad_flags(tmp_path: Path) -> None:
         result = faultline("demo", "--data-dir", str(tmp_path / "d"), "--port", "18199", *flags)
         assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "d").exists()  # nothing started
+
+
+def test_demo_with_approvals_makes_evictions_wait_for_a_person_unless_told_otherwise() -> None:
+    from service.demo import policy_env
+
+    # --approvals: no stand-in, so evictions and GPU resets await a person's Approve (issue 27's session).
+    assert policy_env(simulate=True, scheduler=False, environ={}) == {
+        "FAULTLINE_POLICY_APPROVAL_REQUIRED_FOR": '["evict", "reset_gpu"]'
+    }
+    assert policy_env(simulate=True, scheduler=False, environ={"FAULTLINE_POLICY_MODE": "shadow"}) == {}
+    # The closed loop: the stand-in acts, and the hourly eviction share is lifted; a caller's setting wins.
+    assert policy_env(simulate=True, scheduler=True, environ={}) == {"FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR": "1.0"}
+    assert policy_env(simulate=True, scheduler=True, environ={"FAULTLINE_POLICY_MAX_EVICT_SHARE_PER_HOUR": "0.5"}) == {}
+    assert policy_env(simulate=False, scheduler=False, environ={}) == {}  # --no-sim: real agents, real policy

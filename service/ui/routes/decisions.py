@@ -19,6 +19,7 @@ from service.models.diagnosis import DECISION_KINDS, DECISION_STATES
 from service.params import Id
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import error_page, is_htmx, page, redirect
+from service.ui.views import gpus
 from service.ui.views import incident as incident_view
 from service.validation import validated
 
@@ -50,7 +51,13 @@ def decision_list(
     return page(
         request,
         "decisions.html",
-        {"page": result, "params": params, "states": DECISION_STATES, "kinds": DECISION_KINDS},
+        {
+            "page": result,
+            "params": params,
+            "states": DECISION_STATES,
+            "kinds": DECISION_KINDS,
+            "gpus": gpus.for_nodes(session, [d.node for d in result.items]),
+        },
     )
 
 
@@ -60,6 +67,7 @@ def _act(request: Request, return_to: str, action: Callable[..., DecisionOut], v
     try:
         with session_scope(request.app.state.sessionmaker) as session:
             decision = action(session)
+            names = gpus.for_nodes(session, [decision.node])
             # On an incident's page the card keeps its override form.
             if is_htmx(request) and decision.incident_id and return_to.startswith("/incidents/"):
                 choices = incident_view.override_choices(session, incident_id=decision.incident_id)
@@ -68,10 +76,11 @@ def _act(request: Request, return_to: str, action: Callable[..., DecisionOut], v
             return error_page(request, exc)
         return redirect(request, return_to, flash=f"Not done: {exc.message}", refused=True)
     if is_htmx(request):
-        context = {"d": decision, "return_to": return_to, "done": verb, "override_nodes": choices}
+        context = {"d": decision, "return_to": return_to, "done": verb, "override_nodes": choices, "gpus": names}
         response = page(request, "_decision.html", context)
-        # Parts of the page that summarize decisions (the incident's header) listen for this and re-read.
-        response.headers["HX-Trigger"] = "decision-changed"
+        # Parts of the page that summarize decisions (the incident's header, the overview's counts) listen for
+        # this and re-read: after the swap, so the acted-on form is gone and the overview's refresh is not held.
+        response.headers["HX-Trigger-After-Swap"] = "decision-changed"
         return response
     return redirect(
         request, return_to, flash=f"Decision {decision.id} {verb}: {decision.kind} is now {decision.state}."

@@ -14,6 +14,7 @@ from service.incidents import service as incidents
 from service.models.diagnosis import INCIDENT_STATES
 from service.ui.auth import ViewerDep
 from service.ui.render import page
+from service.ui.views import gpus
 
 router = APIRouter(include_in_schema=False)
 
@@ -65,5 +66,6 @@ def incident_list(
             "states": STATE_CHOICES,
             "severities": incidents.SEVERITIES,
             "root_causes": CATEGORIES,
+            "gpus": gpus.for_nodes(session, [s.node for i in result.items for s in i.suspects]),
         },
     )

@@ -26,7 +26,7 @@ router = APIRouter(include_in_schema=False)
 @router.get("/incidents/{incident_id}")
 def incident(request: Request, incident_id: Id, session: DbSession, _: ViewerDep) -> Response:
     p = view.incident_page(session, incident_id=incident_id)
-    context = {"p": p, "i": p.incident, "return_to": f"/incidents/{incident_id}"}
+    context = {"p": p, "i": p.incident, "gpus": p.gpus, "return_to": f"/incidents/{incident_id}"}
     diagnose = [d.id for d in p.decisions if d.kind == "diagnose"]
     context["checks"] = checks_view.incident_checks(session, diagnose_decisions=diagnose)
     return page(request, "incident.html", context)

@@ -14,6 +14,7 @@ from service.models.jobs import JOB_STATES
 from service.ui.auth import ViewerDep
 from service.ui.render import page
 from service.ui.views import fleet as fleet_view
+from service.ui.views import gpus
 from service.ui.views import jobs as view
 
 router = APIRouter(include_in_schema=False)
@@ -47,4 +48,7 @@ def job_list(
 def job_detail(request: Request, job_id: str, session: DbSession, _: ViewerDep) -> Response:
     now = datetime.now(UTC)
     v = view.job_view(session, job_id=job_id, now=now)
-    return page(request, "job.html", {"v": v, "spares": fleet_view.job_spares(session, job_id=job_id, now=now)})
+    spares = fleet_view.job_spares(session, job_id=job_id, now=now)
+    return page(
+        request, "job.html", {"v": v, "spares": spares, "gpus": gpus.for_nodes(session, [p.node for p in v.placements])}
+    )

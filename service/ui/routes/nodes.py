@@ -21,7 +21,7 @@ from service.nodes.schemas import CordonIn, NodeDetail, ReturnIn
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import page, redirect
 from service.ui.views import checks as checks_view
-from service.ui.views import machine
+from service.ui.views import gpus, machine
 from service.ui.views import nodes as view
 from service.validation import validated
 
@@ -55,7 +55,8 @@ def node_list(
         limit=limit,
         cursor=cursor or None,
     )
-    return page(request, "nodes.html", {"page": result, "params": params, "states": NODE_STATES})
+    names = gpus.for_nodes(session, [n.name for n in result.items])
+    return page(request, "nodes.html", {"page": result, "params": params, "states": NODE_STATES, "gpus": names})
 
 
 @router.get("/nodes/{name}")
@@ -64,8 +65,8 @@ def node_detail(request: Request, name: str, session: DbSession, _: ViewerDep) -
     v = view.node_view(session, name=name, now=now)
     subjects = machine.machine_rows(session, name=name, now=now, window_s=view.COUNTERS_WINDOW_S)
     checks = checks_view.node_checks(session, name=name, now=now)
-    cells = [h for h, _ in view.COUNTER_CELLS]
-    return page(request, "node.html", {"v": v, "cells": cells, "subjects": subjects, "checks": checks})
+    context = {"v": v, "cells": [h for h, _ in view.COUNTER_CELLS], "subjects": subjects, "checks": checks}
+    return page(request, "node.html", {**context, "gpus": gpus.for_nodes(session, [name])})
 
 
 def _body(model: type[M], **fields: Any) -> M:

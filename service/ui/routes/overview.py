@@ -11,6 +11,7 @@ from starlette.responses import Response
 from service.deps import DbSession
 from service.ui.auth import ViewerDep
 from service.ui.render import page
+from service.ui.views import gpus
 from service.ui.views import overview as view
 
 router = APIRouter(include_in_schema=False)
@@ -22,4 +23,13 @@ def overview(
 ) -> Response:
     settings = request.app.state.settings
     o = view.overview(session, now=datetime.now(UTC), window_s=settings.diagnosis_window_s, group_by=group)
-    return page(request, "overview.html", {"o": o})
+    return page(
+        request,
+        "overview.html",
+        {
+            "o": o,
+            "gpus": gpus.for_nodes(
+                session, [*(d.node for d in o.waiting), *(n for i in o.incidents for n in i.suspects)]
+            ),
+        },
+    )

@@ -79,7 +79,9 @@ def fields(values: dict[str, Any]) -> list[PolicyField]:
             out.append(PolicyField(name, label(name), "checkbox", checked))
         else:
             unit = "s" if name.endswith("_s") else ""
-            out.append(PolicyField(name, label(name), "number", value, bounds=_bounds(name), unit=unit))
+            # 1800, not 1800.0: a float setting shows as a person would type it (as typed values stay).
+            shown = int(value) if isinstance(value, float) and value.is_integer() else value
+            out.append(PolicyField(name, label(name), "number", shown, bounds=_bounds(name), unit=unit))
     return out
 
 

@@ -113,3 +113,49 @@ def test_the_cluster_map_groups_by_rack_where_nodes_say_and_lists_those_that_nee
     # Named tiles: the part of the name that differs, whole numbers kept.
     assert ">0004</a>" in by_rack
     assert ui.get("/", params={"group": "aisle"}).status_code == 422
+
+
+def test_gpu_names_for_a_page_show_the_index_with_the_address_on_hover_and_escape_the_rest() -> None:
+    names = formatting.GpuNames([("n1", 7, "00000000:DF:00.0")])
+    html = str(names.html("n1", "<b>Xid 79</b> on n1 GPU 0000:df:00"))
+    assert html == '&lt;b&gt;Xid 79&lt;/b&gt; on n1 <span class="gpu" title="PCI 0000:df:00">GPU 7</span>'
+    # A reason already written with both (a decision's, stored since) reads the same way.
+    assert str(names.html(None, "GPU 7 (PCI 0000:df:00)")) == '<span class="gpu" title="PCI 0000:df:00">GPU 7</span>'
+    assert str(names.html("n2", "on n2 GPU 0000:df:00")) == "on n2 GPU 0000:df:00"  # unknown there: as it was
+    assert str(names.html("n1", None)) == ""
+
+
+def test_a_long_fault_shows_its_start_latest_and_strongest_with_the_rest_behind_toggles(ui, session) -> None:
+    from service.models import Finding
+
+    job = rows.job(session, "long-job")
+    node = rows.node(session, "long-node-1")
+    incident = rows.incident(session, job=job, suspects=[node.name])
+    start = datetime.now(UTC) - timedelta(hours=1)
+    for i in range(40):
+        # Alternating detectors, so that no entry folds into the one before it.
+        session.add(
+            Finding(
+                job_id=job.id, incident_id=incident.id, node_id=node.id, subject_kind="node", subject=node.name,
+                role="cause", action="evict", dedup_key=f"long-{i}", detector=("counters", "signatures")[i % 2],
+                category="gpu_hardware", confidence=0.6, summary=f"step {i} of a long fault",
+                evidence={}, observed_at=start + timedelta(minutes=i),
+            )
+        )  # fmt: skip
+    session.flush()
+    ids = [f.id for f in session.query(Finding).filter(Finding.incident_id == incident.id).order_by(Finding.id)]
+    incident.suspects = [
+        {"node": node.name, "confidence": 0.99, "action": "evict", "reason": "a long fault", "finding_ids": ids}
+    ]
+    session.flush()
+    html = ui.get(f"/incidents/{incident.id}").text
+    # The suspect lists its strongest 4 findings, the other 36 behind a toggle.
+    suspects = html[html.index('id="suspects"') : html.index("</section>", html.index('id="suspects"'))]
+    assert f"36 more findings about {node.name}" in suspects
+    assert suspects.split("<details", 1)[0].count('class="pill role-cause"') == 4
+    timeline = html[html.index('id="timeline"') : html.index("</section>", html.index('id="timeline"'))]
+    shown, hidden = timeline.split("<details>", 1)[0], timeline.split("<details>", 1)[1].split("</details>")[0]
+    after = timeline.split("</details>", 1)[1]
+    assert "more between them" in hidden
+    assert "step 0 of a long fault" in shown and "step 39 of a long fault" in after  # how it began, the latest
+    assert "step 20 of a long fault" in hidden and "step 20 of a long fault" not in shown + after

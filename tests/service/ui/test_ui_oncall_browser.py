@@ -61,7 +61,9 @@ def _seed(engine: Any) -> dict[str, Any]:
                 evidence={"xid": 79}, observed_at=now - timedelta(minutes=5),
             )
         )  # fmt: skip
-        decision = rows.decision(session, incident=incident, node=node, state="awaiting_approval")
+        # A stored reason quoting the kernel line, as decisions made before GPUs were named by index read.
+        reason = f"evict {node.name}: Xid 79 (GPU has fallen off the bus) on {node.name} GPU {PCI}"
+        decision = rows.decision(session, incident=incident, node=node, state="awaiting_approval", reason=reason)
         made = {
             "admin": tokens.create(session, scope="admin", name="night-shift").token,
             "incident": incident.id,
@@ -99,6 +101,11 @@ def test_the_on_call_points_in_a_real_browser(committed, tmp_path) -> None:
         page.click("button[type=submit]")
         page.goto(f"{url}/")
 
+        # A decision's stored reason names the GPU by index, its PCI address on hover.
+        card = page.locator(f"#decision-{made['decision']}")
+        expect(card.locator(f"span.gpu[title='PCI {PCI}']")).to_have_text("GPU 7")
+        assert f"GPU {PCI}" not in card.inner_text()
+
         # 1. A reject reason being typed survives the 5 s refresh, focus included (two refresh periods).
         card = page.locator(f"#decision-{made['decision']}")
         reason = card.locator("input[name=message]")
@@ -113,6 +120,11 @@ def test_the_on_call_points_in_a_real_browser(committed, tmp_path) -> None:
         card.get_by_role("button", name="Reject").click()
         result = page.locator("#action-results")
         expect(result).to_contain_text(f"Decision {made['decision']} rejected", timeout=5_000)
+        # The waiting list and its counts re-read at once: no card left with a Reject button, no orphaned
+        # "incident #n" line where the card was.
+        waiting = page.locator("#pending-decisions")
+        expect(waiting).not_to_contain_text(f"incident #{made['incident']}", timeout=3_000)
+        expect(waiting.locator(f"#decision-{made['decision']} button")).to_have_count(0)
         page.wait_for_timeout(6_500)
         expect(result).to_contain_text(f"Decision {made['decision']} rejected")
         counts = page.locator(".counts").inner_text()
@@ -121,7 +133,8 @@ def test_the_on_call_points_in_a_real_browser(committed, tmp_path) -> None:
         # The incident page: GPUs by index, findings folded into groups, one plot per signal at most.
         page.goto(f"{url}/incidents/{made['incident']}")
         findings = page.locator("#findings")
-        expect(findings).to_contain_text("GPU 7 (PCI 0000:df:00)")
+        expect(findings.locator(f"span.gpu[title='PCI {PCI}']").first).to_have_text("GPU 7")
+        assert f"GPU {PCI}" not in page.locator("main").inner_text()
         expect(page.locator("#findings tbody.finding-group[data-count='17']")).to_have_count(1)
         group = page.locator("#findings tbody.finding-group[data-count='17']")
         expect(group.locator("tr[id^=finding-]:visible")).to_have_count(2)  # the first and the latest
@@ -174,17 +187,53 @@ def test_the_on_call_points_in_a_real_browser(committed, tmp_path) -> None:
         _no_wider_than_viewport(page, "the backtest's result")
         page.screenshot(path=str(SCREENSHOTS / "whatif-result.png"), full_page=True)
 
-        # 5. /docs and /redoc render from local files: nothing fetched elsewhere, the operations listed.
+        browser.close()
+    assert not foreign, f"the UI fetched from elsewhere: {foreign}"
+    assert not errors, f"the browser reported errors: {errors}"
+
+
+def test_api_docs_render_with_every_request_local(committed, tmp_path) -> None:
+    """/docs and /redoc in a browser that may reach nothing but the service: every request elsewhere is
+    blocked (and recorded), and both pages list the operations with no failed request and no console error."""
+    from playwright.sync_api import expect, sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with api_server(log=tmp_path / "api.log") as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        blocked: list[str] = []
+        failed: list[str] = []
+        errors: list[str] = []
+
+        def local_only(route: Any) -> None:
+            if route.request.url.startswith((url, "blob:", "data:")):
+                route.continue_()
+            else:
+                blocked.append(route.request.url)
+                route.abort("internetdisconnected")
+
+        context.route("**/*", local_only)
+        page = context.new_page()
+        page.on("requestfailed", lambda r: failed.append(f"{r.url}: {r.failure}"))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+
         page.goto(f"{url}/docs")
         expect(page.locator(".swagger-ui")).to_contain_text("/api/v1/decisions", timeout=15_000)
+        page.wait_for_load_state("networkidle")
         page.screenshot(path=str(SCREENSHOTS / "docs.png"))
-        assert not foreign, f"the UI or /docs fetched from elsewhere: {foreign}"
-        assert not errors, f"the browser reported errors: {errors}"
         page.goto(f"{url}/redoc")
         expect(page.locator("body")).to_contain_text("/api/v1/decisions", timeout=15_000)
+        # The sidebar's badge is there, its logo inline rather than from ReDoc's CDN.
+        badge = page.locator("a[href='https://redocly.com/redoc/'] img")
+        expect(badge).to_have_count(1)
+        assert badge.get_attribute("src").startswith("data:image/svg+xml")
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(SCREENSHOTS / "redoc.png"))
         browser.close()
-    # ReDoc's own "powered by" badge is an image on its CDN: offline it is missing, and the page reads the same.
-    assert all(u.startswith("https://cdn.redoc.ly/") for u in foreign), foreign
+    assert not blocked, f"/docs or /redoc asked for something elsewhere: {blocked}"
+    assert not failed, f"requests failed: {failed}"
+    assert not errors, f"the browser reported errors: {errors}"
 
 
 def test_the_cluster_map_at_2048_nodes_fits_and_shows_who_needs_a_look(committed, tmp_path) -> None:

@@ -106,14 +106,14 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
             numbers=numbers(evidence_of(f.detector, f.evidence) or {}),
             accuses=f.id in accused,
             subject=gpus.subject(f.node, f.subject),
-            summary=gpus.text(f.node, f.summary),
+            summary=gpus.html(f.node, f.summary),
         )
         for f in sorted(findings, key=lambda f: (f.role != "cause", -f.confidence, f.observed_at))
     ]
     timeline, omitted = capped(merged_timeline(incident, logs=logs, dumps=dumps, findings=findings), TIMELINE_LIMIT)
     for entry in timeline:
-        if entry.finding_id is not None:
-            entry.detail = gpus.text(entry.nodes[0] if entry.nodes else None, entry.detail)
+        if entry.detail:  # findings' summaries and decisions' reasons quote kernel lines' GPU addresses
+            entry.detail = gpus.html(entry.nodes[0] if entry.nodes else None, entry.detail)
     return IncidentPage(
         incident=incident,
         suspects=[
