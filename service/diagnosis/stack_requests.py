@@ -52,6 +52,7 @@ def ask(
                 reason=f"suspected hang: {hang[0].summary}"[:500],
                 ttl_s=int(settings.stack_dump_deadline_s + 30),
                 purpose="hang",
+                now=now,
             )
         )
         recheck = settings.stack_dump_deadline_s
@@ -60,13 +61,15 @@ def ask(
     # One campaign per slowdown, and at most one per cooldown however the slowdown findings come and go.
     since = min(slow[1], now - CAMPAIGN_COOLDOWN) if slow else now
     if slow is not None and not _asked_since(session, job=job, purpose="failslow", since=since):
-        made.append(request_round(session, job=job, campaign_id=uuid.uuid4(), round=1, settings=settings))
+        made.append(request_round(session, job=job, campaign_id=uuid.uuid4(), round=1, settings=settings, now=now))
         recheck = min(recheck or settings.failslow_round_s, settings.failslow_round_s)
         log.info("job %s: job-wide slowdown, starting %d stack rounds", job.external_id, settings.failslow_rounds)
     return made, recheck
 
 
-def request_round(session: Session, *, job: Job, campaign_id: uuid.UUID, round: int, settings: Settings) -> Directive:
+def request_round(
+    session: Session, *, job: Job, campaign_id: uuid.UUID, round: int, settings: Settings, now: datetime
+) -> Directive:
     of = settings.failslow_rounds
     planned = f"round {round} of {of}" if round <= of else f"extra round {round} (up to {_max_rounds(settings)})"
     return request_stack_dump(
@@ -78,6 +81,7 @@ def request_round(session: Session, *, job: Job, campaign_id: uuid.UUID, round: 
         purpose="failslow",
         round=round,
         campaign_id=campaign_id,
+        now=now,
     )
 
 
@@ -94,7 +98,7 @@ def next_round(session: Session, *, job: Job, settings: Settings, now: datetime)
             continue
         due = last_at + timedelta(seconds=settings.failslow_round_s)
         if now >= due:
-            request_round(session, job=job, campaign_id=campaign_id, round=last_round + 1, settings=settings)
+            request_round(session, job=job, campaign_id=campaign_id, round=last_round + 1, settings=settings, now=now)
             waits.append(settings.failslow_round_s)
         else:
             waits.append((due - now).total_seconds())
@@ -189,7 +193,9 @@ def _advance_campaigns(
         if result is not None and result.leading and not result.stragglers and len(rounds) < _max_rounds(settings):
             due = last.created_at + timedelta(seconds=settings.failslow_round_s)
             if now >= due:
-                request_round(session, job=job, campaign_id=campaign_id, round=len(rounds) + 1, settings=settings)
+                request_round(
+                    session, job=job, campaign_id=campaign_id, round=len(rounds) + 1, settings=settings, now=now
+                )
                 log.info("job %s: stack rounds not settled after %d, one more", job.external_id, len(rounds))
             waits.append(settings.failslow_round_s if now >= due else (due - now).total_seconds())
             continue

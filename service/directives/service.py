@@ -27,8 +27,13 @@ def request_stack_dump(
     purpose: str | None = None,
     round: int | None = None,
     campaign_id: uuid.UUID | None = None,
+    now: datetime | None = None,
 ) -> Directive:
-    """Ask every agent of the job to dump stacks; agents receive it with their next ingest answer."""
+    """Ask every agent of the job to dump stacks; agents receive it with their next ingest answer.
+
+    `now`: the diagnosis pass's time, which its rounds and deadlines are reckoned from (simulated time in the soak
+    and the campaign, where the database's clock is hours ahead); the wall clock by default."""
+    now = now or datetime.now(UTC)
     directive = Directive(
         purpose=purpose,
         round=round,
@@ -37,7 +42,8 @@ def request_stack_dump(
         kind="dump_stacks",
         reason=reason,
         requested_by=requested_by,
-        expires_at=datetime.now(UTC) + timedelta(seconds=ttl_s),
+        created_at=now,
+        expires_at=now + timedelta(seconds=ttl_s),
     )
     session.add(directive)
     session.flush()

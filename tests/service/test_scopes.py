@@ -90,7 +90,15 @@ SCHEDULER_WRITES = {
 }
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 # The API's docs: the schema, Swagger UI and ReDoc pages and their files (fastapi-offline): no data behind them.
-FRAMEWORK = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/static-offline-docs"}
+# The API docs and their assets are public, as FastAPI serves them (service/api_docs.py serves ReDoc offline).
+FRAMEWORK = {
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+    "/api-docs/redoc.standalone.js",
+    "/static-offline-docs",
+}
 # The web UI answers people with a session cookie, not a bearer token: every page and form outside /api needs a
 # signed-in operator or admin, except these; pages under UI_ADMIN need an admin (tests/service/ui/test_ui_auth.py: how).
 UI_PUBLIC = {("GET", "/login"), ("POST", "/login"), ("*", "/static")}

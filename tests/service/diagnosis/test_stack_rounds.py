@@ -78,7 +78,9 @@ def test_an_unsettled_campaign_gets_more_rounds_until_the_straggler_is_significa
     computing = [{r for r in range(8) if r == 3 or rng.random() < 0.45} for _ in range(12)]
     campaign = uuid.uuid4()
     for k in range(5):
-        directive = stack_requests.request_round(session, job=job, campaign_id=campaign, round=k + 1, settings=settings)
+        directive = stack_requests.request_round(
+            session, job=job, campaign_id=campaign, round=k + 1, settings=settings, now=T0 + timedelta(seconds=5 * k)
+        )
         directive.created_at = T0 + timedelta(seconds=5 * k)
         _answer(session, job, nodes, directive, computing[k])
 
@@ -113,7 +115,9 @@ def test_a_campaign_without_a_lead_ends_after_its_planned_rounds(session: Sessio
     info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
     campaign = uuid.uuid4()
     for k in range(5):
-        directive = stack_requests.request_round(session, job=job, campaign_id=campaign, round=k + 1, settings=settings)
+        directive = stack_requests.request_round(
+            session, job=job, campaign_id=campaign, round=k + 1, settings=settings, now=T0 + timedelta(seconds=5 * k)
+        )
         directive.created_at = T0 + timedelta(seconds=5 * k)
         _answer(session, job, nodes, directive, {k} if k < 2 else set())
     found, _ = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=T0 + timedelta(seconds=30))
@@ -126,7 +130,9 @@ def test_stack_samples_of_several_requests_are_read_at_once(session: Session) ->
     job, nodes = _job(session)
     campaign = uuid.uuid4()
     rounds = [
-        stack_requests.request_round(session, job=job, campaign_id=campaign, round=k + 1, settings=settings)
+        stack_requests.request_round(
+            session, job=job, campaign_id=campaign, round=k + 1, settings=settings, now=T0 + timedelta(seconds=5 * k)
+        )
         for k in range(3)
     ]
     for k, directive in enumerate(rounds[:2]):
