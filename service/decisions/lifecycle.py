@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, true, update
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -197,11 +197,13 @@ def _finish(
     return service.get(session, decision_id=decision.id)
 
 
-def expire_overdue(session: Session, *, now: datetime) -> list[int]:
-    """Decisions nobody acknowledged (or approved) in time expire, saying so."""
+def expire_overdue(session: Session, *, now: datetime, job_ids: Collection[int] | None = None) -> list[int]:
+    """Decisions nobody acknowledged (or approved) in time expire, saying so. `job_ids`: only those jobs' (a
+    harness whose processes each keep their own simulated clock); every job's by default."""
+    mine = Decision.job_id.in_(job_ids) if job_ids is not None else true()
     expired = session.scalars(
         update(Decision)
-        .where(Decision.state.in_(OPEN), Decision.expires_at <= now)
+        .where(Decision.state.in_(OPEN), Decision.expires_at <= now, mine)
         .values(
             state="expired",
             outcome="expired",

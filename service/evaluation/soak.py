@@ -338,10 +338,12 @@ class Soak:
             self.say(f"soak: t={_hms(t)} {run.job_id}: {len(result.decisions)} decision(s) {result.decisions}")
 
     def _maintenance(self, now: datetime) -> None:
+        # This process's jobs only: the others' processes keep their own simulated clocks.
         with session_scope() as session:
-            resolve_recovered(session, now=now, after_s=self.settings.incident_recovered_after_s)
-            resolve_quiet(session, now=now, quiet_s=self.settings.incident_quiet_resolve_s)
-            expire_overdue(session, now=now)
+            mine = session.scalars(select(Job.id).where(Job.external_id.in_([r.job_id for r in self.jobs]))).all()
+            resolve_recovered(session, now=now, after_s=self.settings.incident_recovered_after_s, job_ids=mine)
+            resolve_quiet(session, now=now, quiet_s=self.settings.incident_quiet_resolve_s, job_ids=mine)
+            expire_overdue(session, now=now, job_ids=mine)
 
     def _progress(self, t: float, started: float) -> None:
         wall = time.monotonic() - started

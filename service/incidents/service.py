@@ -182,8 +182,13 @@ def _resolve_after_decision(session: Session, decision: Decision, now: datetime)
             resolve_if_mitigated(session, incident=incident, now=now)
 
 
-def resolve_quiet(session: Session, *, now: datetime, quiet_s: float) -> list[int]:
-    """Incidents without new evidence for `quiet_s` and with nothing waiting on anyone resolve themselves."""
+def resolve_quiet(
+    session: Session, *, now: datetime, quiet_s: float, job_ids: Collection[int] | None = None
+) -> list[int]:
+    """Incidents without new evidence for `quiet_s` and with nothing waiting on anyone resolve themselves.
+
+    `job_ids`: only those jobs' incidents (a harness whose processes each keep their own simulated clock: one
+    process's now resolved another's incidents as quiet minutes early); every job's by default."""
     waiting = select(Decision.id).where(
         Decision.incident_id == Incident.id, Decision.state.in_(("pending", "awaiting_approval"))
     )
@@ -193,6 +198,7 @@ def resolve_quiet(session: Session, *, now: datetime, quiet_s: float) -> list[in
             Incident.state != "resolved",
             Incident.updated_at < now - timedelta(seconds=quiet_s),
             ~waiting.exists(),
+            Incident.job_id.in_(job_ids) if job_ids is not None else true(),
         )
         .order_by(Incident.id)
         .limit(500)
@@ -211,12 +217,15 @@ def resolve_quiet(session: Session, *, now: datetime, quiet_s: float) -> list[in
 RECOVERS_BY_TRAINING = ("hang", "job_failure", "user_code", "oom")
 
 
-def resolve_recovered(session: Session, *, now: datetime, after_s: float) -> list[int]:
+def resolve_recovered(
+    session: Session, *, now: datetime, after_s: float, job_ids: Collection[int] | None = None
+) -> list[int]:
     """Job-wide incidents of a cause that stops the job (RECOVERS_BY_TRAINING) whose job logged a step `after_s`
     past their last evidence resolve as recovered: the user fixed the bug and relaunched, or the hang cleared.
 
     Their job-level decisions still waiting (a rollback nobody carried out, since the user relaunched) are moot and
-    expire; one still waiting for a node (an eviction for a scheduler) keeps the incident open."""
+    expire; one still waiting for a node (an eviction for a scheduler) keeps the incident open. `job_ids`: as for
+    resolve_quiet."""
     candidates = session.scalars(
         select(Incident)
         .where(
@@ -224,6 +233,7 @@ def resolve_recovered(session: Session, *, now: datetime, after_s: float) -> lis
             Incident.anchor == "",
             Incident.root_cause.in_(RECOVERS_BY_TRAINING),
             Incident.updated_at < now - timedelta(seconds=after_s),
+            Incident.job_id.in_(job_ids) if job_ids is not None else true(),
         )
         .order_by(Incident.id)
         .limit(500)

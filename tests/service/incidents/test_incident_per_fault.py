@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.config import get_settings
 from service.decisions.lifecycle import acknowledge
-from service.incidents.service import resolve_recovered
+from service.incidents.service import resolve_quiet, resolve_recovered
 from service.models import Decision, Finding, Incident, Job, LogEvent, Node
 from tests import rows
 from tests.decide import decide, finding
@@ -175,3 +175,20 @@ def test_late_evidence_of_a_fault_already_dealt_with_joins_its_incident_and_accu
     back = T0 + timedelta(minutes=40)
     decide(session, job, _xid(a, back), back)
     assert len(_incidents(session, job)) == 2
+
+
+def test_quiet_resolution_for_some_jobs_leaves_the_others_alone(session: Session) -> None:
+    """The campaign's processes keep their own simulated clocks: one resolved the other's incidents early."""
+    mine, theirs = rows.job(session), rows.job(session)
+    a, b = rows.node(session).name, rows.node(session).name
+    decide(session, mine, _xid(a, T0), T0)
+    decide(session, theirs, _xid(b, T0), T0)
+    for decision in session.scalars(select(Decision).where(Decision.job_id.in_([mine.id, theirs.id]))):
+        decision.state = "rejected"
+    session.flush()
+    quiet_s = get_settings().incident_quiet_resolve_s
+    later = T0 + timedelta(seconds=quiet_s + 5)
+    (own,) = _incidents(session, mine)
+    assert resolve_quiet(session, now=later, quiet_s=quiet_s, job_ids=[mine.id]) == [own.id]
+    (other,) = _incidents(session, theirs)
+    assert other.state != "resolved"
