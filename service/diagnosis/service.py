@@ -30,8 +30,8 @@ from service.diagnosis import metric_passes, signals, stack_requests, windows
 from service.diagnosis.detect import JobSignals, event_detectors, run_all, run_detectors
 from service.incidents import service as incidents
 from service.jobs import service as jobs
+from service.models import Decision, Incident, Job, Node, Silence
 from service.models import Finding as FindingRow
-from service.models import Incident, Job, Node, Silence
 from service.nodes import lifecycle as node_lifecycle
 from service.notify import service as notify
 from service.silences import service as silences
@@ -375,29 +375,42 @@ def _earlier_faults(session: Session, *, job: Job, now: datetime) -> list[Findin
 def _late_to_their_incidents(
     session: Session, *, job: Job, open_findings: list[tuple[int, Finding, FindingRow]], now: datetime
 ) -> list[tuple[int, Finding, FindingRow]]:
-    """Late evidence of a machine fault already dealt with joins its resolved incident (which stays resolved); the
-    rest of the open findings go on to demarcation."""
+    """Late evidence of a machine's fault already dealt with joins its resolved incident (which stays resolved); the
+    rest of the open findings go on to demarcation.
+
+    A resolved incident dealt with the machine it is about (its anchor) and with every machine its evictions and GPU
+    resets took out (a job-wide incident too: a NaN loss whose diagnose checks failed and evicted the node, whose
+    failing check results arrive as findings of their own)."""
     rows = session.execute(
         select(Incident.id, Incident.anchor, Incident.opened_at, Incident.resolved_at).where(
             Incident.job_id == job.id,
             Incident.state == "resolved",
-            Incident.anchor != "",
             Incident.resolved_at >= now - FINDING_HORIZON,
         )
     ).all()
     if not rows:
         return open_findings
+    ids = [r.id for r in rows]
     first = dict(
         session.execute(
             select(FindingRow.incident_id, func.min(FindingRow.observed_at))
-            .where(FindingRow.incident_id.in_([r.id for r in rows]))
+            .where(FindingRow.incident_id.in_(ids))
             .group_by(FindingRow.incident_id)
         ).all()
     )
+    acted = session.execute(
+        select(Decision.incident_id, Node.name)
+        .join(Node, Node.id == Decision.node_id)
+        .where(Decision.incident_id.in_(ids), Decision.state == "done", Decision.kind.in_(("evict", "reset_gpu")))
+    ).all()
+    machines: dict[int, set[str]] = {r.id: {r.anchor} - {""} for r in rows}
+    for incident_id, node in acted:
+        machines[incident_id].add(node)
     dealt = [
-        demarcation.Dealt(r.id, r.anchor, first.get(r.id, r.opened_at), r.resolved_at)
+        demarcation.Dealt(r.id, node, first.get(r.id, r.opened_at), r.resolved_at)
         for r in rows
         if r.resolved_at is not None
+        for node in sorted(machines[r.id])
     ]
     late = demarcation.late_evidence([(fid, f) for fid, f, _ in open_findings], dealt)
     for row_id, incident_id in late.items():

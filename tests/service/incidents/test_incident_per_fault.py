@@ -192,3 +192,33 @@ def test_quiet_resolution_for_some_jobs_leaves_the_others_alone(session: Session
     assert resolve_quiet(session, now=later, quiet_s=quiet_s, job_ids=[mine.id]) == [own.id]
     (other,) = _incidents(session, theirs)
     assert other.state != "resolved"
+
+
+def test_failing_check_results_of_a_node_a_job_wide_incident_evicted_are_that_incidents(session: Session) -> None:
+    """NaN loss on one node -> diagnose -> its checks fail -> evicted: the failing checks' findings, stored as
+    the node's own, opened an incident of their own that evicted the node again once it was back from repair."""
+    job = rows.job(session)
+    node = rows.node(session)
+    a = node.name
+    nan = finding(a, detector="training_metrics", category="nan", at=T0, key="nan", action="diagnose", confidence=0.8)
+    decide(session, job, [nan], T0)
+    (incident,) = _incidents(session, job)
+    (diagnose,) = _decisions(session, incident)
+    settings = get_settings()
+    acknowledge(
+        session, decision_id=diagnose.id, outcome="done", message="to check", actor="test",
+        now=T0 + timedelta(seconds=5), settings=settings,
+    )  # fmt: skip
+    evicted_at = T0 + timedelta(seconds=90)
+    evict = rows.decision(session, incident=incident, node=node, kind="evict", state="pending")  # the checks' verdict
+    acknowledge(
+        session, decision_id=evict.id, outcome="done", message="failed its checks", actor="test", now=evicted_at,
+        settings=settings,
+    )  # fmt: skip
+    assert incident.state == "resolved"
+    check = finding(
+        a, detector="checks", category="gpu_hardware", at=evicted_at - timedelta(seconds=2), key="numerics",
+        summary="check numerics failed",
+    )  # fmt: skip
+    result = decide(session, job, [check], evicted_at + timedelta(seconds=10))
+    assert result.decisions == [] and [i.id for i in _incidents(session, job)] == [incident.id]
