@@ -86,8 +86,8 @@ class Settings(BaseSettings):
     decision_max_wait_s: float = Field(default=60.0, gt=0)
     # An incident with no new findings and nothing pending for this long resolves itself.
     incident_quiet_resolve_s: float = Field(default=900.0, gt=0)
-    # A job-wide incident of a cause that stops the job (a hang, a crash, a user's bug) is over once the job has
-    # logged a step this long after the incident's last evidence (it was relaunched and trains again).
+    # A job-wide incident of a cause that stops the job (a hang, a crash, a user's bug, NaN loss) is over once the
+    # job has logged a step this long after the incident's last evidence (relaunched or rolled back, it trains again).
     incident_recovered_after_s: float = Field(default=120.0, gt=0)
 
     # Node lifecycle. An evicted node stays out at least this long; a lemon (a suspect in this many

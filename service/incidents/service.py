@@ -213,8 +213,9 @@ def resolve_quiet(
     ]
 
 
-# Job-wide causes that stop the job: once it trains again they are over, whoever relaunched it.
-RECOVERS_BY_TRAINING = ("hang", "job_failure", "user_code", "oom")
+# Job-wide causes that stop the job, or spoil its training (NaN loss): once it trains again without new evidence
+# they are over, whoever relaunched or rolled it back.
+RECOVERS_BY_TRAINING = ("hang", "job_failure", "user_code", "oom", "nan")
 
 
 def resolve_recovered(
