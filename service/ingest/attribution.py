@@ -19,9 +19,7 @@ from typing import Any
 import psycopg
 
 from service.ingest.schemas import IngestBatch, Workload
-
-# A node leaving service after its placement ends its membership in the job's map.
-_LEFT_SERVICE = ("cordoned", "evicted", "in_repair")
+from service.nodes.lifecycle import OUT_OF_SERVICE  # a node leaving service after its placement leaves the map
 
 _RANK_MAP_SQL = """
 SELECT DISTINCT ON (n.name, r.gpu_index) n.name, r.gpu_index, j.id, j.updated_at
@@ -95,7 +93,7 @@ def lookup(conn: psycopg.Connection[Any], batches: Iterable[IngestBatch], *, unn
                 job = next((j[0] for j in jobs if _matches(key, *j[1:])), None)  # newest registration first
                 if job is not None:
                     found.by_workload[key] = job
-        cur.execute(_RANK_MAP_SQL, {"nodes": sorted(unnamed), "left": list(_LEFT_SERVICE)})
+        cur.execute(_RANK_MAP_SQL, {"nodes": sorted(unnamed), "left": list(OUT_OF_SERVICE)})
         newest: dict[str, tuple[Any, int]] = {}
         for node, gpu, job, registered in cur.fetchall():
             if gpu is not None:

@@ -22,6 +22,8 @@ from service.models import Decision, Incident, Node, NodeEvent
 SYSTEM_ACTOR = "faultline"
 # States a node is out of service in: a scheduler must not place work there.
 OUT_OF_SERVICE = ("cordoned", "evicted", "in_repair")
+# States of a node out of service: it runs no job.
+OUT_OF_SERVICE = ("evicted", "cordoned", "in_repair")
 # Where each manual transition may start from.
 CORDON_FROM = ("healthy", "suspect", "returned")
 REPAIR_FROM = ("suspect", "cordoned", "evicted")
@@ -60,6 +62,10 @@ def record(
         node.state = to_state
         node.state_changed_at = now
         node.state_reason = reason
+    if to_state in OUT_OF_SERVICE:
+        # Out of service it runs no job: its agent's samples (a machine in repair still reporting its dead GPU's
+        # climbing counters) are no longer the job's, which accused it again when it came back.
+        node.current_job_id = None
     session.add(event)
     return event
 

@@ -180,3 +180,21 @@ def test_a_return_supersedes_a_pending_gpu_reset(client, session, make_token) ->
     assert back.status_code == 200, back.text
     session.refresh(reset)
     assert (reset.state, reset.outcome_message) == ("rejected", "superseded: return by operator:oncall")
+
+
+def test_an_evicted_node_leaves_its_job(session) -> None:
+    """Its agent's samples were still the job's while it sat in repair (its dead GPU's counters climbing), and the
+    job accused it again when it came back."""
+    from service.decisions.lifecycle import acknowledge
+    from service.jobs import service as jobs
+
+    job, node, _, decision = rows.eviction(session)
+    node.current_job_id = job.id  # its agent said it ran the job
+    session.flush()
+    assert node.id in jobs.node_ids(session, job=job)
+    acknowledge(
+        session, decision_id=decision.id, outcome="done", message="evicted", actor="test", now=datetime.now(UTC),
+        settings=get_settings(),
+    )  # fmt: skip
+    assert node.state == "evicted" and node.current_job_id is None
+    assert node.id not in jobs.node_ids(session, job=job)
