@@ -37,6 +37,7 @@ from service.evaluation.soak import DEFAULT_JOBS_SPEC
 
 CAMPAIGN_JOBS_SPEC = "4x2:tp2"  # service/evaluation/campaign.py's default (not imported: it loads the simulator)
 CAMPAIGN_FAULTS = 200
+CAMPAIGN_HANG_TIMEOUT_S = 90
 
 DEFAULT_DATA_DIR = Path(".faultline/eval")
 
@@ -70,7 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=positive_int, default=1, help="scenarios run at once (default 1)")
     p.add_argument("--fault-after", type=positive, default=30.0, help="sim: inject after this many s (30)")
     p.add_argument(
-        "--hang-timeout", type=int, default=30, help="hang timeout registered with each job, seconds (default 30)"
+        "--hang-timeout",
+        type=int,
+        default=None,
+        help="hang timeout registered with each job, seconds (default 30; the campaign's 90, above its jobs' "
+        "checkpoint pauses and restarts)",
     )
     p.add_argument(
         "--healthy-duration", type=positive, default=180.0, help="how long a healthy run is watched, s (180)"
@@ -158,6 +163,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.soak and args.campaign:
             raise SetupError("--soak and --campaign are two different runs: give one")
+        if args.hang_timeout is None:
+            # The scenarios' and the soak's 30 s is shorter than a checkpoint's pause on purpose (their hang
+            # scenarios are timed against it). The campaign's jobs run for hours through checkpoints (20-40 s) and
+            # restarts: a real job registers a timeout above those, or every checkpoint is a hang incident.
+            args.hang_timeout = CAMPAIGN_HANG_TIMEOUT_S if args.campaign else 30
         return _soak(args) if args.soak else _campaign(args) if args.campaign else _run(args)
     except SetupError as exc:
         say(f"error: {exc}")
