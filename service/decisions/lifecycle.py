@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, true, update
+from sqlalchemy import ColumnElement, func, select, true, update
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -201,16 +201,18 @@ def expire_overdue(session: Session, *, now: datetime, job_ids: Collection[int] 
     """Decisions nobody acknowledged (or approved) in time expire, saying so. `job_ids`: only those jobs' (a
     harness whose processes each keep their own simulated clock); every job's by default."""
     mine = Decision.job_id.in_(job_ids) if job_ids is not None else true()
+    return expire(
+        session, Decision.state.in_(OPEN), Decision.expires_at <= now, mine,
+        message="not acknowledged before it expired", now=now,
+    )  # fmt: skip
+
+
+def expire(session: Session, *where: ColumnElement[bool], message: str, now: datetime) -> list[int]:
+    """The decisions matching `where` expire, saying why; their ids."""
     expired = session.scalars(
         update(Decision)
-        .where(Decision.state.in_(OPEN), Decision.expires_at <= now, mine)
-        .values(
-            state="expired",
-            outcome="expired",
-            outcome_message="not acknowledged before it expired",
-            acked_at=now,
-            actor=nodes.SYSTEM_ACTOR,
-        )
+        .where(*where)
+        .values(state="expired", outcome="expired", outcome_message=message, acked_at=now, actor=nodes.SYSTEM_ACTOR)
         .returning(Decision.id)
     ).all()
     return list(expired)

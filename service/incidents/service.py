@@ -253,17 +253,10 @@ def resolve_recovered(
         since = incident.updated_at + timedelta(seconds=after_s)
         if not jobs.stepped_since(session, job=job, since=since):
             continue
-        session.execute(
-            update(Decision)
-            .where(Decision.id.in_([i for i, _ in waiting] or [0]))
-            .values(
-                state="expired",
-                outcome="expired",
-                outcome_message="moot: the job trains again",
-                acked_at=now,
-                actor=nodes.SYSTEM_ACTOR,
+        if waiting:
+            decision_lifecycle.expire(
+                session, Decision.id.in_([i for i, _ in waiting]), message="moot: the job trains again", now=now
             )
-        )
         what = f"recovered: the job trains again ({after_s:g} s after the last evidence)"
         if resolve(session, incident=incident, resolution=what, now=now):
             resolved.append(incident.id)

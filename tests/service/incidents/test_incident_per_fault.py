@@ -32,6 +32,22 @@ def _decisions(session: Session, incident: Incident) -> list[Decision]:
     return list(session.scalars(select(Decision).where(Decision.incident_id == incident.id)))
 
 
+def _done(session: Session, decision: Decision, at: datetime) -> None:
+    """A scheduler carried it out."""
+    acknowledge(
+        session, decision_id=decision.id, outcome="done", message="done", actor="test", now=at, settings=get_settings()
+    )
+
+
+def _evicted(session: Session, job: Job, node: str, *, done_after_s: float) -> Incident:
+    """The node's GPU lost at T0, and the node evicted `done_after_s` later: its resolved incident."""
+    decide(session, job, _xid(node, T0), T0)
+    (incident,) = _incidents(session, job)
+    (evict,) = _decisions(session, incident)
+    _done(session, evict, T0 + timedelta(seconds=done_after_s))
+    return incident
+
+
 def test_a_second_machines_fault_while_the_first_is_open_is_its_own_incident_and_decision(session: Session) -> None:
     job = rows.job(session)
     a, b = rows.node(session).name, rows.node(session).name
@@ -49,14 +65,7 @@ def test_a_second_machines_fault_while_the_first_is_open_is_its_own_incident_and
 def test_the_same_kind_of_fault_again_after_its_incident_resolved_opens_a_new_one(session: Session) -> None:
     job = rows.job(session)
     a = rows.node(session).name
-    decide(session, job, _xid(a, T0), T0)
-    (first,) = _incidents(session, job)
-    (evict,) = _decisions(session, first)
-    done_at = T0 + timedelta(seconds=30)
-    acknowledge(
-        session, decision_id=evict.id, outcome="done", message="evicted", actor="test", now=done_at,
-        settings=get_settings(),
-    )  # fmt: skip
+    first = _evicted(session, job, a, done_after_s=30)
     assert first.state == "resolved"
     back = T0 + timedelta(minutes=40)  # repaired, back in the job, and failing again
     decide(session, job, _xid(a, back), back)
@@ -69,13 +78,7 @@ def test_the_same_kind_of_fault_again_after_its_incident_resolved_opens_a_new_on
 def test_link_errors_on_a_failed_gpu_after_its_incident_resolved_open_nothing(session: Session) -> None:
     job = rows.job(session)
     a = rows.node(session).name
-    decide(session, job, _xid(a, T0), T0)
-    (first,) = _incidents(session, job)
-    (evict,) = _decisions(session, first)
-    acknowledge(
-        session, decision_id=evict.id, outcome="done", message="evicted", actor="test", now=T0 + timedelta(seconds=20),
-        settings=get_settings(),
-    )  # fmt: skip
+    first = _evicted(session, job, a, done_after_s=20)
     # The dead GPU's PCIe replays, still rising after the eviction (the node leaves the job's window a little
     # later): the failure's symptom, not a new fault.
     after = T0 + timedelta(minutes=1)
@@ -154,13 +157,7 @@ def test_late_evidence_of_a_fault_already_dealt_with_joins_its_incident_and_accu
     evidence; a new incident with it accused the machine again once it was back from repair."""
     job = rows.job(session)
     a = rows.node(session).name
-    decide(session, job, _xid(a, T0), T0)
-    (first,) = _incidents(session, job)
-    (evict,) = _decisions(session, first)
-    acknowledge(
-        session, decision_id=evict.id, outcome="done", message="evicted", actor="test", now=T0 + timedelta(seconds=2),
-        settings=get_settings(),
-    )  # fmt: skip
+    first = _evicted(session, job, a, done_after_s=2)
     counter = finding(
         a, detector="counters", category="gpu_hardware", at=T0 - timedelta(seconds=5), key="dbe",
         summary="uncorrectable ECC errors +1",
@@ -204,17 +201,10 @@ def test_failing_check_results_of_a_node_a_job_wide_incident_evicted_are_that_in
     decide(session, job, [nan], T0)
     (incident,) = _incidents(session, job)
     (diagnose,) = _decisions(session, incident)
-    settings = get_settings()
-    acknowledge(
-        session, decision_id=diagnose.id, outcome="done", message="to check", actor="test",
-        now=T0 + timedelta(seconds=5), settings=settings,
-    )  # fmt: skip
+    _done(session, diagnose, T0 + timedelta(seconds=5))
     evicted_at = T0 + timedelta(seconds=90)
     evict = rows.decision(session, incident=incident, node=node, kind="evict", state="pending")  # the checks' verdict
-    acknowledge(
-        session, decision_id=evict.id, outcome="done", message="failed its checks", actor="test", now=evicted_at,
-        settings=settings,
-    )  # fmt: skip
+    _done(session, evict, evicted_at)
     assert incident.state == "resolved"
     check = finding(
         a, detector="checks", category="gpu_hardware", at=evicted_at - timedelta(seconds=2), key="numerics",
