@@ -24,6 +24,7 @@ from service.ingest import attribution
 from service.ingest.attribution import Attribution
 from service.ingest.schemas import IngestBatch, MetricSample, Workload
 from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS, NODE_COPY_TYPES, NODE_SAMPLE_COLUMNS
+from service.nodes.lifecycle import OUT_OF_SERVICE
 
 log = logging.getLogger(__name__)
 
@@ -253,10 +254,13 @@ def _upsert_nodes(
             ON CONFLICT (name) DO UPDATE SET
                 last_seen_at = excluded.last_seen_at,
                 agent_version = COALESCE(excluded.agent_version, nodes.agent_version),
-                current_job_id = COALESCE(excluded.current_job_id, nodes.current_job_id)
+                -- Out of service it runs no job, whatever its dying processes said a moment ago (the demo's
+                -- evicted node kept the job through its repair and its dead GPU's counters accused it again).
+                current_job_id = CASE WHEN nodes.state = ANY(%s::text[]) THEN NULL
+                                      ELSE COALESCE(excluded.current_job_id, nodes.current_job_id) END
             RETURNING name, id, current_job_id
             """,
-            (names, versions, jobs),
+            (names, versions, jobs, list(OUT_OF_SERVICE)),
         )
         rows = cur.fetchall()
     nodes = {name: node_id for name, node_id, _ in rows}

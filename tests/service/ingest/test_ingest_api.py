@@ -262,3 +262,16 @@ def test_the_columns_a_jobs_agents_report_are_recorded_for_its_window_rollup(cli
     again["metrics"][0]["fields"]["DCGM_FI_DEV_FB_USED"] = 1000
     assert client.post("/api/v1/ingest", json=again, headers=agent).status_code == 200
     assert count(session, "job_columns") == 8
+
+
+def test_a_node_out_of_service_keeps_no_job_whatever_its_dying_processes_say(client, session, agent):
+    """The demo's evicted node reported its job's last processes, kept the job through its repair, and its dead
+    GPU's counters accused it when it came back."""
+    name = f"gpu-node-{uuid.uuid4().hex[:6]}"
+    assert client.post("/api/v1/ingest", json=batch(name, job_id="job-ooo"), headers=agent).status_code == 200
+    job_of = "SELECT current_job_id, state FROM nodes WHERE name = :n"
+    assert session.execute(text(job_of), {"n": name}).one().current_job_id is not None
+    session.execute(text("UPDATE nodes SET state = 'evicted', current_job_id = NULL WHERE name = :n"), {"n": name})
+    session.flush()
+    assert client.post("/api/v1/ingest", json=batch(name, job_id="job-ooo"), headers=agent).status_code == 200
+    assert session.execute(text(job_of), {"n": name}).one() == (None, "evicted")
