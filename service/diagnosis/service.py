@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -28,6 +28,7 @@ from service.config import Settings
 from service.decisions import service as decisions
 from service.diagnosis import metric_passes, signals, stack_requests, windows
 from service.diagnosis.detect import JobSignals, event_detectors, run_all, run_detectors
+from service.fleet import service as fleet
 from service.incidents import service as incidents
 from service.jobs import service as jobs
 from service.models import Decision, Incident, Job, Node, Silence
@@ -393,13 +394,7 @@ def _late_to_their_incidents(
     if not rows:
         return open_findings
     ids = [r.id for r in rows]
-    first = dict(
-        session.execute(
-            select(FindingRow.incident_id, func.min(FindingRow.observed_at))
-            .where(FindingRow.incident_id.in_(ids))
-            .group_by(FindingRow.incident_id)
-        ).all()
-    )
+    first = fleet.first_evidence(session, incident_ids=ids)
     acted = session.execute(
         select(Decision.incident_id, Node.name)
         .join(Node, Node.id == Decision.node_id)

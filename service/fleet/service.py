@@ -29,6 +29,17 @@ def _counted(since: datetime, now: datetime) -> Select[tuple[int]]:
     )
 
 
+def first_evidence(session: Session, *, incident_ids: list[int]) -> dict[int, datetime]:
+    """Each incident's earliest fault evidence (its first finding's `observed_at`); those without findings absent."""
+    return dict(
+        session.execute(
+            select(Finding.incident_id, func.min(Finding.observed_at))
+            .where(Finding.incident_id.in_(incident_ids))
+            .group_by(Finding.incident_id)
+        ).all()
+    )
+
+
 def _times(session: Session, ids: Select[tuple[int]]) -> list[IncidentTimes]:
     """Every listed incident's stages, in five queries."""
     incidents = session.execute(
@@ -37,13 +48,7 @@ def _times(session: Session, ids: Select[tuple[int]]) -> list[IncidentTimes]:
     if not incidents:
         return []
     wanted = [i.id for i in incidents]
-    evidence = dict(
-        session.execute(
-            select(Finding.incident_id, func.min(Finding.observed_at))
-            .where(Finding.incident_id.in_(wanted))
-            .group_by(Finding.incident_id)
-        ).all()
-    )
+    evidence = first_evidence(session, incident_ids=wanted)
     decisions: dict[int, list[DecisionRow]] = defaultdict(list)
     for row in session.execute(
         select(Decision.incident_id, Node.name, Decision.state, Decision.created_at, Decision.acked_at)

@@ -20,10 +20,8 @@ from service.fleet import stages as repair_stages
 from service.models import Decision, Incident, Node, NodeEvent
 
 SYSTEM_ACTOR = "faultline"
-# States a node is out of service in: a scheduler must not place work there.
+# States a node is out of service in: a scheduler must not place work there, and it runs no job.
 OUT_OF_SERVICE = ("cordoned", "evicted", "in_repair")
-# States of a node out of service: it runs no job.
-OUT_OF_SERVICE = ("evicted", "cordoned", "in_repair")
 # Where each manual transition may start from.
 CORDON_FROM = ("healthy", "suspect", "returned")
 REPAIR_FROM = ("suspect", "cordoned", "evicted")
