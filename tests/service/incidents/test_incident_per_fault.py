@@ -4,11 +4,13 @@ decided and resolved on its own, however many faults the long-running job went t
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ml import findings as ml_findings
 from service.config import get_settings
 from service.decisions.lifecycle import acknowledge
 from service.incidents.service import resolve_quiet, resolve_recovered
@@ -26,6 +28,16 @@ def _xid(node: str, at: datetime) -> list:
 
 def _incidents(session: Session, job: Job) -> list[Incident]:
     return list(session.scalars(select(Incident).where(Incident.job_id == job.id).order_by(Incident.id)))
+
+
+def _user_bug(nodes: Sequence[str | None]) -> list[ml_findings.Finding]:
+    """The same traceback on every node's ranks (None: the job's own finding), asking to roll back."""
+    return [
+        finding(
+            n, detector="tracebacks", category="user_code", at=T0, key=f"bug-{n}", blame="user_code", action="rollback"
+        )
+        for n in nodes
+    ]
 
 
 def _decisions(session: Session, incident: Incident) -> list[Decision]:
@@ -95,13 +107,7 @@ def test_link_errors_on_a_failed_gpu_after_its_incident_resolved_open_nothing(se
 def test_a_job_wide_cause_stays_one_incident_and_a_stall_joins_the_machine_that_explains_it(session: Session) -> None:
     job = rows.job(session)
     nodes = [rows.node(session).name for _ in range(3)]
-    bug = [
-        finding(
-            n, detector="tracebacks", category="user_code", at=T0, key=f"bug-{n}", blame="user_code", action="rollback"
-        )
-        for n in nodes
-    ]
-    decide(session, job, bug, T0)
+    decide(session, job, _user_bug(nodes), T0)
     (user,) = _incidents(session, job)
     assert (user.root_cause, user.anchor) == ("user_code", "")
     # Later a GPU is lost and the job hangs: the hang is that machine's fault's consequence, in its incident.
@@ -128,12 +134,7 @@ def _step(session: Session, job: Job, node: str, at: datetime) -> None:
 def test_a_user_bug_resolves_once_the_relaunched_job_trains_again_and_its_rollback_is_moot(session: Session) -> None:
     job = rows.job(session)
     nodes = [rows.node(session).name for _ in range(2)]
-    bug = [
-        finding(
-            n, detector="tracebacks", category="user_code", at=T0, key=f"bug-{n}", blame="user_code", action="rollback"
-        )
-        for n in [*nodes, None]  # every rank's traceback, and the job's: roll back
-    ]
+    bug = _user_bug([*nodes, None])  # every rank's traceback, and the job's: roll back
     xid = _xid(nodes[1], T0)
     decide(session, job, [*bug, *xid], T0)
     user = next(i for i in _incidents(session, job) if i.root_cause == "user_code")
