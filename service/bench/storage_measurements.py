@@ -164,9 +164,20 @@ class _InsertProbe:
                 n += 1
                 self._stop.wait(PROBE_EVERY_S)
 
-    def longest_wait(self, start: float, end: float) -> float:
-        """The longest insert that overlapped [start, end], in seconds."""
-        return max((e - b for b, e in self.inserts if e >= start and b <= end), default=0.0)
+    def longest_wait(self, start: float, end: float, *, timeout: float = 10.0) -> float:
+        """The longest insert that overlapped [start, end], in seconds. A drop quicker than the probe's pause may
+        overlap none: then the first insert after it stands for the writer's wait, waited for here (on a loaded
+        machine the probe's thread may not have run again yet)."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            inserts = list(self.inserts)
+            overlapped = [e - b for b, e in inserts if e >= start and b <= end]
+            if overlapped:
+                return max(overlapped)
+            after = [e - b for b, e in inserts if b >= start]
+            if after or time.perf_counter() > deadline or not self._thread.is_alive():
+                return after[0] if after else 0.0
+            time.sleep(PROBE_EVERY_S)
 
 
 def _delete_probe_rows(conn: Connection) -> None:

@@ -251,6 +251,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             _save_checkpoint(model.module, step, args, rank)
 
+    # Every rank done with its collectives before any tears gloo down: a rank whose peer had already closed
+    # its pairs aborted at exit now and then ("terminate called without an active exception"), and DDP's
+    # reducer goes before the group it holds.
+    dist.barrier()
+    del model, optimizer, schedule
     dist.destroy_process_group()
 
 
