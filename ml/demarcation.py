@@ -21,6 +21,8 @@ from ml.findings import CATEGORIES, Finding
 # Categories a job-level stall can be the consequence of: these absorb hang/straggler/job_failure findings.
 _EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network", "host"})
 _STALLS = frozenset({"hang", "straggler", "job_failure"})
+# Job-level findings a machine's fault leaves when it stops the job: no progress, launchers reporting dead ranks.
+_JOB_STOPS = frozenset({"hang", "job_failure"})
 # Job-level findings that a localizer (stacks, peers) turns into a machine.
 _LOCALIZED = frozenset({"hang", "straggler"})
 # Detectors whose claim is "this machine is unlike its peers": a fault elsewhere in the job (a link down, a
@@ -196,19 +198,41 @@ def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt
     late: dict[int, int] = {}
     newest_first = sorted(dealt, key=lambda d: d.until, reverse=True)
     for fid, f in findings:
-        if not f.node or f.category == "user_code":
+        if f.category == "user_code":
             continue
-        owner = next(
-            (
-                d
-                for d in newest_first
-                if d.node == f.node and d.since - VICTIM_AFTER <= f.observed_at <= d.until + VICTIM_SLACK
-            ),
-            None,
-        )
+        if f.node:
+            owner = next(
+                (
+                    d
+                    for d in newest_first
+                    if d.node == f.node and d.since - VICTIM_AFTER <= f.observed_at <= d.until + VICTIM_SLACK
+                ),
+                None,
+            )
+        elif f.category in _JOB_STOPS:
+            # The job's stall or failure that began while a machine's fault stopped it (its hang timeout runs out
+            # during the restart on a spare; a launcher reports the dead rank) is that fault's, once it is dealt
+            # with. A stall that began after the remedy (the restarted job stepped, or its processes came up) is new.
+            began = onset(f)
+            owner = next((d for d in newest_first if d.since - VICTIM_SLACK <= began <= d.until + VICTIM_SLACK), None)
+        else:
+            owner = None
         if owner is not None:
             late[fid] = owner.incident_id
     return late
+
+
+def onset(f: Finding) -> datetime:
+    """When what a finding reports began: a stall's last step, its restart or the collapse of GPU activity, not
+    when its timeout ran out; the observation itself for the rest."""
+    for key in ("restarted_at", "last_step_at", "collapsed_since"):
+        value = f.evidence.get(key)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value)
+            except ValueError:
+                continue
+    return f.observed_at
 
 
 def demarcate(

@@ -76,7 +76,6 @@ class Job:
     comm_factor: float = 1.0
     stall_until: float = 0.0
     nan: bool = False
-    nan_iters: int = 0
     loss_drift: float = 0.0
     # Pauses (agents/sim/realism.py): "" while training, else checkpoint | eval | restart | load.
     pause: str = ""
@@ -350,7 +349,6 @@ class Cluster(SparePool, RealLife):  # SparePool builds on FaultInjection
         if job.nan:
             loss = math.nan
             grad_norm = math.nan if rng.random() < 0.8 else math.inf
-            job.nan_iters += 1
         lr = 1e-5 + (3e-4 - 1e-5) * 0.5 * (1 + math.cos(math.pi * job.step / TOTAL_ITERS))
         if self.real is not None:
             lr = self._learning_rate(job.step, lr)
@@ -367,7 +365,7 @@ class Cluster(SparePool, RealLife):  # SparePool builds on FaultInjection
             if n == last:  # Megatron logs from the last rank
                 line = fmt.megatron_step(
                     node_ts, job.step, TOTAL_ITERS, job.step * GLOBAL_BATCH, took * 1000, tflops, lr, GLOBAL_BATCH,
-                    node_loss, grad_norm, job.nan_iters,
+                    node_loss, grad_norm, int(job.nan),  # Megatron counts NaN steps per logging interval
                 )  # fmt: skip
             else:
                 line = fmt.simple_step(node_ts, k * self.gpn, job.step, node_loss, grad_norm, lr, took)

@@ -216,6 +216,9 @@ def _remedy(
         for finding in session.scalars(select(Finding).where(Finding.id.in_(findings))):
             finding.incident_id = decision.incident_id  # the incident's evidence now holds what the checks found
             finding.job_id = decision.job_id
+        incident = session.get(Incident, decision.incident_id)
+        if incident is not None:
+            incident.blame = "infrastructure"  # the machine failed its checks: the fault is its, not the job's
     if exists is not None:
         return f"checks failed; the incident already has {kind} decision {exists}"
     state = "pending"

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from ml import demarcation
 from ml.findings import Finding
+from service.checks.service import DETECTOR as CHECKS_DETECTOR
 from service.config import Settings
 from service.decisions import service as decisions
 from service.diagnosis import metric_passes, signals, stack_requests, windows
@@ -188,13 +189,15 @@ def _decide(
     fresh = store_findings(session, job=job, findings=findings, now=now)
     result.new_findings = len(fresh)
 
-    open_findings = _late_to_their_incidents(
-        session, job=job, open_findings=_open_findings(session, job=job, now=now), now=now
-    )
+    open_findings, checked = _without_check_results(_open_findings(session, job=job, now=now))
+    open_findings = _late_to_their_incidents(session, job=job, open_findings=open_findings, now=now)
     proposals = demarcation.demarcate(
         [(fid, f) for fid, f, _ in open_findings], earlier_faults=_earlier_faults(session, job=job, now=now)
     )
     applied = incidents.apply_proposals(session, job=job, proposals=proposals, fresh=fresh, now=now)
+    for incident in applied.incidents:
+        if incident.id in checked:
+            incident.blame = "infrastructure"  # its machine failed its checks, whatever the first evidence said
     result.incidents = [i.id for i in applied.incidents]
     active_silences = silences.active_silences(session, now=now) if proposals else []
     # The nodes every incident may mark, locked at once in name order (see nodes.lifecycle.lock): one lock per
@@ -413,6 +416,17 @@ def _late_to_their_incidents(
     for row_id, incident_id in late.items():
         session.execute(update(FindingRow).where(FindingRow.id == row_id).values(incident_id=incident_id))
     return [item for item in open_findings if item[0] not in late]
+
+
+def _without_check_results(
+    open_findings: list[tuple[int, Finding, FindingRow]],
+) -> tuple[list[tuple[int, Finding, FindingRow]], set[int]]:
+    """The open findings less the failed stop-time checks a diagnose decision's incident already holds (they are
+    that incident's evidence: regrouped by machine they would open a second incident for the same fault), and
+    the ids of the incidents that hold some."""
+    pinned = [row for _, _, row in open_findings if row.detector == CHECKS_DETECTOR and row.incident_id is not None]
+    rest = [item for item in open_findings if item[2] not in pinned]
+    return rest, {row.incident_id for row in pinned if row.incident_id is not None}
 
 
 def _open_findings(session: Session, *, job: Job, now: datetime) -> list[tuple[int, Finding, FindingRow]]:

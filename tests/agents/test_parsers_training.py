@@ -1062,3 +1062,15 @@ def test_megatron_line_with_bracketed_timestamp_and_plain_logging_step_with_rank
 def test_ib_completion_without_peer_address():
     event = one("NET/IB : Got completion from peer with error 12 (host gpu9)")
     assert event.kind == "ib_error" and event.fields["status"] == 12 and event.fields["peer"] is None
+
+
+def test_a_launcher_told_to_stop_logs_its_death_signal():
+    """torchrun's agent signalled from outside, as recent torch prints it (the enum) and older torch (the number)."""
+    events = parse(
+        "W0616 00:37:22.830000 4015698 torch/distributed/elastic/agent/server/api.py:719] Received Signals.SIGTERM"
+        " death signal, shutting down workers\n"
+        "WARNING:torch.distributed.elastic.agent.server.api:Received 15 death signal, shutting down workers\n"
+    )
+    assert kinds(events) == ["elastic_error"] * 2
+    assert [e.fields for e in events] == [{"category": "death_signal", "signal": "SIGTERM"}] * 2
+    assert all(e.severity == "warning" for e in events)

@@ -636,3 +636,20 @@ def test_a_data_loader_death_cites_its_log_records_and_names_the_signals_apart()
     f = only(detect([died], job_of(2, 2)), key="dataloader:died")
     assert f.evidence["signals"] == [{"type": "log", "id": died.id}]
     assert f.evidence["exit_signals"] == ["SIGSEGV"]
+
+
+def test_a_launcher_stopped_from_outside_is_no_failure_but_one_whose_worker_died_is():
+    """torchrun told to stop (the scheduler's stop after an eviction, a preemption) logs its death signal, then a
+    closing signal per worker: read alone the closing signals were a "launcher errors" finding after every
+    eviction. Without the death signal, or with a worker that failed, they are still the job's failure."""
+    stopped = [
+        rec("elastic_error", "node-a", at=0.0, category="death_signal", signal="SIGTERM"),
+        rec("elastic_error", "node-a", at=0.1, category="closing_signal", pid=11, signal="SIGTERM"),
+        rec("elastic_error", "node-a", at=0.1, category="closing_signal", pid=12, signal="SIGTERM"),
+    ]
+    assert detect(stopped) == []
+    unprompted = [rec("elastic_error", "node-b", at=0.1, category="closing_signal", pid=21, signal="SIGTERM")]
+    failed = [rec("elastic_error", "node-a", at=0.2, category="worker_failed", exitcode=1, local_rank=0, pid=11)]
+    for records in (stopped + unprompted, stopped + failed):
+        (symptom,) = detect(records)
+        assert symptom.role == "symptom" and symptom.evidence["count"] == 1

@@ -17,6 +17,9 @@ _HEARTBEAT = re.compile(
 _SHUTDOWN = re.compile(r"The node '([^']+)' has failed to shutdown the rendezvous '([^']*)")
 _ERROR_TYPE = re.compile(r"\b(Rendezvous\w*Error|DistStoreError|DistNetworkError|RendezvousGracefulExitError)\b")
 _CLOSING = re.compile(r"Sending process (\d+) closing signal (\w+)")
+# The agent itself was signalled (a scheduler's stop, a preemption, a requeue, a closed terminal): it stops its
+# workers in order. Printed as "Signals.SIGTERM" by recent torch, "15" by older ones.
+_DEATH = re.compile(r"Received (?:Signals\.)?(\w+) death signal, shutting down workers")
 _WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary: (\S+)")
 _GROUP_FAILED = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
 _DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
@@ -29,6 +32,7 @@ _HINTS = (
     "DistNetworkError",
     "10d store",
     "closing signal",
+    "death signal",
     "Worker group FAILED",
     "local_rank: ",
     "exits with return code",
@@ -49,6 +53,9 @@ def rule_elastic(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     elif m := _CLOSING.search(body):
         severity = "warning"
         fields = {"category": "closing_signal", "pid": int(m.group(1)), "signal": m.group(2)}
+    elif m := _DEATH.search(body):
+        severity = "warning"
+        fields = {"category": "death_signal", "signal": _death_name(m.group(1))}
     elif m := _WORKER_FAILED.search(body):
         fields = {
             "category": "worker_failed",
@@ -80,6 +87,16 @@ def rule_elastic(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         }
     emit("elastic_error", severity, fields)
     return True
+
+
+def _death_name(sig: str) -> str:
+    """SIGTERM whether torch printed the enum's name or its number."""
+    if sig.isdigit():
+        try:
+            return signal.Signals(int(sig)).name
+        except ValueError:
+            return sig
+    return sig
 
 
 def _signal_name(exitcode: int) -> str | None:

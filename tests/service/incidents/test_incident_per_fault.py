@@ -213,3 +213,65 @@ def test_failing_check_results_of_a_node_a_job_wide_incident_evicted_are_that_in
     )  # fmt: skip
     result = decide(session, job, [check], evicted_at + timedelta(seconds=10))
     assert result.decisions == [] and [i.id for i in _incidents(session, job)] == [incident.id]
+
+
+def _stall(at: datetime, key: str, **evidence: str) -> ml_findings.Finding:
+    """The job's hang finding, observed when its timeout ran out."""
+    return finding(
+        None, detector="progress", category="hang", at=at, key=key, action="diagnose", confidence=0.9,
+        evidence={"hang_timeout_s": 90, **evidence},
+    )  # fmt: skip
+
+
+def test_the_jobs_stall_through_an_evicted_machines_restart_is_that_faults_not_a_new_incident(
+    session: Session,
+) -> None:
+    """The job stops stepping when a GPU is lost; the machine is evicted in seconds, but the restart on a spare
+    takes longer than the hang timeout: the stall began before the remedy, so it is the lost GPU's incident's (it
+    opened a hang incident of its own, merged a pass later: an extra incident and chat message per fault). A stall
+    of the restarted job (its processes came up after the remedy) is a new incident."""
+    job = rows.job(session)
+    a = rows.node(session).name
+    first = _evicted(session, job, a, done_after_s=5)
+    last_step = (T0 - timedelta(seconds=1)).isoformat()
+    result = decide(
+        session,
+        job,
+        [_stall(T0 + timedelta(seconds=89), "restart", last_step_at=last_step)],
+        T0 + timedelta(seconds=95),
+    )
+    assert result.decisions == [] and [i.id for i in _incidents(session, job)] == [first.id]
+    (stall,) = session.scalars(select(Finding).where(Finding.job_id == job.id, Finding.detector == "progress"))
+    assert stall.incident_id == first.id and first.state == "resolved"
+    restarted = (T0 + timedelta(seconds=60)).isoformat()
+    later = T0 + timedelta(seconds=160)
+    decide(session, job, [_stall(later, "new", last_step_at=last_step, restarted_at=restarted)], later)
+    incidents = _incidents(session, job)
+    assert len(incidents) == 2 and incidents[1].root_cause == "hang" and incidents[1].state != "resolved"
+
+
+def test_failing_checks_of_a_diagnose_decision_stay_in_its_incident_and_settle_its_blame(session: Session) -> None:
+    """A NaN loss on one node (blame unknown) -> diagnose -> a check fails: the check's finding joins the NaN
+    incident, which now blames the machine; later passes neither regroup it into a second incident (a hardware
+    incident anchored on the node, merged away a pass later) nor set the blame back to unknown."""
+    job = rows.job(session)
+    node = rows.node(session)
+    nan = finding(
+        node.name, detector="training_metrics", category="nan", at=T0, key="nan", action="diagnose", confidence=0.8,
+        blame="unknown",
+    )  # fmt: skip
+    decide(session, job, [nan], T0)
+    (incident,) = _incidents(session, job)
+    assert incident.blame == "unknown"
+    # Where service/checks/loop.py puts a diagnose decision's failed check: its job and incident.
+    failed = Finding(
+        dedup_key=f"stop_checks:{uuid.uuid4()}", job_id=job.id, node_id=node.id, incident_id=incident.id,
+        detector="stop_checks", category="gpu_hardware", subject_kind="gpu", subject=f"{node.name}/0",
+        confidence=0.95, summary="check numerics failed", blame="infrastructure", role="cause", action="evict",
+        evidence={}, observed_at=T0 + timedelta(seconds=50),
+    )  # fmt: skip
+    session.add(failed)
+    session.flush()
+    decide(session, job, [], T0 + timedelta(seconds=60))
+    assert [i.id for i in _incidents(session, job)] == [incident.id]
+    assert session.get(Finding, failed.id).incident_id == incident.id and incident.blame == "infrastructure"
