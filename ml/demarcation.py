@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from ml.findings import CATEGORIES, Finding
+from ml.peer_spans import overheated
 
 # Categories a job-level stall can be the consequence of: these absorb hang/straggler/job_failure findings.
 _EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network", "host"})
@@ -25,9 +26,11 @@ _STALLS = frozenset({"hang", "straggler", "job_failure"})
 _JOB_STOPS = frozenset({"hang", "job_failure"})
 # Job-level findings that a localizer (stacks, peers) turns into a machine.
 _LOCALIZED = frozenset({"hang", "straggler"})
-# Detectors whose claim is "this machine is unlike its peers": a fault elsewhere in the job (a link down, a
-# GPU lost, the job restarted around it) changes what its peers do to it, so such a claim can be a victim's.
-PEER_DETECTORS = frozenset({"peers", "node_signals"})
+# A claim that "this machine is unlike its peers" (peers; node_signals' congestion and memory pressure) can be a
+# victim's: a fault elsewhere in the job (a link down, a GPU lost, the job restarted around it) changes what its
+# peers do to it. node_signals' rules that read the machine's own ports (a flap, a port down, a link trained
+# slower, its error counters climbing) are direct evidence, as a Xid is, whatever fault came before elsewhere.
+_DIRECT_NODE_RULES = frozenset({"flap", "down", "slow_link", "errors"})
 # A machine unlike its peers from shortly after another machine's hard fault until this long after it is that
 # fault's victim (its traffic fell with the link it talks over; it restarted later or sooner than the others).
 VICTIM_AFTER = timedelta(minutes=15)
@@ -102,12 +105,24 @@ def _noisy_or(confidences: Sequence[float]) -> float:
     return 1.0 - miss
 
 
+def peer_comparison(f: Finding) -> bool:
+    """A finding that says a machine stands out from its peers in a way another machine's fault can make it do (not
+    a port's own counters, not a GPU running hotter than its peers)."""
+    if f.detector == "node_signals":
+        return f.evidence.get("rule") not in _DIRECT_NODE_RULES
+    if f.detector != "peers":
+        return False
+    metrics = f.evidence.get("metrics")
+    listed = metrics if isinstance(metrics, list) else []
+    return not overheated((m.get("metric"), m.get("direction")) for m in listed if isinstance(m, dict))
+
+
 def hard_fault(f: Finding) -> bool:
-    """A machine's own fault, seen directly (a Xid, an error counter, an alert), not by comparing it with peers."""
+    """A machine's own fault, seen directly (a Xid, an error counter, a port flap), not by comparing it with peers."""
     return (
         f.role == "cause"
         and f.node is not None
-        and f.detector not in PEER_DETECTORS
+        and not peer_comparison(f)
         and f.category in _EXPLAINS_STALLS
         and f.action in ("evict", "diagnose")
     )
@@ -115,7 +130,7 @@ def hard_fault(f: Finding) -> bool:
 
 def _victim_of(f: Finding, faults: Sequence[Finding]) -> Finding | None:
     """The hard fault on another machine that explains a peer comparison's finding about this one, if any."""
-    if f.detector not in PEER_DETECTORS or f.role != "cause" or f.node is None:
+    if not peer_comparison(f) or f.role != "cause" or f.node is None:
         return None
     if any(fault.node == f.node for fault in faults):
         return None  # a machine with a fault of its own is no victim

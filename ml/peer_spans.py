@@ -206,6 +206,16 @@ BUSY_METRICS = frozenset({"gpu_util", "sm_active", "tensor_active"})
 THROUGHPUT_METRICS = frozenset({NVLINK_TX_BYTES, NVLINK_RX_BYTES, NVLINK_BANDWIDTH_TOTAL, PCIE_TX_BYTES, PCIE_RX_BYTES})
 
 
+# A GPU hotter than its peers: a victim of another machine's fault waits, idle and cooler, so this is the GPU's own
+# state (its cooling, its power), whatever happened elsewhere.
+HEAT_METRICS = frozenset({GPU_TEMP, MEMORY_TEMP})
+
+
+def overheated(metric_sides: Iterable[tuple[str, str]]) -> bool:
+    """Whether any of these (metric, side) is a temperature on the high side."""
+    return any(metric in HEAT_METRICS and side == "high" for metric, side in metric_sides)
+
+
 def busier(metric_sides: Iterable[tuple[str, str]]) -> bool:
     """Whether every one of these (metric, side) is a throughput metric on the high side."""
     sides = list(metric_sides)

@@ -370,7 +370,7 @@ def _earlier_faults(session: Session, *, job: Job, now: datetime) -> list[Findin
             Incident.state == "resolved",
             FindingRow.observed_at >= now - FINDING_HORIZON - demarcation.VICTIM_AFTER,
             FindingRow.role == "cause",
-            FindingRow.detector.not_in(demarcation.PEER_DETECTORS),
+            FindingRow.detector != "peers",  # never a hard fault; node_signals' port rules are (hard_fault below)
         )
         .order_by(FindingRow.id.desc())
         .limit(200)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import random
 import signal
 import time
@@ -568,7 +569,16 @@ def run_campaign(
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine or pool inherited
     with ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
         args = [(config, settings, faults, say, g, mix, service_checks) for g in groups]
-        parts = [f.result() for f in [pool.submit(_run_group, a) for a in args]]
+        futures = [pool.submit(_run_group, a) for a in args]
+        try:
+            parts = [f.result() for f in futures]
+        except KeyboardInterrupt:
+            # A SIGTERM (kill, a timeout) reaches this process only, a Ctrl-C the whole group: the workers are told
+            # too, or leaving the pool waits for their whole campaigns.
+            for worker in list((pool._processes or {}).values()):
+                if worker.pid is not None and worker.is_alive():
+                    os.kill(worker.pid, signal.SIGINT)
+            raise
     merged = {
         **parts[0],
         "wall_s": max(p["wall_s"] for p in parts),

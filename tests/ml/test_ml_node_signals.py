@@ -275,3 +275,30 @@ def test_a_machine_that_joined_late_is_judged_from_when_it_joined() -> None:
     assert _detect(joined) == []
     aggregates = node_signals.aggregate(node_signals._prepare(joined))
     assert node_signals.worth_a_look(aggregates, node_signals.peer_summary(aggregates)) == []
+
+
+def test_a_port_flap_after_another_machines_fault_is_its_own_fault_and_congestion_its_victim() -> None:
+    """A port flap reads the machine's own counters: minutes after another machine lost a GPU it is still its own
+    network fault (as a victim of the lost GPU it joined that incident and nobody evicted the machine: the
+    campaign's missed IB flap). Congestion compares a machine with its peers, and a restart around a lost GPU
+    changes its traffic: a victim, in no incident of its own."""
+
+    def flap(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-002" and subject == "ib:mlx5_1/1" and i in (12, 22):
+            acc["link_downed"] += 1
+
+    flaps = [f for f in _detect(_frame(flap)) if f.evidence["rule"] == "flap"]
+    lost = Finding(
+        "signatures", "gpu_hardware", "node", "node-005", 0.98, "Xid 79 on node-005",
+        min(f.observed_at for f in flaps) - timedelta(minutes=2), node="node-005", blame="infrastructure",
+        action="evict",
+    )  # fmt: skip
+    congestion = Finding(
+        "node_signals", "network", "node", "node-003", 0.8, "node-003's ports stand out", lost.observed_at
+        + timedelta(minutes=1), node="node-003", action="evict", evidence={"rule": "congestion"},
+    )  # fmt: skip
+    proposals = demarcate([(i, f) for i, f in enumerate([lost, *flaps, congestion])])
+    by_machine = {(p.root_cause, p.anchor): p for p in proposals}
+    assert set(by_machine) == {("gpu_hardware", "node-005"), ("network", "node-002")}
+    assert len(by_machine[("network", "node-002")].finding_ids) == len(flaps)
+    assert len(flaps) + 1 in by_machine[("gpu_hardware", "node-005")].finding_ids  # the victim, as a symptom

@@ -78,3 +78,30 @@ def test_a_straggler_that_began_before_another_machines_fault_is_still_accused(s
     xid = finding(lost.name, detector="signatures", category="gpu_hardware", at=T0 + timedelta(minutes=3), key="xid")
     decide(session, job, [straggler, xid], T0 + timedelta(minutes=3))
     assert _decided_nodes(session, job) == {slow.name, lost.name}
+
+
+def test_a_gpu_hotter_than_its_peers_after_another_machines_fault_is_its_own_fault(session: Session) -> None:
+    """The campaign's thermal straggler began 2 min after another machine's GPU was evicted: as that fault's
+    victim it opened nothing for 15 min, then joined the next unrelated fault's incident. A victim waits, idle and
+    cooler; a GPU hotter than its peers (and throttled) is its own fault."""
+    job, broken, hot = rows.job(session), rows.node(session), rows.node(session)
+    fault = _link_fault(broken.name, T0)
+    result = decide(session, job, [fault], T0 + timedelta(seconds=20))
+    (incident,) = session.scalars(select(Incident).where(Incident.id.in_(result.incidents)))
+    resolve(session, incident=incident, resolution="mitigated: evict done", now=T0 + timedelta(minutes=1))
+
+    later = T0 + timedelta(minutes=3)
+    sides = [{"metric": "sm_clock", "direction": "low"}, {"metric": "gpu_temp", "direction": "high"}]
+    throttled = finding(
+        hot.name, detector="peers", category="straggler", at=later, key="thermal", evidence={"metrics": sides}
+    )
+    again = decide(session, job, [throttled], later)
+    assert again.incidents and again.decisions and _decided_nodes(session, job) == {broken.name, hot.name}
+    # The same clock alone is what any idle victim shows: still a victim.
+    idle = finding(
+        broken.name, detector="peers", category="straggler", at=later, key="idle",
+        evidence={"metrics": sides[:1]},
+    )  # fmt: skip
+    other, third = rows.job(session), rows.node(session)
+    decide(session, other, [_link_fault(third.name, T0), idle], later)
+    assert _decided_nodes(session, other) == {third.name}

@@ -3,6 +3,10 @@ passes and the closed loop acting on the service's decisions; and its command li
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,3 +119,28 @@ def test_a_diagnosed_node_is_settled_by_its_stop_time_checks(committed: Engine) 
     with session_scope() as session:
         bases = set(session.scalars(select(CheckResult.basis).where(CheckResult.check == "gemm_bf16")))
     assert "fleet" in bases
+
+
+@pytest.mark.timeout(300)
+def test_a_sigterm_stops_a_campaign_and_its_worker_processes(tmp_path: Path) -> None:
+    """`kill` (or a timeout) sends SIGTERM to the campaign's process only: its workers ran on to the end of their
+    campaigns while it waited for them. They are told and stop; each reports what it ran."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "faultline", "eval", "--campaign", "--faults", "40", "--seed", "5",
+         "--campaign-jobs", "4x2:tp2,4x2:tp2", "--soak-processes", "2", "--data-dir", str(tmp_path / "data"),
+         "--json", str(tmp_path / "campaign.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen: list[str] = []
+    running: set[str] = set()
+    for line in proc.stdout:  # until both workers' campaigns run (a fault injected in each job)
+        seen.append(line)
+        running |= {job for job in ("-a: fault #", "-b: fault #") if job in line}
+        if len(running) == 2:
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    out = "".join(seen) + rest
+    assert proc.returncode == 130, out
+    assert out.count("interrupted after") == 2, out
