@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from ml.findings import CATEGORIES, Finding
-from ml.peer_spans import overheated
+from ml.peer_spans import THROUGHPUT_METRICS, overheated
 
 # Categories a job-level stall can be the consequence of: these absorb hang/straggler/job_failure findings.
 _EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network", "host"})
@@ -105,16 +105,19 @@ def _noisy_or(confidences: Sequence[float]) -> float:
     return 1.0 - miss
 
 
+def _sides(f: Finding) -> list[tuple[str, str]]:
+    """(metric, direction) of each metric a peers finding names."""
+    metrics = f.evidence.get("metrics")
+    listed = metrics if isinstance(metrics, list) else []
+    return [(str(m.get("metric")), str(m.get("direction"))) for m in listed if isinstance(m, dict)]
+
+
 def peer_comparison(f: Finding) -> bool:
     """A finding that says a machine stands out from its peers in a way another machine's fault can make it do (not
     a port's own counters, not a GPU running hotter than its peers)."""
     if f.detector == "node_signals":
         return f.evidence.get("rule") not in _DIRECT_NODE_RULES
-    if f.detector != "peers":
-        return False
-    metrics = f.evidence.get("metrics")
-    listed = metrics if isinstance(metrics, list) else []
-    return not overheated((m.get("metric"), m.get("direction")) for m in listed if isinstance(m, dict))
+    return f.detector == "peers" and not overheated(_sides(f))
 
 
 def hard_fault(f: Finding) -> bool:
@@ -128,13 +131,20 @@ def hard_fault(f: Finding) -> bool:
     )
 
 
-def _victim_of(f: Finding, faults: Sequence[Finding]) -> Finding | None:
-    """The hard fault on another machine that explains a peer comparison's finding about this one, if any."""
+def _victim_of(f: Finding, faults: Sequence[Finding], dealt: Sequence[Finding]) -> Finding | None:
+    """The hard fault on another machine that explains a peer comparison's finding about this one, if any: a fault
+    still open (the job stalls or runs degraded around it), or one already dealt with when the finding is about the
+    data the machine moved (the job restarted around the fault and its traffic shifted). A GPU less busy or slower
+    than its peers long after the faulty machine left is no longer that fault's doing (the campaign's runaway
+    loaders, each minutes after another machine's eviction, were all taken for its victims)."""
     if not peer_comparison(f) or f.role != "cause" or f.node is None:
         return None
-    if any(fault.node == f.node for fault in faults):
+    if any(fault.node == f.node for fault in [*faults, *dealt]):
         return None  # a machine with a fault of its own is no victim
-    return next((fault for fault in faults if _in_wake(fault, f.observed_at)), None)
+    sides = _sides(f)
+    moved_data = f.detector != "peers" or (bool(sides) and all(metric in THROUGHPUT_METRICS for metric, _ in sides))
+    explaining = [*faults, *dealt] if moved_data else faults
+    return next((fault for fault in explaining if _in_wake(fault, f.observed_at)), None)
 
 
 # What a GPU that failed does to its own links and to the ranks on it: PCIe replays, NVLink errors, a CUDA error
@@ -256,15 +266,17 @@ def demarcate(
     """Group (finding id, finding) pairs of one job into incident proposals, most severe first.
 
     A peer comparison's finding about a machine that starts while another machine has a hard fault (among the
-    findings, or in `earlier_faults`: the job's recent ones already dealt with) is that fault's victim, not a
-    second cause: a symptom of the fault's incident when it is open, and no incident when it is not."""
-    faults = [f for _, f in findings if hard_fault(f)] + [f for f in earlier_faults if hard_fault(f)]
+    findings, or in `earlier_faults`: the job's recent ones already dealt with, for a finding about the data moved)
+    is that fault's victim, not a second cause: a symptom of the fault's incident when it is open, and no incident
+    when it is not (see _victim_of)."""
+    faults = [f for _, f in findings if hard_fault(f)]
+    dealt = [f for f in earlier_faults if hard_fault(f)]
     by_category: dict[str, list[tuple[int, Finding]]] = defaultdict(list)
     symptoms: list[tuple[int, Finding]] = []
     # (category, machine) of the fault -> its victims
     victims: dict[tuple[str, str], list[tuple[int, Finding]]] = defaultdict(list)
     for fid, finding in findings:
-        fault = _victim_of(finding, faults)
+        fault = _victim_of(finding, faults, dealt)
         if fault is not None:
             victims[(fault.category, fault.node or "")].append((fid, replace(finding, role="symptom")))
         elif finding.role == "symptom":
