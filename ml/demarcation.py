@@ -207,12 +207,14 @@ def _in_wake(fault: Finding, when: datetime) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Dealt:
-    """A machine fault's incident already resolved (its node evicted, its GPU reset, or closed by a person)."""
+    """An incident already resolved: a machine fault's (its node evicted, its GPU reset, or closed by a person), or
+    a job-wide one's (node "": a NaN loss or a user's bug the relaunched job got over)."""
 
     incident_id: int
     node: str
     since: datetime  # its first evidence
     until: datetime  # when it was resolved
+    root_cause: str = ""
 
 
 def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt]) -> dict[int, int]:
@@ -223,7 +225,7 @@ def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt
     late: dict[int, int] = {}
     newest_first = sorted(dealt, key=lambda d: d.until, reverse=True)
     for fid, f in findings:
-        if f.category == "user_code":
+        if f.node and f.category == "user_code":
             continue
         if f.node:
             owner = next(
@@ -239,9 +241,20 @@ def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt
             # during the restart on a spare; a launcher reports the dead rank) is that fault's, once it is dealt
             # with. A stall that began after the remedy (the restarted job stepped, or its processes came up) is new.
             began = onset(f)
-            owner = next((d for d in newest_first if d.since - VICTIM_SLACK <= began <= d.until + VICTIM_SLACK), None)
+            owner = next(
+                (d for d in newest_first if d.node and d.since - VICTIM_SLACK <= began <= d.until + VICTIM_SLACK), None
+            )
         else:
-            owner = None
+            # The job-wide cause the relaunched job got over, read again from the steps logged before it was (a NaN
+            # run's later steps reach a pass after the incident resolved): that incident's, not a second one.
+            owner = next(
+                (
+                    d
+                    for d in newest_first
+                    if not d.node and d.root_cause == f.category and d.since - VICTIM_SLACK <= f.observed_at <= d.until
+                ),
+                None,
+            )
         if owner is not None:
             late[fid] = owner.incident_id
     return late

@@ -386,9 +386,10 @@ def _late_to_their_incidents(
 
     A resolved incident dealt with the machine it is about (its anchor) and with every machine its evictions and GPU
     resets took out (a job-wide incident too: a NaN loss whose diagnose checks failed and evicted the node, whose
-    failing check results arrive as findings of their own)."""
+    failing check results arrive as findings of their own); one that took no machine out dealt with the job's
+    cause (a NaN run the relaunched job got over, read again by a later pass)."""
     rows = session.execute(
-        select(Incident.id, Incident.anchor, Incident.opened_at, Incident.resolved_at).where(
+        select(Incident.id, Incident.anchor, Incident.root_cause, Incident.opened_at, Incident.resolved_at).where(
             Incident.job_id == job.id,
             Incident.state == "resolved",
             Incident.resolved_at >= now - FINDING_HORIZON,
@@ -407,10 +408,10 @@ def _late_to_their_incidents(
     for incident_id, node in acted:
         machines[incident_id].add(node)
     dealt = [
-        demarcation.Dealt(r.id, node, first.get(r.id, r.opened_at), r.resolved_at)
+        demarcation.Dealt(r.id, node, first.get(r.id, r.opened_at), r.resolved_at, r.root_cause)
         for r in rows
         if r.resolved_at is not None
-        for node in sorted(machines[r.id])
+        for node in sorted(machines[r.id]) or [""]
     ]
     late = demarcation.late_evidence([(fid, f) for fid, f, _ in open_findings], dealt)
     for row_id, incident_id in late.items():

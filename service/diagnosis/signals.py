@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from ml.findings import JobInfo, LogRecord, StackSample
 from service.diagnosis import frames
-from service.models import Job, LogEvent, Node, Rank, StackDump
+from service.models import Job, LogEvent, Node, ProcessSnapshot, Rank, StackDump
 
 # Step lines are the bulk of log events (one per rank per step): thinned per stream, and the newest kept.
 MAX_STEP_EVENTS = 50_000
@@ -249,6 +249,17 @@ def stack_samples_for(session: Session, *, directive_ids: Sequence[uuid.UUID]) -
     for key, sid, rank, node, pid, threads, ts in rows:
         by_rank[wanted[key]][rank] = StackSample(rank=rank, node=node, pid=pid, threads=threads or [], id=sid, ts=ts)
     return {d: list(samples.values()) for d, samples in by_rank.items()}
+
+
+def processes_before(session: Session, *, job: Job, since: datetime, until: datetime) -> set[tuple[str, int]]:
+    """(node, pid) of the job's processes the agents reported in a time range."""
+    rows = session.execute(
+        select(Node.name, ProcessSnapshot.pid)
+        .join(Node, Node.id == ProcessSnapshot.node_id)
+        .where(ProcessSnapshot.job_id == job.id, ProcessSnapshot.ts >= since, ProcessSnapshot.ts <= until)
+        .distinct()
+    ).all()
+    return {(node, int(pid)) for node, pid in rows if pid is not None}
 
 
 def stopped_by_launcher(session: Session, *, job: Job, since: datetime, until: datetime) -> set[tuple[str, int]]:

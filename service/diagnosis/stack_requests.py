@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ml import stacks
-from ml.findings import Finding, JobInfo
+from ml.findings import Finding, JobInfo, StackSample
 from service.config import Settings
 from service.diagnosis import signals
 from service.directives.service import request_stack_dump
@@ -33,6 +33,8 @@ HORIZON = timedelta(hours=1)
 STALL_OVER_S = 20.0
 # Launchers' closing signals this long before a stack request still explain a rank found without a stack.
 LAUNCHER_STOP_SLACK = timedelta(seconds=30)
+# A dump's process counts as the stalled job's when the agents reported it this long before the request.
+RESTARTED_LOOKBACK = timedelta(minutes=10)
 CAMPAIGN_COOLDOWN = timedelta(minutes=10)
 
 
@@ -154,10 +156,24 @@ def _aggregate_hangs(
             continue
         # A rank without a stack because its launcher stopped it (the job torn down meanwhile) accuses no one.
         samples = [s for s in samples_of[directive.id] if s.threads or (s.node, s.pid) not in stopped]
+        samples = _of_the_stalled_processes(session, job=job, samples=samples, asked=directive.created_at)
         analysis = stacks.analyze(info, samples) if samples else None
         found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
         out += _keyed(found, str(directive.id), job, now, what="hang", n=len(samples))
     return out, waits
+
+
+def _of_the_stalled_processes(
+    session: Session, *, job: Job, samples: list[StackSample], asked: datetime
+) -> list[StackSample]:
+    """The samples of processes that were running when the stall was asked about. The job restarted meanwhile (a
+    spare swapped in) has new processes, still loading its checkpoint when dumped: their stacks say nothing about
+    the stall, and a rank still reading its data accused its machine. Kept whole where no process was reported
+    (an agent that sees no processes)."""
+    before = signals.processes_before(session, job=job, since=asked - RESTARTED_LOOKBACK, until=asked)
+    if not before:
+        return samples
+    return [s for s in samples if (s.node, s.pid) in before]
 
 
 def _stall_over(session: Session, *, job: Job, info: JobInfo, asked: datetime) -> bool:

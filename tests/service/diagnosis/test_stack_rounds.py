@@ -14,7 +14,7 @@ from ml.findings import JobInfo
 from service.config import Settings
 from service.diagnosis import signals, stack_requests
 from service.directives.service import request_stack_dump
-from service.models import Directive, Job, LogEvent, Node, StackDump
+from service.models import Directive, Job, LogEvent, Node, ProcessSnapshot, StackDump
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 WAITING = [("_engine_run_backward", "torch/autograd/graph.py"), ("backward", "torch/_tensor.py")]
@@ -238,3 +238,36 @@ def test_stacks_of_a_job_that_trained_on_after_the_request_accuse_no_one(session
         session, job=job2, info=info2, settings=Settings(), now=T0 + timedelta(seconds=40)
     )
     assert found == []
+
+
+def _processes(session: Session, job: Job, nodes: list[Node], first_pid: int, at: datetime) -> None:
+    """The agents' process reports of the job's 8 ranks (pids first_pid + rank)."""
+    for rank in range(8):
+        session.add(
+            ProcessSnapshot(batch_id=uuid.uuid4(), node_id=nodes[rank // 2].id, job_id=job.id, ts=at,
+                            pid=first_pid + rank, rank=rank, local_rank=rank % 2)
+        )  # fmt: skip
+    session.flush()
+
+
+def test_stacks_of_processes_started_after_the_request_accuse_no_one(session: Session) -> None:
+    """The job stalled waiting for a spare; the stacks were dumped once it had restarted on one, its new processes
+    still loading: one rank still reading its data accused its machine (a false eviction in the campaign). The
+    dumps of processes that ran when the stall was asked about are judged as before."""
+    job, nodes = _job(session)
+    info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
+    _hang_request(session, job, nodes, gone=5)
+    _processes(session, job, nodes, first_pid=1000, at=T0 - timedelta(seconds=20))  # the dumps' pids: judged
+    found, _ = stack_requests.aggregate(
+        session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
+    )
+    assert {f.subject for f in found if f.subject_kind == "node"} == {nodes[2].name}
+
+    job2, nodes2 = _job(session)
+    info2 = JobInfo(job2.external_id, world_size=8, rank_nodes={r: nodes2[r // 2].name for r in range(8)})
+    _hang_request(session, job2, nodes2, gone=5)
+    _processes(session, job2, nodes2, first_pid=2000, at=T0 - timedelta(seconds=20))  # before the restart
+    found, _ = stack_requests.aggregate(
+        session, job=job2, info=info2, settings=Settings(), now=T0 + timedelta(seconds=40)
+    )
+    assert not [f for f in found if f.subject_kind == "node"], [f.summary for f in found]

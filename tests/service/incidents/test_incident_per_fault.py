@@ -275,3 +275,27 @@ def test_failing_checks_of_a_diagnose_decision_stay_in_its_incident_and_settle_i
     decide(session, job, [], T0 + timedelta(seconds=60))
     assert [i.id for i in _incidents(session, job)] == [incident.id]
     assert session.get(Finding, failed.id).incident_id == incident.id and incident.blame == "infrastructure"
+
+
+def test_a_nan_run_read_again_after_its_incident_recovered_joins_it(session: Session) -> None:
+    """Every NaN-loss fault in the campaign made two incidents: the first resolved once the relaunched job trained
+    again, then a pass read the same run's steps (logged before the relaunch) as new findings and opened a second
+    one, left open past its fault. Evidence from before the job got over it is the resolved incident's; a NaN after
+    the relaunch is a new incident."""
+    job = rows.job(session)
+    nodes = [rows.node(session).name for _ in range(2)]
+
+    def nan(at: datetime, key: str) -> ml_findings.Finding:
+        return finding(None, detector="training_metrics", category="nan", at=at, key=key, action="rollback")
+
+    decide(session, job, [nan(T0, "nan-527")], T0)
+    (first,) = _incidents(session, job)
+    after = get_settings().incident_recovered_after_s
+    _step(session, job, nodes[0], T0 + timedelta(seconds=after + 5))
+    assert resolve_recovered(session, now=T0 + timedelta(seconds=3 * after), after_s=after) == [first.id]
+    later = T0 + timedelta(seconds=3 * after + 10)
+    result = decide(session, job, [nan(T0 + timedelta(seconds=60), "nan-540")], later)
+    assert result.incidents == [] and [i.id for i in _incidents(session, job)] == [first.id]
+    again = T0 + timedelta(seconds=4 * after)
+    decide(session, job, [nan(again, "nan-900")], again)
+    assert len(_incidents(session, job)) == 2
