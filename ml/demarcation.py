@@ -215,6 +215,7 @@ class Dealt:
     since: datetime  # its first evidence
     until: datetime  # when it was resolved
     root_cause: str = ""
+    left: datetime | None = None  # when its machine left the job (drained for checks, evicted), if before `until`
 
 
 def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt]) -> dict[int, int]:
@@ -239,10 +240,16 @@ def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt
         elif f.category in _JOB_STOPS:
             # The job's stall or failure that began while a machine's fault stopped it (its hang timeout runs out
             # during the restart on a spare; a launcher reports the dead rank) is that fault's, once it is dealt
-            # with. A stall that began after the remedy (the restarted job stepped, or its processes came up) is new.
+            # with. A stall that began after the machine left the job (the job restarted without it and stalled
+            # again, while its checks ran) is new.
             began = onset(f)
             owner = next(
-                (d for d in newest_first if d.node and d.since - VICTIM_SLACK <= began <= d.until + VICTIM_SLACK), None
+                (
+                    d
+                    for d in newest_first
+                    if d.node and d.since - VICTIM_SLACK <= began <= (d.left or d.until) + VICTIM_SLACK
+                ),
+                None,
             )
         else:
             # The job-wide cause the relaunched job got over, read again from the steps logged before it was (a NaN

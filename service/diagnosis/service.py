@@ -400,15 +400,25 @@ def _late_to_their_incidents(
     ids = [r.id for r in rows]
     first = fleet.first_evidence(session, incident_ids=ids)
     acted = session.execute(
-        select(Decision.incident_id, Node.name)
+        select(Decision.incident_id, Decision.kind, Decision.acked_at, Node.name)
         .join(Node, Node.id == Decision.node_id)
-        .where(Decision.incident_id.in_(ids), Decision.state == "done", Decision.kind.in_(("evict", "reset_gpu")))
+        .where(
+            Decision.incident_id.in_(ids),
+            Decision.state == "done",
+            Decision.kind.in_(("evict", "reset_gpu", "diagnose")),
+        )
     ).all()
     machines: dict[int, set[str]] = {r.id: {r.anchor} - {""} for r in rows}
-    for incident_id, node in acted:
-        machines[incident_id].add(node)
+    left: dict[int, datetime] = {}  # when the incident's machine first left the job (drained or evicted)
+    for incident_id, kind, acked_at, node in acted:
+        if kind != "diagnose":
+            machines[incident_id].add(node)
+        if acked_at is not None:
+            left[incident_id] = min(acked_at, left.get(incident_id, acked_at))
     dealt = [
-        demarcation.Dealt(r.id, node, first.get(r.id, r.opened_at), r.resolved_at, r.root_cause)
+        demarcation.Dealt(
+            r.id, node, first.get(r.id, r.opened_at), r.resolved_at, r.root_cause, left.get(r.id, r.resolved_at)
+        )
         for r in rows
         if r.resolved_at is not None
         for node in sorted(machines[r.id]) or [""]

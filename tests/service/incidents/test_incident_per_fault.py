@@ -299,3 +299,25 @@ def test_a_nan_run_read_again_after_its_incident_recovered_joins_it(session: Ses
     again = T0 + timedelta(seconds=4 * after)
     decide(session, job, [nan(again, "nan-900")], again)
     assert len(_incidents(session, job)) == 2
+
+
+def test_a_stall_that_began_while_a_drained_machine_was_checked_is_a_new_incident(session: Session) -> None:
+    """The machine was drained for its checks (diagnose done) and the job restarted without it; a rank then hung in
+    a checkpoint before the checks evicted the machine: that hang began after the machine left, so it is no late
+    evidence of the machine's fault (the campaign missed a hang in a checkpoint so)."""
+    job = rows.job(session)
+    node = rows.node(session)
+    nan = finding(node.name, detector="training_metrics", category="nan", at=T0, key="nan", action="diagnose",
+                  confidence=0.8)  # fmt: skip
+    decide(session, job, [nan], T0)
+    (incident,) = _incidents(session, job)
+    (diagnose,) = _decisions(session, incident)
+    _done(session, diagnose, T0 + timedelta(seconds=5))
+    evict = rows.decision(session, incident=incident, node=node, kind="evict", state="pending")  # the checks' verdict
+    _done(session, evict, T0 + timedelta(seconds=120))
+    assert incident.state == "resolved"
+    hang_began = (T0 + timedelta(seconds=80)).isoformat()
+    later = T0 + timedelta(seconds=180)
+    decide(session, job, [_stall(later, "ckpt", last_step_at=hang_began)], later)
+    incidents = _incidents(session, job)
+    assert len(incidents) == 2 and incidents[1].root_cause == "hang"
