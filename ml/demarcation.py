@@ -222,7 +222,8 @@ def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt
     """Finding id -> the resolved incident it belongs to: a finding about a machine observed while that machine's
     fault was being dealt with, which reached a pass only after (a metric counter's rise is read a pass after the
     Xid line that got the node evicted). Opening a new incident with it would accuse the machine again once it is
-    back from repair. A user's bug is the job's, never one machine's late evidence."""
+    back from repair. A user's bug is the job's, never one machine's late evidence. Job-level ones below: a stall
+    that began before a dealt machine left the job, and a job-wide cause read again after its incident resolved."""
     late: dict[int, int] = {}
     newest_first = sorted(dealt, key=lambda d: d.until, reverse=True)
     for fid, f in findings:
