@@ -27,9 +27,9 @@ _SYMPTOM_NAMES = {
 ORDERED_STOP_S = 60.0
 
 
-def _ordered_stops(occs: list[_Occ]) -> set[int]:
-    """The launcher lines of an ordered stop, by id(): a launcher told to stop (`Received SIGTERM death signal`:
-    the scheduler's stop, a preemption, the eviction of a machine) and the closing signals it then sent its
+def _without_ordered_stops(occs: list[_Occ]) -> list[_Occ]:
+    """The occurrences less the launcher lines of an ordered stop: a launcher told to stop (`Received SIGTERM death
+    signal`: the scheduler's stop, a preemption, the eviction of a machine) and the closing signals it then sent its
     workers on that node. Each line alone reads like a failure; together they say the job was stopped from
     outside, which is no fault of the job's (a host OOM or a fault that made the scheduler stop the job has
     evidence of its own)."""
@@ -38,24 +38,23 @@ def _ordered_stops(occs: list[_Occ]) -> set[int]:
         if o.kind == "elastic_error" and o.fields.get("category") == "death_signal":
             deaths[o.node].append(o.ts)
     if not deaths:
-        return set()
-    ordered: set[int] = set()
-    for o in occs:
+        return occs
+
+    def ordered(o: _Occ) -> bool:
         if o.kind != "elastic_error" or o.node not in deaths:
-            continue
+            return False
         category = o.fields.get("category")
-        if category == "death_signal" or (
+        return category == "death_signal" or (
             category == "closing_signal"
             and any(0 <= (o.ts - d).total_seconds() <= ORDERED_STOP_S for d in deaths[o.node])
-        ):
-            ordered.add(id(o))
-    return ordered
+        )
+
+    return [o for o in occs if not ordered(o)]
 
 
 def _symptom_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
     findings: list[Finding] = []
-    stops = _ordered_stops(occs)
-    occs = [o for o in occs if id(o) not in stops]
+    occs = _without_ordered_stops(occs)
     for kind, name in _SYMPTOM_NAMES.items():
         group = [o for o in occs if o.kind == kind]
         if not group:

@@ -435,9 +435,15 @@ def _without_check_results(
     """The open findings less the failed stop-time checks a diagnose decision's incident already holds (they are
     that incident's evidence: regrouped by machine they would open a second incident for the same fault), and
     the ids of the incidents that hold some."""
-    pinned = [row for _, _, row in open_findings if row.detector == CHECKS_DETECTOR and row.incident_id is not None]
-    rest = [item for item in open_findings if item[2] not in pinned]
-    return rest, {row.incident_id for row in pinned if row.incident_id is not None}
+    rest: list[tuple[int, Finding, FindingRow]] = []
+    checked: set[int] = set()
+    for item in open_findings:
+        row = item[2]
+        if row.detector == CHECKS_DETECTOR and row.incident_id is not None:
+            checked.add(row.incident_id)
+        else:
+            rest.append(item)
+    return rest, checked
 
 
 def _open_findings(session: Session, *, job: Job, now: datetime) -> list[tuple[int, Finding, FindingRow]]:

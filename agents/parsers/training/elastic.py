@@ -91,12 +91,7 @@ def rule_elastic(body: str, low: str, emit: Emit, rank: int | None) -> bool:
 
 def _death_name(sig: str) -> str:
     """SIGTERM whether torch printed the enum's name or its number."""
-    if sig.isdigit():
-        try:
-            return signal.Signals(int(sig)).name
-        except ValueError:
-            return sig
-    return sig
+    return (_signal_name(-int(sig)) or sig) if sig.isdigit() else sig
 
 
 def _signal_name(exitcode: int) -> str | None:
