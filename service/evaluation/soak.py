@@ -24,10 +24,11 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -223,25 +224,28 @@ class Soak:
         )
         last_progress = time.monotonic()
         try:
-            for k in range(1, steps + 1):
-                t = k * SAMPLE_S
-                now = self.start + timedelta(seconds=t)
-                for run in self.jobs:
-                    self._advance(run, t, now)
-                self._tick(t, now)
-                if k % ship_every == 0:
-                    self._ship(now)
-                if k % pass_every == 0:
+            with _stop_requests() as stop:
+                for k in range(1, steps + 1):
+                    if stop.is_set():
+                        raise KeyboardInterrupt
+                    t = k * SAMPLE_S
+                    now = self.start + timedelta(seconds=t)
                     for run in self.jobs:
-                        self._pass(run, now, fast=False)
-                if k % maint_every == 0:
-                    self._maintenance(now)
-                self.covered_s = t
-                if self._finished():
-                    break
-                if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
-                    last_progress = time.monotonic()
-                    self._progress(t, started)
+                        self._advance(run, t, now)
+                    self._tick(t, now)
+                    if k % ship_every == 0:
+                        self._ship(now)
+                    if k % pass_every == 0:
+                        for run in self.jobs:
+                            self._pass(run, now, fast=False)
+                    if k % maint_every == 0:
+                        self._maintenance(now)
+                    self.covered_s = t
+                    if self._finished():
+                        break
+                    if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                        last_progress = time.monotonic()
+                        self._progress(t, started)
         except KeyboardInterrupt:
             # Ctrl-C: the time covered so far is reported like a shorter soak.
             self.say(f"interrupted after {_hms(self.covered_s)} of simulated time; reporting that")
@@ -511,6 +515,24 @@ def _run_group(args: tuple[SoakConfig, Settings, Callable[[str], None], list[int
 
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stop_requests() -> Iterator[threading.Event]:
+    """While the loop runs, Ctrl-C and SIGTERM end it at the next simulated second, never inside a database write:
+    an interrupt in the middle of a COPY left its connection unusable, and the failed rollback hid the interrupt
+    (a campaign worker died without its report). A Ctrl-C reaches a campaign's workers twice (the terminal's and
+    the one their parent passes on): both only ask."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, str]]:

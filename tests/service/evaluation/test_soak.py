@@ -4,6 +4,8 @@ reach the detectors)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from sqlalchemy import Engine
 from service.config import get_settings
 from service.evaluation import soak
 from service.evaluation.soak import SoakConfig, SoakJob, parse_duration, parse_jobs, run_soak
+from service.ingest.service import store_batches
 from tests.conftest import count
 
 
@@ -88,3 +91,23 @@ def test_a_gpu_reset_xid_resets_that_gpu_and_keeps_the_node(committed: Engine) -
     assert ("reset_gpu", node) in kinds and not any(k == "evict" for k, _ in kinds), report["decisions"]
     reset = next(d for d in report["decisions"] if d["kind"] == "reset_gpu")
     assert reset["gpu"] == fault["gpus"][node][0]
+
+
+def test_an_interrupt_ends_the_soak_between_two_simulated_seconds(
+    committed: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C or SIGTERM in the middle of a write lets the write finish: an interrupt inside a COPY left its
+    connection unusable and the failed rollback hid the interrupt (a campaign worker died without its report)."""
+    stored: list[int] = []
+
+    def interrupted_while_storing(session: Any, **kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        store_batches(session, **kwargs)
+        stored.append(len(kwargs["batches"]))
+
+    monkeypatch.setattr(soak, "store_batches", interrupted_while_storing)
+    report = _soak((SoakJob("a", 2, 2),), 240.0)
+    assert stored and stored[0] > 0  # the batch being stored when the signal came was stored whole
+    assert report["interrupted"] and report["simulated_s"] == soak.SHIP_S
+    with committed.connect() as conn:
+        assert count(conn, "node_samples") > 0
