@@ -19,6 +19,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ml.peer_spans import starved
+from ml.peers import DETECTOR as PEERS
 from service.checks.schemas import CheckResultIn
 from service.checks.service import record, request_checks
 from service.config import Settings
@@ -153,13 +155,32 @@ def _act(
         _undrain(session, decision=decision, node=node, now=now, settings=settings)
     incident = session.get(Incident, decision.incident_id) if decision and decision.incident_id is not None else None
     if incident is not None:
+        input_bound = incident.blame == "unknown" and _waited_for_input(session, incident)
+        if input_bound:
+            # The host side was the suspect (the GPU waited for its input) and the machine passed every check: the
+            # job's own input pipeline (its loader, its data) is what is left, the job owner's to look at.
+            incident.blame = "user_code"
         incidents.resolve(
             session,
             incident=incident,
             now=now,
-            resolution=f"stop-time checks passed on {node.name}: no fault found, node returned",
+            resolution=f"stop-time checks passed on {node.name}: no fault found, node returned"
+            + ("; its GPUs waited for the job's own input" if input_bound else ""),
         )
     return "passed: node returned" + (", incident resolved" if incident is not None else "")
+
+
+def _waited_for_input(session: Session, incident: Incident) -> bool:
+    """Whether every machine finding of the incident is a GPU less busy than its peers: waiting for its input."""
+    rows = session.execute(
+        select(Finding.detector, Finding.evidence).where(
+            Finding.incident_id == incident.id, Finding.node_id.is_not(None), Finding.role == "cause"
+        )
+    ).all()
+    return bool(rows) and all(
+        detector == PEERS and starved((m.get("metric"), m.get("direction")) for m in evidence.get("metrics", []))
+        for detector, evidence in rows
+    )
 
 
 def _undrain(session: Session, *, decision: Decision, node: Node, now: datetime, settings: Settings) -> None:

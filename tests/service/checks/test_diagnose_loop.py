@@ -72,6 +72,39 @@ def test_a_clean_pass_returns_the_node_and_resolves_the_incident(client, session
     assert client.post("/api/v1/ingest", json=batch("suspect"), headers=setup["agent"]).json()["directives"] == []
 
 
+@pytest.mark.parametrize(("direction", "blame"), [("low", "user_code"), ("high", "unknown")])
+def test_a_pass_after_a_gpu_waited_for_its_input_blames_the_jobs_own_input(client, session, setup, direction, blame):
+    """A GPU less busy than its peers waited for its input; its machine passing every check leaves the job's input
+    pipeline: the incident needs no person to settle its blame. A busier GPU whose machine passed stays unknown."""
+    incident = setup["incident"]
+    incident.blame = "unknown"
+    session.add(
+        Finding(
+            dedup_key="peers:suspect/1",
+            job_id=incident.job_id,
+            incident_id=incident.id,
+            node_id=setup["node"].id,
+            detector="peers",
+            category="straggler",
+            subject_kind="gpu",
+            subject="suspect/1",
+            confidence=0.6,
+            summary="suspect GPU 1 is its peers' outlier",
+            blame="unknown",
+            action="diagnose",
+            evidence={"metrics": [{"metric": "gpu_util", "direction": direction}]},
+            observed_at=datetime.now(UTC),
+        )
+    )
+    session.flush()
+    directive = _drain(client, setup)
+    _results(client, setup, directive["id"], [{"check": "nvml_state", "subject": "gpu:1", "status": "pass"}])
+    session.expire_all()
+    resolved = session.get(Incident, incident.id)
+    assert resolved.state == "resolved" and resolved.blame == blame
+    assert ("the job's own input" in resolved.resolution) == (blame == "user_code")
+
+
 def test_a_failing_check_evicts_the_node_with_the_finding_in_the_incident(client, session, setup):
     directive = _drain(client, setup)
     _results(
