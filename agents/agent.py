@@ -57,7 +57,7 @@ EXIT_AUTH = 3
 # drained must not wait on a service that is gone, and systemd or Kubernetes kill it soon after anyway.
 SHUTDOWN_S = 1.0
 # A job's log lines outlive its processes (the traceback of a crash is written as they die): events are
-# attributed to a job seen on the node this recently.
+# attributed to a job seen on the node this recently; samples only while its processes run.
 JOB_LINGER_S = 600.0
 # --once reads the CPU counters twice this far apart, so a dry run prints real CPU percentages.
 ONCE_CPU_SPAN_S = 0.3
@@ -373,8 +373,14 @@ class Agent:
         }
         if checks:
             batch["checks"] = checks  # stop-time check results (agents/checks), for the directive that asked
-        if len(recent) == 1:
-            batch["job_id"] = recent[0]
+        if len(recent) == 1 and jobs:
+            batch["job_id"] = recent[0]  # its processes run here: every sample of the batch is the job's
+        elif len(recent) == 1:
+            # They ended here in the last JOB_LINGER_S: the job's last log lines still are its, the GPUs' samples are
+            # not (a machine evicted and in repair kept its fault's counters climbing under the job for 10 min, and
+            # was accused again on them when it came back to the job).
+            for event in batch["logs"]:
+                event.setdefault("job_id", recent[0])
         self.events = []
         self.node_metrics = []
         return batch

@@ -76,6 +76,10 @@ STATES: dict[str, tuple[float, str]] = {
 PENDING = (ROW_REMAP_PENDING, RETIRED_PAGES_PENDING)
 
 # A lost GPU: silent for this many of its node's sampling intervals (and this long), while the node reports.
+# Samples of a GPU this far apart in the job's data: the machine was away from the job (evicted and in repair, or
+# drained) and its counters' rise across the absence happened outside it (a repaired machine swapped back in was
+# accused on the errors of the fault it had been evicted for). An agent's restart is a few seconds.
+AWAY_S = 120.0
 LOST_INTERVALS = 3
 LOST_MIN_S = 10.0
 LOST_MIN_LATER_SAMPLES = 2
@@ -122,8 +126,8 @@ def _numeric(df: pd.DataFrame, column: str) -> pd.Series | None:
 
 
 def _increases(df: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Per GPU: the sum of increases between consecutive samples (resets and gaps ignored), the time of
-    the first increase, the values around it and how many resets were seen."""
+    """Per GPU: the sum of increases between consecutive samples (resets, missing values and rises across an
+    absence ignored), the time of the first increase, the values around it and how many resets were seen."""
     values = _numeric(df, column)
     if values is None:
         return pd.DataFrame(columns=["node", "gpu", "increase", "first_ts", "before", "after", "resets", "last_ts"])
@@ -131,7 +135,8 @@ def _increases(df: pd.DataFrame, column: str) -> pd.DataFrame:
     filled = values.groupby(keys).ffill()  # a missing sample does not break the chain of differences
     previous = filled.groupby(keys).shift()
     delta = filled - previous
-    rising = delta > 0
+    away = (df["ts"] - df["ts"].groupby(keys).shift()).dt.total_seconds() > AWAY_S
+    rising = (delta > 0) & ~away
     frame = pd.DataFrame(
         {
             "node": df["node"],

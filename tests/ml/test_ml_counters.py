@@ -174,6 +174,18 @@ def test_missing_samples_do_not_hide_an_increase():
     )
 
 
+def test_a_rise_across_an_absence_from_the_job_is_not_an_increase():
+    """A machine evicted for climbing NVLink errors, repaired and swapped back in: the rise between its last sample
+    before it left and its first after it came back happened outside the job."""
+    before = series("nvlink_crc_flit_errors", [5400] * 6, gpus=8)
+    back = series("nvlink_crc_flit_errors", [27100] * 6, gpus=8)
+    back["ts"] += timedelta(seconds=counters.AWAY_S + 60)
+    assert detect(pd.concat([before, back])) == []
+    back["nvlink_crc_flit_errors"] = [27100 + 500 * (i // 8) if i % 8 == 0 else 0 for i in range(len(back))]
+    [f] = detect(pd.concat([before, back]))  # climbing again once back: that rise is the job's
+    assert f.category == "nvlink" and f.evidence["errors"] == 2500
+
+
 def test_row_remap_failure_and_xid_last():
     [f] = detect(series("row_remap_failure", [0, 0, 1, 1]))
     assert (f.category, f.action, f.confidence) == ("gpu_hardware", "evict", 0.95)
