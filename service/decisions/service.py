@@ -102,21 +102,35 @@ def decide_incident(
     return stored
 
 
-def _rejoined_after_eviction(session: Session, *, rows: Sequence[Any]) -> dict[str, datetime]:
-    """When each node carried out of a job by an eviction last got ranks assigned again (a scheduler put it back
-    after its repair): from then on that eviction no longer holds the node in cooldown, so a new fault on it is
-    decided like any other (the demo's repaired node-001 lost a GPU and nothing was decided)."""
-    evicted = {node for kind, node, state, *_ in rows if kind == "evict" and state == "done" and node}
-    if not evicted:
+def rejoined_after_eviction(session: Session, *, nodes: Collection[str]) -> dict[str, tuple[datetime, datetime]]:
+    """Node -> (when its last eviction was carried out, when it last got ranks assigned after that), for each of
+    these nodes a scheduler put back in a job after an eviction (its repair): from then on the machine starts
+    afresh. Its eviction no longer holds it in cooldown (the demo's repaired node-001 lost a GPU and nothing was
+    decided), and its old fault no longer explains what it shows (a repaired node-000's new NVLink fault was taken
+    for the wake of the GPU it had lost before its repair)."""
+    if not nodes:
         return {}
-    return dict(
-        session.execute(  # type: ignore[arg-type]
-            select(Node.name, func.max(Rank.updated_at))
-            .join(Rank, Rank.node_id == Node.id)
-            .where(Node.name.in_(evicted))
+    evicted = dict(
+        session.execute(
+            select(Node.name, func.max(Decision.acked_at))
+            .join(Decision, Decision.node_id == Node.id)
+            .where(Node.name.in_(nodes), Decision.kind == "evict", Decision.state == "done")
             .group_by(Node.name)
         ).all()
     )
+    placed = dict(
+        session.execute(
+            select(Node.name, func.max(Rank.updated_at))
+            .join(Rank, Rank.node_id == Node.id)
+            .where(Node.name.in_(list(evicted)))
+            .group_by(Node.name)
+        ).all()
+    )
+    return {
+        node: (acked, placed[node])
+        for node, acked in evicted.items()
+        if acked is not None and node in placed and placed[node] > acked
+    }
 
 
 def _context(
@@ -140,7 +154,8 @@ def _context(
             or_(Decision.kind == "evict", and_(Decision.job_id == job.id, Decision.node_id.is_(None))),
         )
     ).all()
-    rejoined = _rejoined_after_eviction(session, rows=rows)
+    evicted = {node for kind, node, state, *_ in rows if kind == "evict" and state == "done" and node}
+    rejoined = {node: placed for node, (_, placed) in rejoined_after_eviction(session, nodes=evicted).items()}
     prior = [
         PriorDecision(kind=kind, node=node, state=state, created_at=at, job_id=job_id, incident_id=incident_id)
         for kind, node, state, at, job_id, incident_id, acked in rows

@@ -375,7 +375,10 @@ def _earlier_faults(session: Session, *, job: Job, now: datetime) -> list[Findin
         .order_by(FindingRow.id.desc())
         .limit(200)
     ).all()
-    return [f for f in (row.to_ml(node) for row, node in rows) if demarcation.hard_fault(f)]
+    faults = [f for f in (row.to_ml(node) for row, node in rows) if demarcation.hard_fault(f)]
+    # A machine evicted for its fault and put back in the job after its repair: its fault's wake ended there.
+    back = decisions.rejoined_after_eviction(session, nodes={f.node for f in faults if f.node})
+    return [f for f in faults if not (f.node in back and f.observed_at <= back[f.node][0])]
 
 
 def _late_to_their_incidents(

@@ -45,3 +45,37 @@ def test_a_repaired_node_back_in_the_job_is_evicted_again_on_a_new_fault(session
     made = decide(session, job, [third], t2).decisions
     assert len(made) == 1
     assert t2 - t0 < timedelta(seconds=settings.policy_node_cooldown_s)
+
+
+def test_a_repaired_node_back_in_the_job_is_no_longer_in_its_old_faults_wake(session: Session) -> None:
+    """The 30-minute demo: node-000 lost a GPU and was evicted; repaired and back in the job 5 minutes later, its new
+    NVLink fault (another GPU, a Xid naming it by PCI address) was taken for the lost GPU's consequence and nothing
+    was decided. Before its repair, the same finding is still the lost GPU's wake."""
+    settings = get_settings()
+    job, node = rows.job(session), rows.node(session)
+    t0 = datetime.now(UTC) - timedelta(minutes=10)  # the new fault comes within the old one's wake
+    lost = finding(node.name, detector="signatures", category="gpu_hardware", at=t0, key="xid79", subject_kind="gpu")
+    (evicted,) = decide(session, job, [lost], t0).decisions
+    lifecycle.acknowledge(
+        session,
+        decision_id=evicted,
+        outcome="done",
+        message="drained",
+        actor="scheduler",
+        now=t0 + timedelta(seconds=3),
+        settings=settings,
+    )
+    nvlink = {
+        "detector": "signatures",
+        "category": "nvlink",
+        "subject_kind": "gpu",
+        "subject": f"{node.name}/0000:d1:00",
+    }
+    t1 = t0 + timedelta(minutes=2)  # still out of the job, in repair: the lost GPU's wake
+    assert decide(session, job, [finding(node.name, at=t1, key="xid74-a", **nvlink)], t1).incidents == []
+
+    session.add(Rank(job_id=job.id, rank=0, node_id=node.id, local_rank=0, gpu_index=0))  # repaired, placed again
+    session.flush()
+    t2 = datetime.now(UTC)
+    result = decide(session, job, [finding(node.name, at=t2, key="xid74-b", **nvlink)], t2)
+    assert len(result.incidents) == 1 and len(result.decisions) == 1
