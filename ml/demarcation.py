@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from ml.findings import CATEGORIES, Finding
-from ml.peer_spans import THROUGHPUT_METRICS, overheated
+from ml.peer_spans import THROUGHPUT_METRICS, overheated, working_harder
 
 # Categories a job-level stall can be the consequence of: these absorb hang/straggler/job_failure findings.
 _EXPLAINS_STALLS = frozenset({"gpu_hardware", "nvlink", "pcie", "network", "host"})
@@ -114,10 +114,13 @@ def _sides(f: Finding) -> list[tuple[str, str]]:
 
 def peer_comparison(f: Finding) -> bool:
     """A finding that says a machine stands out from its peers in a way another machine's fault can make it do (not
-    a port's own counters, not a GPU running hotter than its peers)."""
+    a port's own counters, not a GPU running hotter than its peers, not one busier than its peers: another machine's
+    fault makes its peers wait, idle, never work longer each step; the demo's straggler on node-002 was taken for
+    the victim of node-005's port errors and never decided)."""
     if f.detector == "node_signals":
         return f.evidence.get("rule") not in _DIRECT_NODE_RULES
-    return f.detector == "peers" and not overheated(_sides(f))
+    sides = _sides(f)
+    return f.detector == "peers" and not overheated(sides) and not working_harder(sides)
 
 
 def hard_fault(f: Finding) -> bool:

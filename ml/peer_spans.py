@@ -222,6 +222,11 @@ def busier(metric_sides: Iterable[tuple[str, str]]) -> bool:
     return bool(sides) and all(metric in THROUGHPUT_METRICS and side == "high" for metric, side in sides)
 
 
+def working_harder(metric_sides: Iterable[tuple[str, str]]) -> bool:
+    """Whether any of these (metric, side) is a busy metric on the high side: the GPU works longest each step."""
+    return any(metric in BUSY_METRICS and side == "high" for metric, side in metric_sides)
+
+
 def starved(metric_sides: Iterable[tuple[str, str]]) -> bool:
     """Whether any of these (metric, side) is a busy metric on the low side."""
     return any(metric in BUSY_METRICS and side == "low" for metric, side in metric_sides)

@@ -111,6 +111,28 @@ def test_a_gpu_hotter_than_its_peers_after_another_machines_fault_is_its_own_fau
     assert _decided_nodes(session, other) == {third.name}
 
 
+def test_a_gpu_busier_than_its_peers_while_another_machines_fault_is_open_is_its_own_fault(session: Session) -> None:
+    """The 30-minute demo: node-002's GPU 4 was slowed (high tensor_active against its peers' for 120 s) while
+    node-005's port errors had an open incident; taken for that fault's victim, it was never decided. Another
+    machine's fault makes its peers wait, idle; a GPU that works longer each step than its peers is the slow one."""
+    job, broken, slow = rows.job(session), rows.node(session), rows.node(session)
+    later = T0 + timedelta(minutes=2)
+    busier = finding(
+        slow.name, detector="peers", category="straggler", at=later, key="busier",
+        evidence={"metrics": [{"metric": "tensor_active", "direction": "high"}]},
+    )  # fmt: skip
+    result = decide(session, job, [_link_fault(broken.name, T0), busier], later)
+    assert len(result.incidents) == 2 and _decided_nodes(session, job) == {broken.name, slow.name}
+    # Less busy than its peers beside the same open fault: its victim, in the fault's incident.
+    other, third, idle = rows.job(session), rows.node(session), rows.node(session)
+    waiting = finding(
+        idle.name, detector="peers", category="straggler", at=later, key="waiting",
+        evidence={"metrics": [{"metric": "tensor_active", "direction": "low"}]},
+    )  # fmt: skip
+    decide(session, other, [_link_fault(third.name, T0), waiting], later)
+    assert _decided_nodes(session, other) == {third.name}
+
+
 def test_a_gpu_less_busy_than_its_peers_after_a_fault_was_dealt_with_is_its_own(session: Session) -> None:
     """The campaign's runaway data loaders each began a minute or more after another machine was evicted: taken for
     that fault's victims, 7 of 9 opened nothing and were drained by hand. A machine that moved less data around a
