@@ -8,11 +8,26 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session
 
+from ml.findings import Finding
 from service.config import get_settings
 from service.decisions import lifecycle
-from service.models import Rank
+from service.models import Job, Rank
 from tests import rows
 from tests.decide import decide, finding
+
+
+def _evicted(session: Session, job: Job, fault: Finding) -> None:
+    """The fault decided at its time, and the scheduler's eviction carried out 30 s later."""
+    (evicted,) = decide(session, job, [fault], fault.observed_at).decisions
+    lifecycle.acknowledge(
+        session,
+        decision_id=evicted,
+        outcome="done",
+        message="drained",
+        actor="scheduler",
+        now=fault.observed_at + timedelta(seconds=30),
+        settings=get_settings(),
+    )
 
 
 def test_a_repaired_node_back_in_the_job_is_evicted_again_on_a_new_fault(session: Session) -> None:
@@ -20,17 +35,7 @@ def test_a_repaired_node_back_in_the_job_is_evicted_again_on_a_new_fault(session
     job, node = rows.job(session), rows.node(session)
     # Times in the recent past: the rank map's updated_at is the database's now().
     t0 = datetime.now(UTC) - timedelta(minutes=40)
-    first = finding(node.name, detector="signatures", category="gpu_hardware", at=t0, key="xid79-a")
-    (evicted,) = decide(session, job, [first], t0).decisions
-    lifecycle.acknowledge(
-        session,
-        decision_id=evicted,
-        outcome="done",
-        message="drained",
-        actor="scheduler",
-        now=t0 + timedelta(seconds=30),
-        settings=settings,
-    )
+    _evicted(session, job, finding(node.name, detector="signatures", category="gpu_hardware", at=t0, key="xid79-a"))
 
     # Out of the job: a second fault within the cooldown is not decided (the eviction's guard rail holds).
     t1 = t0 + timedelta(minutes=5)
@@ -51,20 +56,10 @@ def test_a_repaired_node_back_in_the_job_is_no_longer_in_its_old_faults_wake(ses
     """The 30-minute demo: node-000 lost a GPU and was evicted; repaired and back in the job 5 minutes later, its new
     NVLink fault (another GPU, a Xid naming it by PCI address) was taken for the lost GPU's consequence and nothing
     was decided. Before its repair, the same finding is still the lost GPU's wake."""
-    settings = get_settings()
     job, node = rows.job(session), rows.node(session)
     t0 = datetime.now(UTC) - timedelta(minutes=10)  # the new fault comes within the old one's wake
     lost = finding(node.name, detector="signatures", category="gpu_hardware", at=t0, key="xid79", subject_kind="gpu")
-    (evicted,) = decide(session, job, [lost], t0).decisions
-    lifecycle.acknowledge(
-        session,
-        decision_id=evicted,
-        outcome="done",
-        message="drained",
-        actor="scheduler",
-        now=t0 + timedelta(seconds=3),
-        settings=settings,
-    )
+    _evicted(session, job, lost)
     nvlink = {
         "detector": "signatures",
         "category": "nvlink",
