@@ -7,10 +7,11 @@ direction, into episodes: flagged spans that follow each other, or are only apar
 flagged one. A clean span (the job working, the GPU not flagged) lying wholly after an episode's last flagged span
 ends it. Spans where the job was not working (a checkpoint, a hang) are skipped: they neither count nor end one.
 
-A GPU with MIN_EPISODES separate episodes in the horizon on a metric is a recurrent straggler, unless a GPU of
-another machine recurs nearly as often (then the job, not a machine, comes and goes), or it is starved rather than
-slow: a throttled GPU works longer than its peers each step (busier), a GPU waiting for its input (a data loader
-starved of CPU, a slow filesystem) works less, and its clock drops with it as any idle GPU's does.
+A GPU with MIN_EPISODES separate episodes in the horizon on at least MIN_METRICS of its metrics is a recurrent
+straggler, unless a GPU of another machine recurs nearly as often (then the job, not a machine, comes and goes),
+or it is starved rather than slow: a throttled GPU works longer than its peers each step (busier), a GPU waiting
+for its input (a data loader starved of CPU, a slow filesystem) works less, and its clock drops with it as any
+idle GPU's does.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ DETECTOR = "peers"
 HORIZON_S = 600.0
 # One episode is a transient, two can be chance (a stall, then a spike); three separate ones are a pattern.
 MIN_EPISODES = 3
+# A slow GPU comes and goes on several signals at once (it works longer each step: more SM and tensor activity, and
+# a lower clock or power when it throttles). One metric alone coming and going is the windows cutting the steps'
+# phases differently: the demo's healthy node-003 GPU 2 had 3 episodes of high tensor_active in 10 min, its clock,
+# power and SM activity its peers' all along, and was evicted.
+MIN_METRICS = 2
 # Confidence kept for 3, 4, 5+ episodes: a third episode is a pattern, each one after it makes it surer.
 EPISODE_FACTOR = (0.9, 0.95, 1.0)
 MAX_CONFIDENCE = 0.95  # as ml/peers.py: a metric comparison is never certain
@@ -109,6 +115,10 @@ def detect(
             key = (unit, _spec(ep.metric).category)
             grouped.setdefault(key, {}).setdefault((ep.metric, ep.direction), []).append(ep)
     often = {key: max(len(v) for v in by_metric.values()) for key, by_metric in grouped.items()}
+    # Per unit, over every category: how many of its metrics recur.
+    corroborated: dict[str, int] = {}
+    for (unit, _), by_metric in grouped.items():
+        corroborated[unit] = corroborated.get(unit, 0) + sum(len(v) >= MIN_EPISODES for v in by_metric.values())
     findings = []
     for (unit, category), by_metric in grouped.items():
         n = often[(unit, category)]
@@ -129,6 +139,8 @@ def detect(
         recurring = {k: v for k, v in by_metric.items() if len(v) >= MIN_EPISODES}
         if busier(recurring):
             continue  # moving more data than its peers, again and again: no fault's sign (demo, metric-only eval)
+        if corroborated[unit] < MIN_METRICS:
+            continue
         findings.append(_finding(job, unit, category, recurring, n, latest_end, span_s, horizon_s))
     return findings
 

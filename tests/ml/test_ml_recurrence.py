@@ -87,6 +87,12 @@ def test_a_gpu_throttling_30_s_every_2_minutes_is_found_from_its_third_episode()
     assert [f.subject for f in peers.detect(JOB, raw, now=T0 + timedelta(seconds=SECONDS))] == ["n2/1"]
 
 
+def test_one_metric_alone_coming_and_going_accuses_no_one() -> None:
+    """The demo's healthy GPU: high tensor_active 30 s every 2 minutes, its clock, power and SM activity its peers'."""
+    history = passes(samples(lambda u, t: {"tensor_active": 1.35} if u == 5 and (t - 30) % 120 < 30 else {}))
+    assert [f for _, fs in history for f in fs] == []
+
+
 def test_a_one_off_outlier_and_a_job_wide_pause_accuse_no_one() -> None:
     # GPU 3 lags for 60 s once, then the job checkpoints twice (everyone idle; GPU 3 idles warmer than the rest).
     def paused(t: int) -> bool:
