@@ -94,6 +94,7 @@ PEER_MEDIANS: dict[str, tuple[str, ...]] = {
 
 _log = logging.getLogger(__name__)
 _KEYS = ["node", "gpu"]
+_AWAY = "_away"  # a column _prepare adds
 
 
 def _prepare(metrics: Any, job: JobInfo, now: datetime) -> pd.DataFrame | None:
@@ -115,7 +116,10 @@ def _prepare(metrics: Any, job: JobInfo, now: datetime) -> pd.DataFrame | None:
         df = df[df["node"].isin(nodes)]  # other machines' samples are not this job's business
     if df.empty:
         return None
-    return df.sort_values(["node", "gpu", "ts"], kind="stable").reset_index(drop=True)
+    df = df.sort_values(["node", "gpu", "ts"], kind="stable").reset_index(drop=True)
+    # Once for every counter: whether a sample follows its GPU's previous one after an absence from the job.
+    df[_AWAY] = (df["ts"] - df.groupby(_KEYS)["ts"].shift()).dt.total_seconds() > AWAY_S
+    return df
 
 
 def _numeric(df: pd.DataFrame, column: str) -> pd.Series | None:
@@ -135,8 +139,7 @@ def _increases(df: pd.DataFrame, column: str) -> pd.DataFrame:
     filled = values.groupby(keys).ffill()  # a missing sample does not break the chain of differences
     previous = filled.groupby(keys).shift()
     delta = filled - previous
-    away = (df["ts"] - df["ts"].groupby(keys).shift()).dt.total_seconds() > AWAY_S
-    rising = (delta > 0) & ~away
+    rising = (delta > 0) & ~df[_AWAY]
     frame = pd.DataFrame(
         {
             "node": df["node"],
@@ -472,7 +475,7 @@ def _grouped_findings(
 
 def _reporting(df: pd.DataFrame) -> pd.DataFrame:
     """Rows that carry at least one metric value (a GPU in error may be listed with every value blank)."""
-    metric_columns = [c for c in df.columns if c not in ("ts", "node", "gpu", "job_id", "extra", "node_id")]
+    metric_columns = [c for c in df.columns if c not in ("ts", "node", "gpu", "job_id", "extra", "node_id", _AWAY)]
     if not metric_columns:
         return df
     values = df[metric_columns].apply(pd.to_numeric, errors="coerce")
