@@ -77,14 +77,16 @@ def detect(
     metrics: pd.DataFrame | None,
     now: datetime,
     activity: pd.DataFrame | None = None,
+    processes_since: datetime | None = None,
 ) -> list[Finding]:
     """A job-level hang finding when steps (or, lacking any, GPU activity) stopped while processes live.
-    GPU activity comes as raw `metrics`, or already summarized per bucket as `job_activity` shapes it."""
+    GPU activity comes as raw `metrics`, or already summarized per bucket as `job_activity` shapes it;
+    `processes_since` is where the process snapshots given begin (the caller's lookback)."""
     try:
         now = utc(now)
         if activity is None:
             activity = job_activity(job, metrics, now)
-        live = liveness(job, processes, activity, now)
+        live = liveness(job, processes, activity, now, since=processes_since)
         if live is None or not live.ok:
             return []
         points = step_points(steps)
@@ -174,16 +176,22 @@ def snapshot_interval(frame: pd.DataFrame) -> float:
 
 
 def liveness(
-    job: JobInfo, processes: pd.DataFrame | None, activity: pd.DataFrame | None, now: datetime
+    job: JobInfo,
+    processes: pd.DataFrame | None,
+    activity: pd.DataFrame | None,
+    now: datetime,
+    *,
+    since: datetime | None = None,
 ) -> Liveness | None:
-    """The job's live ranks from process snapshots, else from GPU memory held; None when nothing tells."""
+    """The job's live ranks from process snapshots (read from `since`, when known), else from GPU memory held;
+    None when nothing tells."""
     frame = process_frame(processes, now)
     if frame is not None:
-        return _from_processes(job, frame, now)
+        return _from_processes(job, frame, now, since)
     return _from_gpu_memory(activity, now)
 
 
-def _from_processes(job: JobInfo, frame: pd.DataFrame, now: datetime) -> Liveness:
+def _from_processes(job: JobInfo, frame: pd.DataFrame, now: datetime, since: datetime | None = None) -> Liveness:
     interval = snapshot_interval(frame)
     ranked = frame.dropna(subset=["rank"])
     seen = {int(r) for r in ranked["rank"]}
@@ -196,7 +204,21 @@ def _from_processes(job: JobInfo, frame: pd.DataFrame, now: datetime) -> Livenes
     alive = {int(r) for r, s in zip(latest["rank"], latest["state"], strict=True) if not is_dead(s)}
     missing = tuple(sorted(set(range(expected)) - alive))
     live = latest[latest["rank"].isin(alive)]
-    return Liveness(len(alive), max(expected, 1), "processes", missing, _restart_time(ranked, live))
+    restarted = _restart_time(ranked, live) or _appeared(ranked, since, interval)
+    return Liveness(len(alive), max(expected, 1), "processes", missing, restarted)
+
+
+def _appeared(ranked: pd.DataFrame, since: datetime | None, interval: float) -> datetime | None:
+    """When the job's processes first showed up, if the snapshots read from `since` held none of its processes for
+    a while first: the ones before them were gone before the window began (the job waited for a spare longer than
+    the window), so these are new. Without this, a job restarting after such a wait was judged hung from its last
+    step, and its stacks, dumped while a new rank still read its first batch, accused that rank's healthy machine."""
+    if since is None or ranked.empty:
+        return None
+    first = ranked["ts"].min()
+    if (first - pd.Timestamp(utc(since))).total_seconds() <= max(FRESH_S, 4.0 * interval):
+        return None
+    return first.floor("us").to_pydatetime()
 
 
 def _restart_time(ranked: pd.DataFrame, live: pd.DataFrame) -> datetime | None:

@@ -29,6 +29,7 @@ class JobSignals:
     now: datetime
     # The job's median GPU per window (progress.job_activity's shape); None when no GPU reported.
     activity: pd.DataFrame | None = None
+    processes_since: datetime | None = None  # where the process snapshots read begin
 
 
 @lru_cache(maxsize=1)
@@ -63,7 +64,13 @@ def run_all(
         (
             "progress",
             lambda: progress.detect(
-                s.job, steps=s.steps, processes=s.processes, metrics=None, activity=s.activity, now=s.now
+                s.job,
+                steps=s.steps,
+                processes=s.processes,
+                metrics=None,
+                activity=s.activity,
+                now=s.now,
+                processes_since=s.processes_since,
             ),
         ),
         ("failslow", lambda: failslow.detect(s.job, steps=s.steps, processes=s.processes, now=s.now)),

@@ -124,7 +124,15 @@ def diagnose_job(
     judged = min(closed, windows.closed_at(now, grace_s=settings.window_grace_s, lag_s=windows.JUDGE_LAG_S))
     with _timed(timings, "activity"):
         activity = metric_passes.job_activity(session, job=job, closed=closed, lookback_s=lookback, now=now)
-    job_signals = JobSignals(job=info, steps=steps, events=events, processes=processes, now=now, activity=activity)
+    job_signals = JobSignals(
+        job=info,
+        steps=steps,
+        events=events,
+        processes=processes,
+        now=now,
+        activity=activity,
+        processes_since=now - timedelta(seconds=signals.PROCESS_LOOKBACK_S),
+    )
     found = run_all(
         job_signals,
         session=session,

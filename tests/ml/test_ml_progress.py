@@ -189,3 +189,23 @@ def test_odd_input_is_skipped() -> None:
     naive = NOW.replace(tzinfo=None)
     (f,) = progress.detect(JOB, steps=junk + good, processes=procs().drop(columns=["state"]), metrics=None, now=naive)
     assert f.evidence["last_step"] == 1100
+
+
+def test_processes_that_appear_after_a_wait_longer_than_the_window_are_a_restart() -> None:
+    """The campaign: a drained machine's job waited 2 min for a spare, then restarted; the service reads the last
+    60 s of snapshots, which held only the new processes. Judged hung from the last step before the wait, its
+    stacks (a new rank still reading its first batch) accused the spare's healthy machine."""
+    steps = steps_between(100, 3000, 200)  # the last step 200 s before NOW
+    later = NOW + timedelta(seconds=500)  # 700 s without a step: past the 600 s timeout
+    since = later - timedelta(seconds=60)
+    new = procs(-493, -600, pid0=900)  # new pids, first reported 7 s before `later`
+    restarted = progress.detect(JOB, steps=steps, processes=new, metrics=None, now=later, processes_since=since)
+    assert restarted == []
+    # Not knowing where the snapshots begin, the same processes look like the stalled job's: the old answer.
+    (hung,) = progress.detect(JOB, steps=steps, processes=new, metrics=None, now=later)
+    assert hung.evidence.get("restarted_at") is None
+    # Processes reported from the window's start are the stalled job's own: still hung.
+    steady = procs(3600, -600, pid0=100)
+    steady = steady[steady["ts"] >= since]
+    (f,) = progress.detect(JOB, steps=steps, processes=steady, metrics=None, now=later, processes_since=since)
+    assert f.evidence.get("restarted_at") is None
