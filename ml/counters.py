@@ -97,7 +97,7 @@ _KEYS = ["node", "gpu"]
 _AWAY = "_away"  # a column _prepare adds
 
 
-def _prepare(metrics: Any, job: JobInfo, now: datetime) -> pd.DataFrame | None:
+def _prepare(metrics: Any, job: JobInfo, now: datetime) -> _Samples | None:
     """The samples sorted by node, GPU and time, with UTC times and integer GPUs; None when unreadable."""
     if not isinstance(metrics, pd.DataFrame) or metrics.empty:
         return None
@@ -119,7 +119,7 @@ def _prepare(metrics: Any, job: JobInfo, now: datetime) -> pd.DataFrame | None:
     df = df.sort_values(["node", "gpu", "ts"], kind="stable").reset_index(drop=True)
     # Once for every counter: whether a sample follows its GPU's previous one after an absence from the job.
     df[_AWAY] = (df["ts"] - df.groupby(_KEYS)["ts"].shift()).dt.total_seconds() > AWAY_S
-    return df
+    return _Samples(df)
 
 
 def _numeric(df: pd.DataFrame, column: str) -> pd.Series | None:
@@ -129,35 +129,51 @@ def _numeric(df: pd.DataFrame, column: str) -> pd.Series | None:
     return None if values.notna().sum() == 0 else values
 
 
-def _increases(df: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Per GPU: the sum of increases between consecutive samples (resets, missing values and rises across an
-    absence ignored), the time of the first increase, the values around it and how many resets were seen."""
-    values = _numeric(df, column)
-    if values is None:
-        return pd.DataFrame(columns=["node", "gpu", "increase", "first_ts", "before", "after", "resets", "last_ts"])
-    keys = [df["node"], df["gpu"]]
-    filled = values.groupby(keys).ffill()  # a missing sample does not break the chain of differences
-    previous = filled.groupby(keys).shift()
-    delta = filled - previous
-    rising = (delta > 0) & ~df[_AWAY]
-    frame = pd.DataFrame(
-        {
-            "node": df["node"],
-            "gpu": df["gpu"],
-            "ts": df["ts"],
-            "inc": delta.where(rising, 0.0).fillna(0.0),
-            "reset": (delta < 0).astype(int),
-            "rising": rising,
-            "before": previous,
-            "after": filled,
-        }
-    )
-    grouped = frame.groupby(_KEYS, sort=True)
-    out = grouped.agg(increase=("inc", "sum"), resets=("reset", "sum")).reset_index()
-    firsts = frame[frame["rising"]].groupby(_KEYS, sort=True).first()[["ts", "before", "after"]]
-    firsts = firsts.rename(columns={"ts": "first_ts"}).reset_index()
-    lasts = frame[frame["rising"]].groupby(_KEYS, sort=True)["ts"].last().rename("last_ts").reset_index()
-    return out.merge(firsts, on=_KEYS, how="left").merge(lasts, on=_KEYS, how="left")
+_INCREASE_COLUMNS = ["node", "gpu", "increase", "first_ts", "before", "after", "resets", "last_ts"]
+
+
+class _Samples:
+    """A job's prepared samples and, computed once per counter for all the rules that read it, the counter's
+    increases per GPU (the rules ask for the same NVLink counters several times; each costs a grouped pass)."""
+
+    def __init__(self, df: pd.DataFrame) -> None:
+        self.df = df
+        self._gpu = df.groupby(_KEYS, sort=False).ngroup()  # sorted by GPU: one integer per GPU, cheap to group
+        self._cache: dict[str, pd.DataFrame] = {}
+
+    def increases(self, column: str) -> pd.DataFrame:
+        """Per GPU: the sum of increases between consecutive samples (resets, missing values and rises across an
+        absence ignored), the time of the first and last increase, the values around the first and how many
+        resets were seen."""
+        if column not in self._cache:
+            self._cache[column] = self._increases(column)
+        return self._cache[column]
+
+    def _increases(self, column: str) -> pd.DataFrame:
+        df, gpu = self.df, self._gpu
+        values = _numeric(df, column)
+        if values is None:
+            return pd.DataFrame(columns=_INCREASE_COLUMNS)
+        filled = values.groupby(gpu).ffill()  # a missing sample does not break the chain of differences
+        previous = filled.groupby(gpu).shift()
+        delta = filled - previous
+        rising = (delta > 0) & ~df[_AWAY]
+        frame = pd.DataFrame(
+            {
+                "gpu_id": gpu,
+                "ts": df["ts"],
+                "inc": delta.where(rising, 0.0).fillna(0.0),
+                "reset": (delta < 0).astype(int),
+                "before": previous,
+                "after": filled,
+            }
+        )
+        out = frame.groupby("gpu_id", sort=True).agg(increase=("inc", "sum"), resets=("reset", "sum"))
+        keys = df.groupby(gpu, sort=True)[_KEYS].first()
+        rises = frame[rising].groupby("gpu_id", sort=True)
+        firsts = rises[["ts", "before", "after"]].first().rename(columns={"ts": "first_ts"})
+        out = keys.join(out).join(firsts).join(rises["ts"].last().rename("last_ts"))
+        return out.reset_index(drop=True)[_INCREASE_COLUMNS]
 
 
 def _span_minutes(df: pd.DataFrame) -> pd.Series:
@@ -243,11 +259,11 @@ def _stamp(ts: Any) -> str:
 # --- rules ----------------------------------------------------------------------------------------------------
 
 
-def _uncorrectable(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+def _uncorrectable(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """Any increase of an uncorrectable-error counter: the GPU's memory is failing."""
     hits: dict[tuple[str, int], list[tuple[str, pd.Series]]] = {}
     for column in UNCORRECTABLE:
-        inc = _increases(df, column)
+        inc = samples.increases(column)
         for _, row in inc[inc["increase"] > 0].iterrows():
             hits.setdefault((row["node"], int(row["gpu"])), []).append((column, row))
     findings = []
@@ -272,8 +288,9 @@ def _uncorrectable(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mappi
     return findings
 
 
-def _states(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+def _states(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """GPU states (not counters) that ask for the GPU to go: no spare rows left, or a repair waiting for a reset."""
+    df = samples.df
     findings = []
     for column, (confidence, words) in STATES.items():
         values = _numeric(df, column)
@@ -297,8 +314,9 @@ def _states(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str,
     return findings
 
 
-def _xid_counter(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+def _xid_counter(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """DCGM's last-Xid field changing to a hardware Xid (the kernel log may not reach us)."""
+    df = samples.df
     values = _numeric(df, XID_LAST)
     if values is None:
         return []
@@ -333,11 +351,12 @@ def _xid_counter(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping
 
 
 def _peer_outliers(
-    df: pd.DataFrame, columns: Sequence[str], min_errors: float, median: float | None = None
+    samples: _Samples, columns: Sequence[str], min_errors: float, median: float | None = None
 ) -> tuple[pd.DataFrame, float]:
     """Per GPU: new errors summed over `columns` and per minute; the GPUs far above the job's median (`median`
     when the caller knows it from GPUs that are not in `df`)."""
-    parts = [_increases(df, c).set_index(_KEYS)["increase"].rename(c) for c in columns if c in df.columns]
+    df = samples.df
+    parts = [samples.increases(c).set_index(_KEYS)["increase"].rename(c) for c in columns if c in df.columns]
     parts = [p for p in parts if not p.empty]
     if not parts:
         return pd.DataFrame(), 0.0
@@ -350,11 +369,12 @@ def _peer_outliers(
     return outliers, median
 
 
-def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+def _nvlink(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """NVLink CRC/replay errors rising on one GPU far faster than on its peers, or link recoveries."""
-    outliers, median = _peer_outliers(df, NVLINK_ERRORS, NVLINK_MIN_ERRORS, medians.get("nvlink"))
+    df = samples.df
+    outliers, median = _peer_outliers(samples, NVLINK_ERRORS, NVLINK_MIN_ERRORS, medians.get("nvlink"))
     recovery = (
-        _increases(df, NVLINK_RECOVERY_ERRORS).set_index(_KEYS)["increase"] if NVLINK_RECOVERY_ERRORS in df else None
+        samples.increases(NVLINK_RECOVERY_ERRORS).set_index(_KEYS)["increase"] if NVLINK_RECOVERY_ERRORS in df else None
     )
     flagged: dict[tuple[str, int], dict[str, Any]] = {}
     for (node, gpu), row in outliers.iterrows():
@@ -368,8 +388,8 @@ def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str,
     columns = (*NVLINK_ERRORS, NVLINK_RECOVERY_ERRORS)
     return _grouped_findings(
         flagged,
-        _first_rise(df, columns),
-        _last_rise(df, columns),
+        _first_rise(samples, columns),
+        _last_rise(samples, columns),
         key="nvlink",
         category="nvlink",
         what="NVLink errors",
@@ -379,17 +399,17 @@ def _nvlink(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str,
     )
 
 
-def _pcie(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+def _pcie(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """PCIe replays rising on one GPU far faster than on its peers: a marginal link or riser (diagnose)."""
-    outliers, median = _peer_outliers(df, (PCIE_REPLAY,), PCIE_MIN_REPLAYS, medians.get("pcie"))
+    outliers, median = _peer_outliers(samples, (PCIE_REPLAY,), PCIE_MIN_REPLAYS, medians.get("pcie"))
     flagged = {
         (node, int(gpu)): {"errors": float(row["total"]), "per_min": float(row["per_min"])}
         for (node, gpu), row in outliers.iterrows()
     }
     return _grouped_findings(
         flagged,
-        _first_rise(df, (PCIE_REPLAY,)),
-        _last_rise(df, (PCIE_REPLAY,)),
+        _first_rise(samples, (PCIE_REPLAY,)),
+        _last_rise(samples, (PCIE_REPLAY,)),
         key=PCIE_REPLAY,
         category="pcie",
         what="PCIe replays",
@@ -399,24 +419,24 @@ def _pcie(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, f
     )
 
 
-def _first_rise(df: pd.DataFrame, columns: Sequence[str]) -> dict[tuple[str, int], pd.Timestamp]:
+def _first_rise(samples: _Samples, columns: Sequence[str]) -> dict[tuple[str, int], pd.Timestamp]:
     """Per GPU: the earliest first increase over `columns`."""
-    return _rise(df, columns, "first_ts", min)
+    return _rise(samples, columns, "first_ts", min)
 
 
-def _last_rise(df: pd.DataFrame, columns: Sequence[str]) -> dict[tuple[str, int], pd.Timestamp]:
+def _last_rise(samples: _Samples, columns: Sequence[str]) -> dict[tuple[str, int], pd.Timestamp]:
     """Per GPU: the latest increase over `columns`."""
-    return _rise(df, columns, "last_ts", max)
+    return _rise(samples, columns, "last_ts", max)
 
 
 def _rise(
-    df: pd.DataFrame, columns: Sequence[str], which: str, pick: Callable[[Any, Any], Any]
+    samples: _Samples, columns: Sequence[str], which: str, pick: Callable[[Any, Any], Any]
 ) -> dict[tuple[str, int], pd.Timestamp]:
     found: dict[tuple[str, int], pd.Timestamp] = {}
     for column in columns:
-        if column not in df.columns:
+        if column not in samples.df.columns:
             continue
-        inc = _increases(df, column)
+        inc = samples.increases(column)
         for _, row in inc[inc["increase"] > 0].iterrows():
             k = (row["node"], int(row["gpu"]))
             found[k] = pick(found[k], row[which]) if k in found else row[which]
@@ -493,8 +513,9 @@ def _gpu_timing(rows: pd.DataFrame) -> pd.DataFrame:
     return timing.merge(nodes, left_on="node", right_index=True)
 
 
-def _lost_gpus(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+def _lost_gpus(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """GPUs whose samples stopped while the other GPUs of their node kept reporting."""
+    df = samples.df
     rows = _reporting(df)
     timing = _gpu_timing(rows)
     timing["silent"] = (timing["node_last"] - timing["last"]).dt.total_seconds()
@@ -531,8 +552,9 @@ def _at(df: pd.DataFrame, index: Any, column: str) -> float | None:
     return _num(df.at[index, column]) if column in df.columns else None
 
 
-def _pcie_link(df: pd.DataFrame, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
+def _pcie_link(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
     """A GPU whose PCIe link trained narrower or slower than it can, sample after sample: a silent slowdown."""
+    df = samples.df
     width, max_width = _numeric(df, PCIE_LINK_WIDTH), _numeric(df, PCIE_MAX_LINK_WIDTH)
     gen, max_gen = _numeric(df, PCIE_LINK_GEN), _numeric(df, PCIE_MAX_LINK_GEN)
     if width is None and gen is None:
@@ -592,16 +614,16 @@ def detect(
     only the GPUs worth a look (and their nodes) gives the job-wide medians of per-GPU new errors in
     `peer_medians` ("nvlink", "nvlink_recovery", "pcie"); see PEER_MEDIANS."""
     try:
-        df = _prepare(metrics, job, now)
+        samples = _prepare(metrics, job, now)
     except Exception:
         _log.warning("counters: cannot read the metrics", exc_info=True)
         return []
-    if df is None:
+    if samples is None:
         return []
     findings: list[Finding] = []
     for rule in _RULES:
         try:
-            findings += rule(df, job, now, peer_medians or {})
+            findings += rule(samples, job, now, peer_medians or {})
         except Exception:  # one rule's bug must not hide the others' findings
             _log.warning("counters rule %s failed", rule.__name__, exc_info=True)
     return findings
