@@ -358,6 +358,9 @@ def _finding(
     key_at: Any | None = None,
 ) -> Finding:
     stamp = pd.Timestamp(key_at if key_at is not None else at)
+    # A state that persists (`key_at`: the start of the windows it was seen in, which slide every pass) is one
+    # series: each pass moves its one row (latest figures, last seen) rather than adding a near-identical one.
+    persists = key_at is not None
     return Finding(
         detector=DETECTOR,
         category=category,
@@ -370,6 +373,8 @@ def _finding(
         blame=blame,
         action=action,
         key=f"{rule}:{node}:{subject}:{stamp.strftime('%Y%m%dT%H%M%S')}",
+        series=f"{rule}:{node}:{subject}" if persists else "",
+        seen_until=_dt(at) if persists else None,
         evidence={**evidence, "rule": rule, "subject": subject},
     )
 

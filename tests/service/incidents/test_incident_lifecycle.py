@@ -4,12 +4,13 @@ and the quiet resolution that depends on it."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ml import counters
+from ml import counters, node_signals
 from ml.findings import JobInfo
 from ml.metrics import NVLINK_CRC_FLIT_ERRORS
 from service.config import get_settings
@@ -18,6 +19,8 @@ from service.incidents.service import resolve_quiet
 from service.models import Decision, Finding, Incident, Job
 from tests import rows
 from tests.decide import decide
+from tests.ml.test_ml_node_signals import JOB as NODE_JOB
+from tests.ml.test_ml_node_signals import NODES, START, WINDOWS, _frame
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=5)
@@ -96,3 +99,30 @@ def test_updated_at_moves_only_on_new_evidence_and_a_quiet_incident_resolves(ses
     later = incident.updated_at + timedelta(seconds=quiet_s + 1)
     assert resolve_quiet(session, now=later, quiet_s=quiet_s) == [incident.id]
     assert incident.state == "resolved" and incident.resolution.startswith("quiet")
+
+
+def test_a_host_pressure_that_persists_is_one_finding_updated_pass_after_pass(session: Session) -> None:
+    """Host memory pressure seen pass after pass (the 200-fault campaign stored a row per 10 s pass, ~14 per
+    incident): one row, moved to the latest windows."""
+    job = rows.job(session)
+    for name in NODES:
+        rows.node(session, name=name)
+
+    def pressed(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-002" and subject == "host" and i >= 10:
+            row.update(mem_available_mib=30_000.0, psi_mem_some_avg10=45.0 + i, psi_mem_full_avg10=20.0)
+
+    frame = _frame(pressed)
+    keys = set()
+    for i in range(15, WINDOWS):
+        # Each pass reads the windows up to its time, like the service's cursor.
+        now = START + timedelta(seconds=10 * i + 10)
+        found = node_signals.detect(NODE_JOB, frame[frame["window_start"] < now - timedelta(seconds=1)], now=now)
+        keys |= {f.key for f in found}
+        decide(session, job, found, now)
+    assert len(keys) > 5, "the premise: the sliding windows give the rule a new key every pass"
+
+    (finding,) = session.scalars(select(Finding).where(Finding.job_id == job.id, Finding.detector == "node_signals"))
+    assert finding.category == "host"
+    assert finding.last_seen_at == START + timedelta(seconds=10 * (WINDOWS - 1) + 9), "the latest window's end"
+    assert finding.evidence["value"] == 45.0 + WINDOWS - 1, "the latest pass's figures"
