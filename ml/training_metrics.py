@@ -229,6 +229,9 @@ def _make(
         action=action,
         # The claim and its episode: a NaN after a restart, or one that turned persistent, is a new finding.
         key=f"{kind}:{node or 'job'}:{metric}:{action}@{min(o.ts for o in anomalies):%Y%m%dT%H%M%S}",
+        # The window slides over a run of bad steps: its first step moves, the claim does not (one row, moved).
+        series=f"{kind}:{node or 'job'}:{metric}",
+        seen_until=max(o.ts for o in anomalies),
         evidence=evidence,
     )
 

@@ -10,7 +10,7 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ml import counters, node_signals
+from ml import counters, node_signals, training_metrics
 from ml.findings import JobInfo
 from ml.metrics import NVLINK_CRC_FLIT_ERRORS
 from service.config import get_settings
@@ -21,6 +21,9 @@ from tests import rows
 from tests.decide import decide
 from tests.ml.test_ml_node_signals import JOB as NODE_JOB
 from tests.ml.test_ml_node_signals import NODES, START, WINDOWS, _frame
+from tests.ml.test_ml_training_metrics import JOB as NAN_JOB
+from tests.ml.test_ml_training_metrics import START as NAN_START
+from tests.ml.test_ml_training_metrics import sim_records
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=5)
@@ -126,3 +129,24 @@ def test_a_host_pressure_that_persists_is_one_finding_updated_pass_after_pass(se
     assert finding.category == "host"
     assert finding.last_seen_at == START + timedelta(seconds=10 * (WINDOWS - 1) + 9), "the latest window's end"
     assert finding.evidence["value"] == 45.0 + WINDOWS - 1, "the latest pass's figures"
+
+
+def test_a_loss_that_stays_nan_is_one_finding_updated_pass_after_pass(session: Session) -> None:
+    """A NaN loss read by passes whose window slides over its run of bad steps (the campaign stored a row per pass,
+    ~11 per incident): one row, its last bad step moving."""
+    job = rows.job(session)
+    records = sim_records("nan_loss", 1, until=150.0)
+    keys = set()
+    for seconds in range(60, 151, 10):
+        now = NAN_START + timedelta(seconds=seconds)
+        window = [r for r in records if now - timedelta(seconds=40) < r.ts <= now]
+        found = training_metrics.detect(NAN_JOB, window)
+        keys |= {f.key for f in found}
+        decide(session, job, found, now)
+    assert len(keys) > 3, "the premise: the sliding window gives the detector a new key most passes"
+
+    query = select(Finding).where(Finding.job_id == job.id, Finding.detector == "training_metrics")
+    by_metric = {(f.series_key or "").rsplit(":", 1)[-1]: f for f in session.scalars(query)}
+    assert sorted(by_metric) == ["grad_norm", "loss"] and len(session.scalars(query).all()) == 2, "a row per metric"
+    last_bad = max(r.ts for r in records if r.fields.get("loss") == "nan")
+    assert by_metric["loss"].last_seen_at == last_bad, "the last bad step read"
