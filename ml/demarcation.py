@@ -245,13 +245,16 @@ def late_evidence(findings: Sequence[tuple[int, Finding]], dealt: Sequence[Dealt
             # The job's stall or failure that began while a machine's fault stopped it (its hang timeout runs out
             # during the restart on a spare; a launcher reports the dead rank) is that fault's, once it is dealt
             # with. A stall that began after the machine left the job (the job restarted without it and stalled
-            # again, while its checks ran) is new.
+            # again, while its checks ran) is new. A launcher's failure summary reports whatever stopped the job, a
+            # job-wide cause too (every rank crashed on a user's bug): stored a pass after that incident resolved,
+            # it opened one of its own, of unknown blame, in the 200-fault campaign.
             began = onset(f)
             owner = next(
                 (
                     d
                     for d in newest_first
-                    if d.node and d.since - VICTIM_SLACK <= began <= (d.left or d.until) + VICTIM_SLACK
+                    if (d.node or f.category == "job_failure")
+                    and d.since - VICTIM_SLACK <= began <= (d.left or d.until) + VICTIM_SLACK
                 ),
                 None,
             )

@@ -321,3 +321,27 @@ def test_a_stall_that_began_while_a_drained_machine_was_checked_is_a_new_inciden
     decide(session, job, [_stall(later, "ckpt", last_step_at=hang_began)], later)
     incidents = _incidents(session, job)
     assert len(incidents) == 2 and incidents[1].root_cause == "hang"
+
+
+def test_a_launcher_summary_of_a_user_bug_read_after_its_incident_recovered_joins_it(session: Session) -> None:
+    """The 200-fault campaign: every rank crashed on a user's bug; the incident resolved once the relaunched job
+    trained again, and only then did a pass store torchrun's failure summary from the crash. It opened an incident
+    of its own, of unknown blame (a manual intervention). It is the bug's; a launcher failure later is new."""
+    job = rows.job(session)
+    nodes = [rows.node(session).name for _ in range(2)]
+    decide(session, job, _user_bug([*nodes, None]), T0)
+    (user,) = _incidents(session, job)
+    after = get_settings().incident_recovered_after_s
+    _step(session, job, nodes[0], T0 + timedelta(seconds=after + 5))
+    assert resolve_recovered(session, now=T0 + timedelta(seconds=3 * after), after_s=after) == [user.id]
+
+    def launcher(at: datetime) -> ml_findings.Finding:
+        return finding(None, detector="signatures", category="job_failure", at=at, key=f"launcher-{at:%H%M%S}")
+
+    crash = launcher(T0 + timedelta(seconds=30))
+    result = decide(session, job, [crash], T0 + timedelta(seconds=3 * after + 10))
+    assert result.incidents == [] and [i.id for i in _incidents(session, job)] == [user.id]
+    assert session.scalars(select(Finding.incident_id).where(Finding.dedup_key.endswith(crash.key))).one() == user.id
+    again = T0 + timedelta(seconds=6 * after)
+    decide(session, job, [launcher(again)], again)
+    assert len(_incidents(session, job)) == 2
