@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from ml.findings import CATEGORIES, Finding
+from ml.node_metrics import PAUSE_TX_FRAMES
 from ml.peer_spans import THROUGHPUT_METRICS, overheated, working_harder
 
 # Categories a job-level stall can be the consequence of: these absorb hang/straggler/job_failure findings.
@@ -118,9 +119,18 @@ def peer_comparison(f: Finding) -> bool:
     fault makes its peers wait, idle, never work longer each step; the demo's straggler on node-002 was taken for
     the victim of node-005's port errors and never decided)."""
     if f.detector == "node_signals":
-        return f.evidence.get("rule") not in _DIRECT_NODE_RULES
+        return f.evidence.get("rule") not in _DIRECT_NODE_RULES and not sends_pauses(f)
     sides = _sides(f)
     return f.detector == "peers" and not overheated(sides) and not working_harder(sides)
+
+
+def sends_pauses(f: Finding) -> bool:
+    """Congestion whose machine sends PFC pause frames far above its peers': its own NIC cannot take what it is
+    sent (its host or PCIe side). Another machine's fault makes peers wait to send, and a pause storm spreads as
+    pauses received, never as pauses sent. The 200-fault campaign took such a machine, minutes after another
+    machine's eviction, for that fault's victim four times, and nobody acted until it was drained by hand."""
+    rates = f.evidence.get("rates")
+    return f.evidence.get("rule") == "congestion" and isinstance(rates, dict) and PAUSE_TX_FRAMES in rates
 
 
 def hard_fault(f: Finding) -> bool:

@@ -142,3 +142,34 @@ def test_a_gpu_less_busy_than_its_peers_after_a_fault_was_dealt_with_is_its_own(
     later = T0 + timedelta(minutes=3)
     again = decide(session, job, [_unlike_peers(starved.name, "straggler", "gpu_util", later)], later)
     assert again.incidents and starved.name in _decided_nodes(session, job)
+
+
+def _congested(node: str, at: datetime, rates: dict[str, float]) -> Finding:
+    """node_signals' congestion finding: pause frames evict, waiting alone is diagnosed."""
+    pauses = any(c.startswith("pause_") for c in rates)
+    return finding(
+        node, detector="node_signals", category="network", at=at, key=f"congestion:{node}:{sorted(rates)}",
+        action="evict" if pauses else "diagnose", confidence=0.85 if pauses else 0.7,
+        evidence={
+            "rule": "congestion", "subject": "ib:mlx5_1/1", "rates": rates,
+            "times": [(at - timedelta(minutes=2)).isoformat(), at.isoformat()],  # its 2 min of windows
+        },
+    )  # fmt: skip
+
+
+def test_a_machine_sending_pause_frames_after_another_machines_eviction_is_its_own_fault(session: Session) -> None:
+    """The 200-fault campaign: node a-000's NIC sent 30,000 PFC pause frames a second (its peers none), 6 min after
+    another machine's eviction; taken for that fault's victim, it was never decided and was drained by hand."""
+    job, broken, waiting, pausing = rows.job(session), rows.node(session), rows.node(session), rows.node(session)
+    _link_fault_dealt_with(session, job, broken.name)
+    later = T0 + timedelta(minutes=6)
+    # Waiting to send alone: a victim's sign too (the job restarted around the broken machine). Nothing.
+    alone = decide(session, job, [_congested(waiting.name, later, {"port_xmit_wait": 1.1e6})], later)
+    assert alone.incidents == [] and alone.decisions == []
+    # Pause frames sent: its own NIC's back-pressure. Its own incident, and it is evicted.
+    own = decide(
+        session, job, [_congested(pausing.name, later, {"port_xmit_wait": 1.1e6, "pause_tx_frames": 3e4})], later
+    )
+    (incident,) = session.scalars(select(Incident).where(Incident.id.in_(own.incidents)))
+    assert [s["node"] for s in incident.suspects] == [pausing.name]
+    assert _decided_nodes(session, job) == {broken.name, pausing.name}
