@@ -204,6 +204,14 @@ def _fold_gpu_consequences(
             del by_category[category]
 
 
+def _passing_spikes(items: Sequence[tuple[int, Finding]]) -> bool:
+    """Only job-wide loss or grad-norm jumps that ask for nothing: healthy training has them (the 200-fault
+    campaign opened an incident, a notification, for each of four on healthy stretches), so they open none. They
+    stay findings on the job's page and join a NaN's incident; a NaN, a jump that asks for a rollback, or one on
+    a single machine opens one."""
+    return all(f.node is None and f.action == "none" and f.evidence.get("anomaly") == "spike" for _, f in items)
+
+
 def _aftermath(symptom: Finding, current: Sequence[Finding], earlier_faults: Sequence[Finding]) -> bool:
     """A symptom (a launcher's failure summary) from the restart after an earlier fault, which was dealt with,
     before any of the current causes began: it belongs to that fault, not to the next one."""
@@ -323,6 +331,8 @@ def demarcate(
             by_category[category].append((fid, finding))
 
     _fold_gpu_consequences(by_category, earlier_faults)
+    if _passing_spikes(by_category.get("nan", ())):
+        by_category.pop("nan", None)
     symptoms = [(fid, f) for fid, f in symptoms if not _aftermath(f, [f for _, f in findings], earlier_faults)]
 
     # A node-naming infrastructure cause explains the job's stall: fold job-level stall findings into it.

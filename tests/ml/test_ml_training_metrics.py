@@ -16,6 +16,7 @@ from agents.parsers.training import TrainingLogParser
 from agents.sim.config import SimConfig
 from agents.sim.model import Cluster
 from ml import training_metrics
+from ml.demarcation import demarcate
 from ml.findings import Finding, JobInfo, LogRecord
 from tests import paths
 from tests.stored import check_evidence
@@ -203,3 +204,27 @@ def test_ordinary_training_and_odd_input_give_nothing():
     [f] = detect(odd)
     assert f.evidence["count"] == 1 and f.evidence["steps"] == []
     assert detect([]) == []
+
+
+def test_a_job_wide_jump_that_asks_for_nothing_opens_no_incident_unless_a_nan_comes_with_it():
+    """Healthy training has loss and grad-norm jumps: the 200-fault campaign opened an incident (a notification)
+    for each of four on healthy stretches. They stay findings; a NaN's incident takes them along."""
+    values = [2.0] * 6 + [14.0] + [2.0] * 3
+    records = run({("node-000", 0): values, ("node-001", 8): values}, metric="grad_norm")
+    # The norm is the whole model's: every rank logs the jump.
+    records += [
+        event("grad_norm_spike", node, rank, 106, grad_norm=14.0, median=2.0, factor=7.0)
+        for node, rank in (("node-000", 0), ("node-001", 8))
+    ]
+    [spike] = detect(records)
+    assert spike.node is None and spike.action == "none"
+    assert demarcate([(1, spike)]) == []
+    [nan] = detect(run({("node-000", 0): [2.0, math.nan, math.nan, math.nan]}))
+    [proposal] = demarcate([(1, spike), (2, nan)])
+    assert proposal.root_cause == "nan" and sorted(proposal.finding_ids) == [1, 2]
+    # A jump on one machine alone, which its peers' ordinary values vouch for, is that machine's (diagnose).
+    one = run({("node-000", 0): [2.0] * 8, ("node-001", 8): [2.0] * 6 + [20.0, 2.0]})
+    one.append(event("loss_spike", "node-001", 8, 106, loss=20.0, median=2.0, factor=10.0))
+    [localized] = detect(one)
+    [own] = demarcate([(3, localized)])
+    assert [s.node for s in own.suspects] == ["node-001"]
