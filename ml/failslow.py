@@ -204,7 +204,11 @@ def _rank_step_times(
                 blame="infrastructure",
                 role="cause",
                 action="evict",
-                key=f"rank_step_time:{rank}",
+                # A rank of a weeks-long job may lag again (on another machine after a restart): the first round
+                # tells episodes apart, the series keeps one row while the rounds slide.
+                key=f"rank_step_time:{rank}:{node}:{windows[-1].start:%Y%m%dT%H%M%S}",
+                series=f"rank_step_time:{rank}:{node}",
+                seen_until=windows[0].end,
                 evidence={
                     "signals": [{"type": "log", "id": i} for i in ids],
                     "rank": rank,
@@ -449,7 +453,9 @@ def _cpu_finding(
         blame="unknown",
         role="cause",
         action="diagnose",
-        key=f"cpu:{rank}:{'low' if low else 'high'}:{category}",
+        key=f"cpu:{rank}:{node}:{'low' if low else 'high'}:{category}:{start}",
+        series=f"cpu:{rank}:{node}:{'low' if low else 'high'}:{category}",
+        seen_until=datetime.fromisoformat(evidence_rounds[0]["end"]),
         evidence={
             "signals": [{"type": "process", "rank": rank, "node": node, "from": start}],
             "rank": rank,

@@ -247,7 +247,12 @@ def _findings(
                 blame="unknown" if idle else "infrastructure",
                 role="cause",
                 action="diagnose" if idle else "evict",
-                key=f"{unit}:{category}",
+                # A job lives for weeks: the same GPU may lag again after its incident resolved. The onset tells
+                # two episodes apart (a key without it dropped every later one); the series keeps one row per
+                # episode while its onset slides with the window.
+                key=f"{unit}:{category}:{onset:%Y%m%dT%H%M%S}",
+                series=f"{unit}:{category}",
+                seen_until=now,
                 evidence=evidence,
             )
         )

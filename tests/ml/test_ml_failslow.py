@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 
@@ -77,9 +78,9 @@ def test_a_rank_slower_in_every_round_is_a_straggler_on_its_node() -> None:
         1.15 < r["ratio"] < 1.35 and r["peer_p10"] <= r["peer_median"] <= r["peer_p90"] for r in f.evidence["rounds"]
     )
     assert f.evidence["signals"] and all(s["type"] == "log" for s in f.evidence["signals"])
-    # Re-running later on the same evidence gives the same key.
+    # Re-running later on the same evidence names the same claim: the same series.
     (again,) = failslow.detect(JOB, steps=rank_steps(slow={5: 1.25}), processes=None, now=NOW + timedelta(seconds=1))
-    assert again.key == f.key
+    assert again.series == f.series == "rank_step_time:5:n1"
 
 
 def test_a_rank_that_recovered_in_the_last_round_is_no_straggler() -> None:
@@ -246,7 +247,7 @@ def test_sim_hang_names_the_idle_culprit_rank(seed: int) -> None:
     culprit = run.cluster.faults[0].ranks[0]
     found = [f for t in range(int(injected) + 10, 241, 10) for f in run_detector(run, t)]
     assert found and {f.subject for f in found} == {f"rank {culprit}"}
-    assert {(f.category, f.node, f.key) for f in found} == {("hang", node, f"cpu:{culprit}:low:hang")}
+    assert {(f.category, f.node, f.series) for f in found} == {("hang", node, f"cpu:{culprit}:{node}:low:hang")}
 
 
 def test_odd_input_is_skipped() -> None:
@@ -261,3 +262,12 @@ def test_odd_input_is_skipped() -> None:
     frame.loc[frame.index[::9], "cpu_pct"] = None
     assert [f.subject for f in failslow.detect(JOB, steps=junk, processes=frame, now=NOW)] == ["rank 6"]
     assert failslow.detect(JOB, steps=rank_steps(slow={5: 1.3}), processes=None, now=NOW, rounds=0) == []
+
+
+def test_the_same_rank_slow_again_hours_later_is_a_new_episode_of_its_series() -> None:
+    """A weeks-long job: rank 5 lags, its machine is dealt with, and hours later it lags again. A key without the
+    episode's time made the second finding the first one's, already stored: nothing new, nobody told."""
+    (first,) = failslow.detect(JOB, steps=rank_steps(slow={5: 1.25}), processes=None, now=NOW)
+    later = [replace(r, ts=r.ts + timedelta(hours=2)) for r in rank_steps(slow={5: 1.25})]
+    (again,) = failslow.detect(JOB, steps=later, processes=None, now=NOW + timedelta(hours=2))
+    assert again.key != first.key and again.series == first.series

@@ -80,9 +80,9 @@ def test_straggler_found_on_the_right_gpu_within_three_minutes(seed: int, nodes:
         assert not w["peer_p10"] <= w["value"] <= w["peer_p90"]
         assert abs(w["z"]) >= peers.Z_MIN
     assert {s["type"] for s in first.evidence["signals"]} == {"metric"}
-    # Re-runs name the same claim with the same key.
-    keys = {f.key for _, f in hits}
-    assert keys == {first.key}
+    # Re-runs name the same claim: one series, whose key moves with the onset once the episode outgrows the
+    # history a pass reads (the service moves the series' one row).
+    assert {f.series for _, f in hits} == {first.series} == {f"{node}/{gpu}:straggler"}
 
 
 def test_straggler_evidence_grows_to_the_telling_metrics() -> None:
@@ -227,13 +227,13 @@ def test_cumulative_counters_are_differenced_and_rates_are_not() -> None:
     assert 20e9 < windows[0]["value"] < 30e9, "a rate in bytes per second, not the running total"
 
 
-def test_findings_are_per_category_and_key_stable() -> None:
+def test_findings_are_per_category_and_series_stable() -> None:
     data = frame(
         metrics={"power_usage": 520.0, "sm_active": 0.7, "nvlink_tx_bytes": 50e9}, bad={4: {"power_usage": 0.5}}
     )
     first = peers.detect(JOB, data, now=NOW - timedelta(seconds=5))
     second = peers.detect(JOB, data, now=NOW)
-    assert [f.key for f in first] == [f.key for f in second] == ["n2/0:straggler"]
+    assert [f.series for f in first] == [f.series for f in second] == ["n2/0:straggler"]
 
 
 def test_samples_after_now_and_odd_input_are_ignored() -> None:

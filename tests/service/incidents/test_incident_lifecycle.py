@@ -10,17 +10,20 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ml import counters, node_signals, training_metrics
+from ml import counters, node_signals, peers, training_metrics
 from ml.findings import JobInfo
 from ml.metrics import NVLINK_CRC_FLIT_ERRORS
 from service.config import get_settings
 from service.diagnosis.service import DiagnosisResult
-from service.incidents.service import resolve_quiet
+from service.incidents.service import resolve, resolve_quiet
 from service.models import Decision, Finding, Incident, Job
 from tests import rows
 from tests.decide import decide
 from tests.ml.test_ml_node_signals import JOB as NODE_JOB
 from tests.ml.test_ml_node_signals import NODES, START, WINDOWS, _frame
+from tests.ml.test_ml_peers import JOB as PEER_JOB
+from tests.ml.test_ml_peers import NOW as PEER_NOW
+from tests.ml.test_ml_peers import frame as peer_frame
 from tests.ml.test_ml_training_metrics import JOB as NAN_JOB
 from tests.ml.test_ml_training_metrics import START as NAN_START
 from tests.ml.test_ml_training_metrics import sim_records
@@ -150,3 +153,24 @@ def test_a_loss_that_stays_nan_is_one_finding_updated_pass_after_pass(session: S
     assert sorted(by_metric) == ["grad_norm", "loss"] and len(session.scalars(query).all()) == 2, "a row per metric"
     last_bad = max(r.ts for r in records if r.fields.get("loss") == "nan")
     assert by_metric["loss"].last_seen_at == last_bad, "the last bad step read"
+
+
+def test_a_gpu_that_lags_again_in_the_same_long_job_is_a_new_finding_and_incident(session: Session) -> None:
+    """The 200-fault campaign missed 4 slow GPUs and runaway loaders: each on a GPU that had been its peers'
+    outlier once before in the same weeks-long job. The detectors' keys had no time in them, so the second episode
+    was the first one's key, already stored, and stored nothing. Each detector that names a GPU or a rank again."""
+    job = rows.job(session)
+    for name in ("n0", "n1", "n2", "n3"):
+        rows.node(session, name=name)
+    data = peer_frame(bad={5: {"power_usage": 0.6}})
+    first = decide(session, job, peers.detect(PEER_JOB, data, now=PEER_NOW), PEER_NOW)
+    (incident,) = session.scalars(select(Incident).where(Incident.id.in_(first.incidents)))
+    resolve(session, incident=incident, resolution="mitigated: evict n2 done", now=PEER_NOW + timedelta(minutes=1))
+
+    later = PEER_NOW + timedelta(hours=2)  # repaired, back in the job, and its GPU lags again
+    again = decide(
+        session, job, peers.detect(PEER_JOB, data.assign(ts=data["ts"] + timedelta(hours=2)), now=later), later
+    )
+    assert again.new_findings == 1 and len(again.incidents) == 1 and again.incidents != first.incidents
+    rows_of = session.scalars(select(Finding).where(Finding.job_id == job.id, Finding.detector == "peers")).all()
+    assert len(rows_of) == 2 and {f.subject for f in rows_of} == {"n2/1"}
