@@ -524,6 +524,10 @@ class Campaign(Soak):
                     "steps_trained": j.run.cluster.job.step - j.first_step,
                     "loop_events": [e.to_json() for e in j.run.cluster.loop_events],
                     "unfinished_fault": j.active.index if j.active is not None else None,
+                    # Where and when: a decision on it answers a fault the run ended in, no false accusation.
+                    "unfinished_at": (
+                        {"node": j.active.node, "injected_s": j.active.t} if j.active is not None else None
+                    ),
                 }
                 for j in self.campaign
             ],
@@ -542,14 +546,24 @@ def scored(report: dict[str, Any]) -> dict[str, Any]:
         (scoring.FaultOutcome(**{**f, "stale_incidents": tuple(f["stale_incidents"])}) for f in report["faults"]),
         key=lambda f: f.index,
     )
+    unfinished = {j["job_id"]: j["unfinished_at"] for j in report["jobs"] if j.get("unfinished_at")}
     result = scoring.score(
         faults,
-        [scoring.DecisionRow(**d) for d in report["decisions"]],
+        [scoring.DecisionRow(**d) for d in report["decisions"] if not _answers(d, unfinished.get(d["job_id"]))],
         [scoring.IncidentRow(**i) for i in report["incidents"]],
         [scoring.JobProgress(**p) for p in report["progress"]],
         [scoring.CheckRow(**c) for c in report.get("checks", [])],
     )
     return {**report, **result}
+
+
+def _answers(decision: dict[str, Any], unfinished: dict[str, Any] | None) -> bool:
+    """Whether a decision is about the fault its job was going through when the run was stopped."""
+    return (
+        unfinished is not None
+        and decision["node"] == unfinished["node"]
+        and decision["t_s"] >= unfinished["injected_s"] - scoring.CLOCK_SLACK_S
+    )
 
 
 def run_campaign(

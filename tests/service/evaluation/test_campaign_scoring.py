@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import asdict
 
 from agents.sim.mix import CATEGORY_OF, LLAMA3_405B, LOCALIZABLE, draw, spec_of
 from agents.sim.scenarios import FAULT_KINDS
+from service.evaluation.campaign import scored
 from service.evaluation.campaign_scoring import (
     CheckRow,
     DecisionRow,
@@ -226,3 +228,25 @@ def test_a_checks_eviction_is_judged_at_its_diagnose_decision_and_catches_the_fa
     )
     table = format_table(result)
     assert "resolved by their checks 1.000 (target >= 90%)" in table and "checks concluded: evict 1" in table
+
+
+def test_a_decision_on_the_fault_a_stopped_run_was_going_through_accuses_nobody() -> None:
+    """Ctrl-C stopped a 200-fault run 3 min into a runaway loader on n3; the diagnose on n3 that came first was
+    counted as a decision on a healthy machine. It answers the unfinished fault; one on another machine still
+    accuses."""
+    report = {
+        "jobs": [{"job_id": "j", "unfinished_at": {"node": "n3", "injected_s": 7000.0}}],
+        "faults": [asdict(f) for f in FAULTS],
+        "decisions": [
+            asdict(d)
+            for d in [
+                *DECISIONS,
+                DecisionRow(8, "j", 7170.0, "diagnose", "n3"),
+                DecisionRow(9, "j", 7175.0, "evict", "n1"),
+            ]
+        ],
+        "incidents": [],
+        "progress": [],
+    }
+    totals = scored(report)["totals"]
+    assert totals["false_accusation_ids"] == [4, 7, 9]
