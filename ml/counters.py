@@ -139,6 +139,7 @@ class _Samples:
     def __init__(self, df: pd.DataFrame) -> None:
         self.df = df
         self._gpu = df.groupby(_KEYS, sort=False).ngroup()  # sorted by GPU: one integer per GPU, cheap to group
+        self._keys = df.groupby(self._gpu, sort=True)[_KEYS].first()  # each integer's node and GPU
         self._cache: dict[str, pd.DataFrame] = {}
 
     def increases(self, column: str) -> pd.DataFrame:
@@ -169,10 +170,9 @@ class _Samples:
             }
         )
         out = frame.groupby("gpu_id", sort=True).agg(increase=("inc", "sum"), resets=("reset", "sum"))
-        keys = df.groupby(gpu, sort=True)[_KEYS].first()
         rises = frame[rising].groupby("gpu_id", sort=True)
         firsts = rises[["ts", "before", "after"]].first().rename(columns={"ts": "first_ts"})
-        out = keys.join(out).join(firsts).join(rises["ts"].last().rename("last_ts"))
+        out = self._keys.join(out).join(firsts).join(rises["ts"].last().rename("last_ts"))
         return out.reset_index(drop=True)[_INCREASE_COLUMNS]
 
 

@@ -230,11 +230,9 @@ def _finding(
         action="evict",
         # By episodes and recurring metrics: a pass that sees more (a surer claim) stores a new finding, the same
         # claim again stores nothing (the first of a key is kept, so a key fixed at the first, weak pass would
-        # hold a partial span's low confidence for good).
+        # hold a partial span's low confidence for good). The first episode's start tells a GPU recurring again
+        # later in a weeks-long job from the claim already stored.
         key=f"{unit}:{category}:recurrent:{n}:{len(recurring)}:{lead[0].start:%Y%m%dT%H%M%S}",
-        # The horizon slides over a GPU that keeps recurring: one row, moved to its latest episode.
-        series=f"{unit}:{category}:recurrent",
-        seen_until=max(ep.last_end for ep in lead),
         evidence=evidence,
     )
 
