@@ -37,7 +37,8 @@ MIN_EPISODES = 3
 # A slow GPU comes and goes on several signals at once (it works longer each step: more SM and tensor activity, and
 # a lower clock or power when it throttles). One metric alone coming and going is the windows cutting the steps'
 # phases differently: the demo's healthy node-003 GPU 2 had 3 episodes of high tensor_active in 10 min, its clock,
-# power and SM activity its peers' all along, and was evicted.
+# power and SM activity its peers' all along, and was evicted. Signals, not metrics: a link's rx and tx bytes are one
+# (the 15-min demo's healthy node-000 GPU 4, low NVLink rx and tx in 3 episodes after another node's eviction).
 MIN_METRICS = 2
 # Confidence kept for 3, 4, 5+ episodes: a third episode is a pattern, each one after it makes it surer.
 EPISODE_FACTOR = (0.9, 0.95, 1.0)
@@ -115,10 +116,12 @@ def detect(
             key = (unit, _spec(ep.metric).category)
             grouped.setdefault(key, {}).setdefault((ep.metric, ep.direction), []).append(ep)
     often = {key: max(len(v) for v in by_metric.values()) for key, by_metric in grouped.items()}
-    # Per unit, over every category: how many of its metrics recur.
-    corroborated: dict[str, int] = {}
+    # Per unit, over every category: how many of its signals recur.
+    corroborated: dict[str, set[str]] = {}
     for (unit, _), by_metric in grouped.items():
-        corroborated[unit] = corroborated.get(unit, 0) + sum(len(v) >= MIN_EPISODES for v in by_metric.values())
+        corroborated.setdefault(unit, set()).update(
+            _signal(m) for (m, _), v in by_metric.items() if len(v) >= MIN_EPISODES
+        )
     findings = []
     for (unit, category), by_metric in grouped.items():
         n = often[(unit, category)]
@@ -139,10 +142,17 @@ def detect(
         recurring = {k: v for k, v in by_metric.items() if len(v) >= MIN_EPISODES}
         if busier(recurring):
             continue  # moving more data than its peers, again and again: no fault's sign (demo, metric-only eval)
-        if corroborated[unit] < MIN_METRICS:
+        if len(corroborated[unit]) < MIN_METRICS:
             continue
         findings.append(_finding(job, unit, category, recurring, n, latest_end, span_s, horizon_s))
     return findings
+
+
+def _signal(metric: str) -> str:
+    """What a metric measures: a link's bytes sent, received and in total are one link's traffic (a step's bytes go out
+    and come back), so they corroborate nothing of each other; any other metric is its own."""
+    spec = _spec(metric)
+    return f"{spec.category} traffic" if spec.counter else metric
 
 
 def _finding(

@@ -261,8 +261,11 @@ class Host:
         idle = [c for c in range(self.cpus) if self.busy[c] == 0.0]
         self.hog = frozenset(rng.sample(idle, min(cores, len(idle))))
 
-    def repair(self) -> None:
+    def stop_cpu_hog(self) -> None:
         self.hog = frozenset()
+
+    def repair(self) -> None:
+        self.stop_cpu_hog()
         self.io_load = 0.0
         self.pressure_target = self.pressure = 0.0
         self.swap_kib = self.healthy_swap

@@ -118,6 +118,10 @@ class SparePool(FaultInjection):
             return f"{name} taken out of the spare pool ({then})"
         self._stop_job(f"{name} left the job")
         del self._slot_of[machine]
+        # The job's processes there end with its part of the job, a runaway data-loader worker (software_slow) among
+        # them: a machine that passes its check and joins a job again later must not still wait for its input.
+        self.loader_wait.pop(machine, None)
+        self.hosts[machine].stop_cpu_hog()
         for f in self.faults_on(machine):
             if f.left_job_at is None:
                 f.left_job_at = self._ts()

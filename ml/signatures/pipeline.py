@@ -85,18 +85,29 @@ def _merged(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+# A user bug's crash, stamped with its latest occurrence, one series per bug: a job relaunched without the fix
+# crashes on it again, and that crash is new evidence for the bug's open incident (its recovery counts from it), or
+# a new incident once that one was resolved. Stamped with the first, the second crash stored nothing.
+_CRASHES_AGAIN = ("traceback:user:", "crash:user:")
+
+
 def _episode_key(finding: Finding) -> Finding:
     """The key the service stores a finding under: the rule's key, the claim (category, action) and the
     episode's time. A stronger claim about the same errors (more ranks: rollback instead of diagnose) and the
     same fault again after a restart are new findings; re-running over the same records is not. IB errors are
-    stamped with their latest occurrence, so that each flap stores its own finding and the policy counts them."""
+    stamped with their latest occurrence, so that each flap stores its own finding and the policy counts them; user
+    bugs' crashes too (_CRASHES_AGAIN)."""
     stamp = finding.observed_at
     times = finding.evidence.get("times")
-    if finding.key.startswith("ib:") and times:
+    again = finding.key.startswith(_CRASHES_AGAIN)
+    if (finding.key.startswith("ib:") or again) and times:
         with contextlib.suppress(TypeError, ValueError):
             stamp = datetime.fromisoformat(times[-1])
-    stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
-    key = f"{finding.key}:{finding.category}:{finding.action}@{stamp.astimezone(UTC):%Y%m%dT%H%M%S}"
+    stamp = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).astimezone(UTC)
+    claim = f"{finding.key}:{finding.category}:{finding.action}"
+    key = f"{claim}@{stamp:%Y%m%dT%H%M%S}"
+    if again:
+        return replace(finding, key=key, series=claim, seen_until=stamp)
     return replace(finding, key=key)
 
 

@@ -20,6 +20,7 @@ from ml.signatures.common import (
     _Job,
     _Occ,
     _rank_note,
+    _times,
     _widespread,
 )
 from ml.signatures.runtime import _oom_finding, _storage_finding
@@ -158,6 +159,7 @@ def _traceback_findings(occs: list[_Occ], job: _Job, classify: Classify | None) 
                     sig_text=sig_text,
                     exc_type=exc_type,
                     last_frame=dict(_last_frame(group[0])) or None,
+                    times=_times(group),
                 )
             )
             continue
@@ -179,6 +181,7 @@ def _traceback_findings(occs: list[_Occ], job: _Job, classify: Classify | None) 
                     sig_text=sig_text,
                     exc_type=exc_type,
                     last_frame=dict(_last_frame(group[0])) or None,
+                    times=_times(group),
                 )
             )
             continue
@@ -257,6 +260,7 @@ def _crash_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                     action="rollback",
                     sig_text=sig_text,
                     reason=reason,
+                    times=_times(group),
                 )
             )
         else:

@@ -120,6 +120,7 @@ class CampaignJob:
     first_step: int = 0
     step_s: float = 1.0
     stale_checks: list[tuple[float, int]] = field(default_factory=list)  # (when, fault index)
+    carried: dict[int, list[int]] = field(default_factory=dict)  # fault index -> open incidents judged with it
     seen_incident: int = 0  # the highest incident id seen
     count: int = 0  # faults injected
     in_shop: set[int] = field(default_factory=set)  # machines whose agent is down while they are repaired
@@ -412,14 +413,31 @@ class Campaign(Soak):
             if r.job_id == job.run.job_id and r.first_seen_s >= (since - self.start).total_seconds()
             and r.first_seen_s <= outcome.dealt_s + scoring.GRACE_S
         ]  # fmt: skip
+        theirs += job.carried.pop(index, [])
         if not theirs:
             return
         with session_scope() as session:
-            still = session.scalars(
-                select(Incident.id).where(Incident.id.in_(theirs), Incident.state != "resolved")
+            # updated_at: the incident's latest evidence (it moves on nothing else)
+            still = session.execute(
+                select(Incident.id, Incident.updated_at).where(Incident.id.in_(theirs), Incident.state != "resolved")
             ).all()
-        if still:
-            self.stale[index] = sorted(still)
+        stale = []
+        for incident_id, latest in still:
+            later = self._later_fault(job, after=outcome.injected_s, by=(latest - self.start).total_seconds())
+            if later is None:
+                stale.append(incident_id)
+            else:  # it holds a later fault's evidence (the job crashed on the same bug again): judged with that one
+                job.carried.setdefault(later, []).append(incident_id)
+        if stale:
+            self.stale[index] = sorted(stale)
+
+    def _later_fault(self, job: CampaignJob, *, after: float, by: float) -> int | None:
+        """The job's latest fault injected after `after` and by `by` (seconds into the campaign), if any."""
+        injected = [(o.injected_s, o.index) for o in self.outcomes if o.job_id == job.run.job_id]
+        if job.active is not None:
+            injected.append((job.active.t, job.active.index))
+        later = [(t, i) for t, i in injected if after < t <= by + scoring.CLOCK_SLACK_S]
+        return max(later)[1] if later else None
 
     # -- the service's answers: the loop acts on decisions --
 

@@ -11,6 +11,7 @@ import pytest
 
 from agents.sim.actions import act
 from agents.sim.config import SimConfig
+from agents.sim.gpu import COMPUTE, IDLE
 from agents.sim.model import Cluster
 from agents.sim.modes import NORMAL, TERMINATED
 from agents.sim.scenarios import FaultSpec
@@ -201,3 +202,30 @@ def test_with_service_checks_a_node_in_its_check_waits_for_the_services_verdict(
     assert returned.ack == "done" and c.place[healthy[0]] == "spare"
     c.advance(700.0)  # nobody answered the last one's checks: a person looks (healthy: back to the pool)
     assert c.place[healthy[1]] == "spare" and c.place[machine] == "spare"  # repaired meanwhile
+
+
+def test_a_runaway_loader_ends_with_the_machines_part_of_the_job_and_never_follows_it_into_the_next() -> None:
+    """The campaign's false accusation: a machine diagnosed for a runaway loader passed its check (the machine is
+    healthy, the loader was the job's), went back to the pool, and when a spare was needed again its GPUs still
+    waited for input every step, and it was diagnosed again."""
+    c = cluster("software_slow", spares=2, service_checks=True, check_wait_seconds=600.0, restart_seconds=5.0)
+    c.advance(45.0)
+    name, machine = faulty(c)
+    assert c.loader_wait.get(machine) and c.hosts[machine].hog, "the fault is on"
+    assert act(c, {"kind": "diagnose", "node": name}).ack == "done"
+    assert machine not in c.loader_wait and not c.hosts[machine].hog
+    assert act(c, {"kind": "return", "node": name}).ack == "done" and c.place[machine] == "spare"
+    # Another machine leaves; the returned one takes its node rank (or the other spare does, then this one next).
+    for other in [m for m in list(c.slots) if m != machine][:2]:
+        act(c, {"kind": "evict", "node": c.node_names[other]})
+        if machine in c.slots:
+            break
+    assert machine in c.slots, "back in the job"
+    c.advance(45.0 + 60.0)
+    assert c.job.state == "running" and not c.job.pause
+    ranks = c.ranks_on(machine)
+    seen = set()
+    for _ in range(40):  # a few steps' phases
+        c.advance(c.t + 0.25)
+        seen |= {c.activity(r) for r in ranks}
+    assert IDLE not in seen and COMPUTE in seen, seen

@@ -143,14 +143,17 @@ def test_a_machine_whose_gpus_wait_for_input_is_worth_a_look_not_an_eviction() -
     assert all("waiting for its input" in f.summary for f in last)
 
 
-def traffic_samples(unit_factor: float) -> pd.DataFrame:
+def traffic_samples(
+    unit_factor: float, metrics: tuple[str, ...] = ("nvlink_rx_bytes", "pcie_rx_bytes")
+) -> pd.DataFrame:
     """GPUs busy alike, but machine n2 (GPUs 4 and 5) moves `unit_factor` times its peers' NVLink and PCIe traffic
     for 30 s every 2 minutes (a reload after a restart, a loader's burst: the demo's and the metric-only eval's
     healthy nodes)."""
     data = samples(lambda u, t: {})
     rng = random.Random(3)
     bursts = (data["node"] == "n2") & (((data["ts"] - T0).dt.total_seconds() - 30) % 120 < 30)
-    for metric, base in (("nvlink_rx_bytes", 1.5e11), ("pcie_rx_bytes", 2.0e10)):
+    bases = {"nvlink_rx_bytes": 1.5e11, "nvlink_tx_bytes": 1.5e11, "pcie_rx_bytes": 2.0e10}
+    for metric, base in ((m, bases[m]) for m in metrics):
         noise = [1 + rng.gauss(0, 0.03) for _ in range(len(data))]
         data[metric] = base * pd.Series(noise) * bursts.map({True: unit_factor, False: 1.0})
     return data
@@ -162,3 +165,10 @@ def test_a_machine_moving_more_data_than_its_peers_again_and_again_is_not_accuse
     # The same machine moving half its peers' data in the same bursts is a recurrent outlier: the rule is not blind.
     slower = [f for _, fs in passes(traffic_samples(0.5)) for f in fs if f.evidence.get("rule") == "recurrence"]
     assert {f.node for f in slower} == {"n2"}
+
+
+def test_one_links_bytes_both_ways_are_one_signal_not_two() -> None:
+    """The 15-min demo's healthy node-000 GPU 4: low NVLink rx and tx bytes in 3 episodes after another node's
+    eviction, and nothing else; a step's bytes go out and come back, so the two directions corroborate nothing."""
+    link = traffic_samples(0.5, metrics=("nvlink_rx_bytes", "nvlink_tx_bytes"))
+    assert [f for _, fs in passes(link) for f in fs if f.evidence.get("rule") == "recurrence"] == []

@@ -600,6 +600,22 @@ def test_keys_tell_episodes_and_stronger_claims_apart():
     assert (early.action, late.action) == ("diagnose", "rollback")
 
 
+def test_a_job_crashing_on_the_same_bug_after_its_relaunch_is_new_evidence_of_the_bugs_series():
+    """Relaunched without the fix, the job crashes on the same bug again: with both crashes in the window read, the
+    finding stamped with the first stored nothing new, and the bug's incident never heard of the second crash."""
+    job = job_of(2, 4)
+    crash = [traceback(job.rank_nodes[r], r, "RuntimeError", "size mismatch", at=r * 0.2) for r in range(8)]
+    again = [traceback(job.rank_nodes[r], r, "RuntimeError", "size mismatch", at=200 + r * 0.2) for r in range(8)]
+    [first] = detect(crash, job)
+    [second] = detect(crash + again, job)
+    assert first.category == second.category == "user_code" and first.action == second.action == "rollback"
+    assert first.key != second.key and first.series == second.series != ""  # one row per bug, moved by the crash
+    assert first.seen_until == START  # each crash at its first line: its ranks' later lines move nothing
+    assert second.seen_until == START + timedelta(seconds=200)
+    assert second.evidence["times"] == [START.isoformat(), (START + timedelta(seconds=200)).isoformat()]
+    assert detect(crash + again, job)[0].key == second.key  # the same records again: nothing new
+
+
 def test_odd_records_are_skipped_not_raised():
     job = job_of(2, 2)
     naive = LogRecord(id=1, ts=datetime(2026, 1, 1), node="node-000", kind="xid", line="Xid 79", fields={"xid": 79})

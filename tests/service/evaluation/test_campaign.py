@@ -18,7 +18,7 @@ from service.db import session_scope
 from service.evaluation import campaign
 from service.evaluation.cli import main
 from service.evaluation.soak import SoakConfig, SoakJob
-from service.models import CheckResult, Job, Node, Rank, Silence
+from service.models import CheckResult, Finding, Job, Node, Rank, Silence
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +95,30 @@ def test_faults_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--campaign", "--faults", "0"])
     assert exc.value.code == 2
+
+
+@pytest.mark.timeout(600)
+def test_an_incident_a_later_crash_on_the_same_bug_kept_open_is_judged_with_that_crash(
+    committed: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The 200-fault campaign's one stale incident: the job crashed on the same user bug 84 s after the user's
+    # relaunch; the bug's open incident took that crash (the same error: rightly one incident) and resolved 120 s
+    # after it, once the job trained again; the first crash's stale check, 300 s after its relaunch, had counted it.
+    monkeypatch.setattr(campaign, "HEALTHY_S", (10.0, 15.0))
+    monkeypatch.setattr(campaign, "STALE_AFTER_S", 120.0)
+    settings = get_settings().model_copy(update={"incident_recovered_after_s": 175.0})
+    config = SoakConfig(duration_s=1800.0, seed=3, jobs=(SoakJob("a", 4, 2, tp=2),))
+    mix = (Category("software_bug", 1.0, (("user_bug", 1),), localizable=False),)
+    report = campaign.run_campaign(config, settings, faults=2, say=lambda _: None, processes=1, mix=mix)
+    first, second = report["faults"]
+    assert second["injected_s"] < first["dealt_s"] + 120.0, "the second crash came before the first's stale check"
+    (incident,) = [i for i in report["incidents"] if i["root_cause"] == "user_code"]  # both crashes in one
+    assert incident["resolution"].startswith("recovered")
+    assert not first["stale_incidents"], "open with the second crash's evidence: judged with that one"
+    assert incident["id"] not in second["stale_incidents"], "resolved 175 s after the second crash"
+    with session_scope() as session:
+        (bug,) = session.scalars(select(Finding).where(Finding.category == "user_code")).all()
+    assert bug.last_seen_at is not None and (bug.last_seen_at - bug.observed_at).total_seconds() >= 100
 
 
 @pytest.mark.timeout(900)
