@@ -30,6 +30,7 @@ MIN_ALIVE_FRACTION = 0.5  # of the expected ranks whose processes must still liv
 # Agents send process snapshots every few seconds: none for this long (or 4 intervals) means none live, and
 # a rank missing from the latest snapshots for 2.5 intervals (at least STALE_S) is gone.
 FRESH_S = 30.0
+APPEARED_S = 10.0  # processes first sampled this long after the snapshots read begin are new (a restart)
 STALE_S = 10.0
 DEAD_STATES = frozenset({"z", "x", "zombie", "dead"})
 FB_USED_ALIVE_MIB = 1024.0  # without process snapshots: a GPU holding this much memory has its process
@@ -216,7 +217,9 @@ def _appeared(ranked: pd.DataFrame, since: datetime | None, interval: float) -> 
     if since is None or ranked.empty:
         return None
     first = ranked["ts"].min()
-    if (first - pd.Timestamp(utc(since))).total_seconds() <= max(FRESH_S, 4.0 * interval):
+    # A process running all along is sampled within one interval of the window's start; twice that is later. (At
+    # FRESH_S, the campaign's restart 24 s into a window of 10 s snapshots was the stalled job's: a hang incident.)
+    if (first - pd.Timestamp(utc(since))).total_seconds() <= max(APPEARED_S, 2.0 * interval):
         return None
     return first.floor("us").to_pydatetime()
 

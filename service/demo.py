@@ -208,6 +208,8 @@ def run_demo(
 
         services.env.update(policy_env(simulate=simulate, scheduler=scheduler, environ=os.environ))
         url = services.start_processes(port)
+        # Set before the sim starts: its own bound (the same duration, for its fault plan) then ends after this one.
+        deadline = None if duration is None else time.monotonic() + duration
         if simulate:
             # A simulated cluster: per node a dcgm-exporter endpoint, kernel and training logs, rank
             # processes and a real agent; a fault every FAULT_EVERY seconds, repaired before the next.
@@ -217,6 +219,8 @@ def run_demo(
                 "--fault-after", str(fault_after), "--fault-every", str(fault_every), "--job-id", DEMO_JOB,
                 "--spares", str(spares), "--repair-time", str(repair_time),
             ]  # fmt: skip
+            if duration is not None:  # no fault it would end before seeing through (agents/sim/scenarios.py)
+                sim += ["--duration", str(duration)]
             env = {**services.env, "FAULTLINE_AGENT_TOKEN": tokens["agent"]}
             env.pop("FAULTLINE_SCHEDULER_TOKEN", None)
             if scheduler:  # the stand-in: the real scheduler API's long poll and acks, the simulated cluster acts
@@ -254,7 +258,6 @@ def run_demo(
   {"Stops after " + _hms(duration) + " with a summary" if duration else "Press Ctrl-C to stop"}.
 """
         )
-        deadline = None if duration is None else time.monotonic() + duration
         while not stopping and (deadline is None or time.monotonic() < deadline):
             if (exited := services.exited()) is not None:
                 name, code = exited

@@ -356,7 +356,9 @@ def _demo(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
         hold = max(1.0, config.fault_every - 1.0)
     bag: list[str] = []
     last = None
-    while True:
+    # A bounded run (`faultline demo --duration`) injects no fault it would end before seeing through: the 30-min
+    # demo's last straggler, 2 minutes before the end, was still open in its summary.
+    while config.duration is None or at + config.fault_every <= config.duration:
         if not bag:  # every kind once per round, in random order, never the same twice in a row
             bag = list(HARDWARE_FAULTS)
             rng.shuffle(bag)

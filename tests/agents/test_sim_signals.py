@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -444,6 +444,15 @@ def test_ground_truth_of_the_new_faults(scenario: str, scope: str, blame: str, e
     else:
         assert fault["gpus"] == {} and fault["ranks"] == [index * 4 + g for g in range(4)]
     assert (fault["blame"], fault["expect_eviction"], fault["eviction_optional"]) == (blame, evict, optional)
+
+
+def test_a_bounded_demo_injects_no_fault_it_would_end_before_seeing_through() -> None:
+    config = SimConfig(nodes=2, gpus_per_node=4, scenario="demo", seed=2, fault_after=60, fault_every=180, start=START)
+    c = Cluster(replace(config, duration=1800.0))
+    for t in range(1, 1801, 5):
+        c.advance(t)
+    # 60, 240, ..., 1500: the next, at 1680, would have 2 minutes, less than a fault's period
+    assert [round(f.t) for f in c.faults] == list(range(60, 1501, 180))
 
 
 def test_a_repair_puts_the_node_right() -> None:

@@ -209,3 +209,19 @@ def test_processes_that_appear_after_a_wait_longer_than_the_window_are_a_restart
     steady = steady[steady["ts"] >= since]
     (f,) = progress.detect(JOB, steps=steps, processes=steady, metrics=None, now=later, processes_since=since)
     assert f.evidence.get("restarted_at") is None
+
+
+def test_processes_that_appear_24_s_into_a_window_of_10_s_snapshots_are_a_restart() -> None:
+    """The 200-fault campaign's one incident of unknown blame: the job waited 95 s for a spare and restarted; the
+    pass read 60 s of snapshots taken every 10 s, the new processes first 24 s into them (under FRESH_S): judged
+    hung from its last step before the wait, 198 s earlier."""
+    steps = steps_between(100, 3000, 200)
+    later = NOW + timedelta(seconds=500)
+    since = later - timedelta(seconds=60)
+    every_10_s = lambda frame: frame[frame["ts"].map(lambda ts: (ts - since).total_seconds() % 10 == 4)]  # noqa: E731
+    new = every_10_s(procs(-464, -600, pid0=900))  # new pids, from 24 s into the window
+    assert progress.detect(JOB, steps=steps, processes=new, metrics=None, now=later, processes_since=since) == []
+    # The stalled job's own processes, sampled every 10 s from the window's start: still hung.
+    steady = every_10_s(procs(-444, -600, pid0=100))  # from 4 s into the window
+    (f,) = progress.detect(JOB, steps=steps, processes=steady, metrics=None, now=later, processes_since=since)
+    assert f.evidence.get("restarted_at") is None
