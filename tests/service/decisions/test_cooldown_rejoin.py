@@ -74,3 +74,25 @@ def test_a_repaired_node_back_in_the_job_is_no_longer_in_its_old_faults_wake(ses
     t2 = datetime.now(UTC)
     result = decide(session, job, [finding(node.name, at=t2, key="xid74-b", **nvlink)], t2)
     assert len(result.incidents) == 1 and len(result.decisions) == 1
+
+
+def test_an_old_faults_counters_read_just_after_its_eviction_do_not_hold_the_repaired_node_in_its_wake(
+    session: Session,
+) -> None:
+    """The 200-fault campaign's two misses: a machine's GPU 1 failed and was evicted; the DCGM counters' rise,
+    sampled 0.3 s after the eviction's ack, reached the next pass. Repaired and back in the job 5 minutes later, the
+    same GPU's NVLink fault was taken for that rise's wake: no incident, nothing decided until drained by hand."""
+    job, node = rows.job(session), rows.node(session)
+    t0 = datetime.now(UTC) - timedelta(minutes=10)
+    gpu1 = {"subject_kind": "gpu", "subject": f"{node.name}/1"}
+    _evicted(session, job, finding(node.name, detector="signatures", category="gpu_hardware", at=t0, key="x64", **gpu1))
+    rise = t0 + timedelta(seconds=30.3)  # the ack came at t0 + 30 s
+    counters = finding(node.name, detector="counters", category="gpu_hardware", at=rise, key="remap-failed", **gpu1)
+    assert decide(session, job, [counters], rise + timedelta(seconds=10)).decisions == []  # the old fault's
+
+    session.add(Rank(job_id=job.id, rank=0, node_id=node.id, local_rank=0, gpu_index=0))  # repaired, placed again
+    session.flush()
+    t2 = datetime.now(UTC)
+    nvlink = finding(node.name, detector="counters", category="nvlink", at=t2, key="nvlink-errors", **gpu1)
+    result = decide(session, job, [nvlink], t2)
+    assert len(result.incidents) == 1 and len(result.decisions) == 1
