@@ -15,7 +15,8 @@ time, incident and decision maintenance). What the campaign adds, per job:
   silence on the node first); a user's bug when the user restarted the job (USER_FIX_S later); any other fault
   nobody dealt with in FAULT_TIMEOUT_S is drained by hand (a miss).
 - STALE_AFTER_S after a fault was dealt with, its job's incidents opened since the fault that are still open are
-  counted stale.
+  counted stale, unless their latest evidence came after a later fault's injection (the job crashed on the same bug
+  again): then they are judged with that fault.
 """
 
 from __future__ import annotations
