@@ -209,8 +209,7 @@ class SparePool(FaultInjection):
         for g in self.gpus[machine]:
             g.repair()
         self.hosts[machine].repair()
-        self.fabrics[machine].repair()
-        self.loader_wait.pop(machine, None)
+        self.fabrics[machine].repair()  # its loader wait ended when it left the job (swap_out)
         now = self._ts()
         for f in self.faults_on(machine):
             f.repaired_at = now
