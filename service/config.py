@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     active_job_s: float = Field(default=120.0, gt=0)
     # After a stack-dump request, aggregate what arrived by this deadline even if some ranks never answer.
     stack_dump_deadline_s: float = Field(default=15.0, gt=0)
+    # A hang's stacks accuse a machine only when a second look this long after the first names it again: a hang
+    # persists, a rank caught in a loader hiccup just as a long checkpoint ends is training again by then.
+    hang_confirm_s: float = Field(default=10.0, gt=0)
     # Fail-slow localization: this many stack-dump rounds, this far apart (ByteRobust: 5 rounds, 10 s).
     failslow_rounds: int = Field(default=5, ge=1, le=20)
     failslow_round_s: float = Field(default=5.0, gt=0)

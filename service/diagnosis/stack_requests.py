@@ -1,6 +1,8 @@
 """Stacks on the service's own initiative: one request on a suspected hang, rounds on a job-wide slowdown.
 
-A hang request is aggregated once every rank answered or its deadline passed. A fail-slow campaign is
+A hang request is aggregated once every rank answered or its deadline passed. Where its stacks name a machine,
+a second look some seconds later must name it again before it is accused: a hang persists, while a rank caught
+in a loader hiccup just as a long checkpoint ends is training again by then. A fail-slow campaign is
 several requests a few seconds apart (ByteRobust: the straggler is the rank outside the collective round
 after round), aggregated after its last round. Each aggregation is stored under a key naming its request or
 campaign, which is how a later pass knows it is done.
@@ -47,15 +49,7 @@ def ask(
     hang = _newest(findings, "hang")
     if hang is not None and not _asked_since(session, job=job, purpose="hang", since=hang[1]):
         made.append(
-            request_stack_dump(
-                session,
-                job=job,
-                requested_by="faultline",
-                reason=f"suspected hang: {hang[0].summary}"[:500],
-                ttl_s=int(settings.stack_dump_deadline_s + 30),
-                purpose="hang",
-                now=now,
-            )
+            _hang_request(session, job=job, reason=f"suspected hang: {hang[0].summary}", settings=settings, now=now)
         )
         recheck = settings.stack_dump_deadline_s
         log.info("job %s: suspected hang, asked agents for stacks", job.external_id)
@@ -67,6 +61,23 @@ def ask(
         recheck = min(recheck or settings.failslow_round_s, settings.failslow_round_s)
         log.info("job %s: job-wide slowdown, starting %d stack rounds", job.external_id, settings.failslow_rounds)
     return made, recheck
+
+
+def _hang_request(
+    session: Session, *, job: Job, reason: str, settings: Settings, now: datetime, first: Directive | None = None
+) -> Directive:
+    """A hang's stack request; `first`: the look this one confirms (its id ties the two)."""
+    return request_stack_dump(
+        session,
+        job=job,
+        requested_by="faultline",
+        reason=reason[:500],
+        ttl_s=int(settings.stack_dump_deadline_s + 30),
+        purpose="hang",
+        round=2 if first else None,
+        campaign_id=first.id if first else None,
+        now=now,
+    )
 
 
 def request_round(
@@ -124,7 +135,8 @@ def aggregate(
 def _aggregate_hangs(
     session: Session, *, job: Job, info: JobInfo, settings: Settings, now: datetime
 ) -> tuple[list[Finding], list[float]]:
-    """One snapshot's findings per hang request that is complete or past its deadline; (findings, waits)."""
+    """One snapshot's findings per hang request that is complete or past its deadline; (findings, waits). A first
+    look naming machines asks for a confirming one instead, whose findings keep only the machines both named."""
     waits: list[float] = []
     ready: list[Directive] = []
     hangs = session.scalars(
@@ -132,34 +144,73 @@ def _aggregate_hangs(
             Directive.job_id == job.id, Directive.purpose == "hang", Directive.created_at >= now - HORIZON
         )
     ).all()
+    by_id = {d.id: d for d in hangs}
+    looked_again = {d.campaign_id for d in hangs if d.campaign_id is not None}
     for directive in hangs:
-        if _done(session, job=job, key=str(directive.id)):
+        if directive.id in looked_again or _done(session, job=job, key=str(directive.id)):
             continue
         wait = _pending(session, directive, info=info, settings=settings, now=now)
         if wait is not None:
             waits.append(wait)
         else:
             ready.append(directive)
-    samples_of = signals.stack_samples_for(session, directive_ids=[d.id for d in ready])
+    firsts = {d.id: by_id.get(d.campaign_id) for d in ready if d.campaign_id is not None}
+    looked = ready + [f for f in firsts.values() if f is not None]
+    samples_of = signals.stack_samples_for(session, directive_ids=[d.id for d in looked])
     stopped = (
         signals.stopped_by_launcher(
-            session, job=job, since=min(d.created_at for d in ready) - LAUNCHER_STOP_SLACK, until=now
+            session, job=job, since=min(d.created_at for d in looked) - LAUNCHER_STOP_SLACK, until=now
         )
         if ready
         else set()
     )
+
+    def look(directive: Directive, asked: datetime) -> tuple[list[Finding], int]:
+        # A rank without a stack because its launcher stopped it (the job torn down meanwhile) accuses no one.
+        samples = [s for s in samples_of[directive.id] if s.threads or (s.node, s.pid) not in stopped]
+        samples = _of_the_stalled_processes(session, job=job, samples=samples, asked=asked)
+        analysis = stacks.analyze(info, samples) if samples else None
+        found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
+        return found, len(samples)
+
     out: list[Finding] = []
     for directive in ready:
-        if _stall_over(session, job=job, info=info, asked=directive.created_at):
+        confirming = directive.campaign_id is not None
+        first = firsts.get(directive.id)
+        asked = first.created_at if first is not None else directive.created_at
+        if _stall_over(session, job=job, info=info, asked=asked):
             # The job trained on after the request (a long checkpoint, not a hang): its stacks are of a running
             # job, caught at whatever phase each machine was in, and say nothing about a stall.
             continue
-        # A rank without a stack because its launcher stopped it (the job torn down meanwhile) accuses no one.
-        samples = [s for s in samples_of[directive.id] if s.threads or (s.node, s.pid) not in stopped]
-        samples = _of_the_stalled_processes(session, job=job, samples=samples, asked=directive.created_at)
-        analysis = stacks.analyze(info, samples) if samples else None
-        found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
-        out += _keyed(found, str(directive.id), job, now, what="hang", n=len(samples))
+        found, n = look(directive, asked)
+        named = sorted({f.node for f in found if f.node})
+        key = str(directive.id)
+        if named and not confirming:
+            due = directive.created_at + timedelta(seconds=settings.hang_confirm_s)
+            if now < due:
+                waits.append((due - now).total_seconds())
+                continue
+            who = ", ".join(named)
+            _hang_request(
+                session,
+                job=job,
+                reason=f"confirming a hang: first look named {who}",
+                settings=settings,
+                now=now,
+                first=directive,
+            )
+            waits.append(settings.stack_dump_deadline_s)
+            log.info("job %s: hang stacks name %s, looking again to confirm", job.external_id, who)
+            out += _keyed([_holding(found[0], job, n=n, who=who)], key, job, now, what="hang", n=n)
+            continue
+        summary = None
+        if confirming:
+            before = {f.node for f in look(first, asked)[0] if f.node} if first is not None else set()
+            kept = [f for f in found if f.node is None or f.node in before]
+            if named and not kept:
+                summary = f"a second look at the stall named {', '.join(named)}, not the first look's machines"
+            found = kept
+        out += _keyed(found, key, job, now, what="hang", n=n, summary=summary)
     return out, waits
 
 
@@ -249,10 +300,30 @@ def _campaigns(session: Session, *, job: Job, now: datetime) -> dict[uuid.UUID, 
     return out
 
 
-def _keyed(found: list[Finding], key: str, job: Job, now: datetime, *, what: str, n: int) -> list[Finding]:
-    """Key every finding by its request, so the aggregation is stored once; a no-result marker otherwise."""
+def _holding(named: Finding, job: Job, *, n: int, who: str) -> Finding:
+    """A first look's record while its second look is out: the first look's stacks, accusing no one yet."""
+    return replace(
+        named,
+        subject_kind="job",
+        subject=job.external_id,
+        node=None,
+        confidence=0.3,
+        summary=f"stacks of {n} ranks name {who}; looking again to confirm (a hang persists)",
+        blame="unknown",
+        role="symptom",
+        action="none",
+        key="first-look",
+        evidence={**named.evidence, "why": f"first look: {named.evidence.get('why', '')}"},
+    )
+
+
+def _keyed(
+    found: list[Finding], key: str, job: Job, now: datetime, *, what: str, n: int, summary: str | None = None
+) -> list[Finding]:
+    """Key every finding by its request, so the aggregation is stored once; a no-result marker otherwise, saying
+    `summary` if given."""
     if not found:
-        summary = (
+        summary = summary or (
             f"stacks of {n} ranks show no outlier" if n else "no agent returned stacks in time (is py-spy installed?)"
         )
         found = [

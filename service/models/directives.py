@@ -41,7 +41,7 @@ class Directive(Base):
     # Why the service itself asked: "hang" (localize a stall), "failslow" (one of several rounds); None: a person.
     purpose: Mapped[str | None] = mapped_column(Text)
     round: Mapped[int | None] = mapped_column(SmallInteger)
-    # Rounds of one fail-slow localization share this id.
+    # Rounds of one fail-slow localization share this id; a hang's confirming look (round 2) holds its first look's.
     campaign_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     created_at: Mapped[datetime] = created_at_column()
     expires_at: Mapped[datetime]

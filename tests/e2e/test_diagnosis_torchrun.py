@@ -91,7 +91,7 @@ def test_a_hung_rank_is_evicted_by_node_within_the_hang_timeout_plus_30_s(commit
         incident = client.get(f"/api/v1/incidents/{decision['incident_id']}").json()
         assert incident["root_cause"] == "hang" and incident["blame"] == "infrastructure"
         assert incident["suspects"][0]["node"] == f"vnode-{hung_rank // PROCS}"
-        stacks = [f for f in incident["findings"] if f["detector"] == "stacks"]
+        stacks = [f for f in incident["findings"] if f["detector"] == "stacks" and f["subject_kind"] == "node"]
         assert stacks and str(hung_rank) in str(stacks[0]["evidence"]), incident["findings"]
         print(f"hang decided {took:.1f} s after the last step (limit {HANG_TIMEOUT_S + 30} s)")
 

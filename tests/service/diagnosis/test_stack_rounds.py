@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ml.findings import JobInfo
+from ml.findings import Finding, JobInfo
 from service.config import Settings
 from service.diagnosis import signals, stack_requests
 from service.directives.service import request_stack_dump
@@ -159,18 +159,48 @@ def test_stack_samples_of_several_requests_are_read_at_once(session: Session) ->
     assert signals.stack_samples_for(session, directive_ids=[]) == {}
 
 
-def _hang_request(session: Session, job: Job, nodes: list[Node], gone: int) -> Directive:
+def _hang_request(session: Session, job: Job, nodes: list[Node], gone: int | None) -> Directive:
     """A hang's stack request answered by 8 ranks, all waiting in the collective but `gone`, whose process had
     exited by the time its agent dumped (no threads)."""
     directive = request_stack_dump(session, job=job, requested_by="faultline", reason="suspected hang", ttl_s=60,
                                    purpose="hang")  # fmt: skip
     directive.created_at = T0
+    _answer_gone(session, job, nodes, directive, gone)
+    return directive
+
+
+def _answer_gone(session: Session, job: Job, nodes: list[Node], directive: Directive, gone: int | None) -> None:
     _answer(session, job, nodes, directive, computing=set())
+    if gone is None:
+        return
     dump = session.scalar(select(StackDump).where(StackDump.directive_id == str(directive.id), StackDump.rank == gone))
     assert dump is not None
     dump.threads = []
     session.flush()
-    return directive
+
+
+def _confirming(session: Session, first: Directive) -> Directive | None:
+    return session.scalar(select(Directive).where(Directive.purpose == "hang", Directive.campaign_id == first.id))
+
+
+def _judged(
+    session: Session, job: Job, nodes: list[Node], info: JobInfo, first: Directive, gone: int | None
+) -> list[Finding]:
+    """Aggregate a hang's first look; where it names a machine, answer the confirming look with `gone` gone and
+    aggregate that too. The findings of both passes."""
+    found, _ = stack_requests.aggregate(
+        session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
+    )
+    confirm = _confirming(session, first)
+    if confirm is None:
+        return found
+    _answer_gone(session, job, nodes, confirm, gone)
+    more, _ = stack_requests.aggregate(session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=60))
+    return found + more
+
+
+def _accused(found: list[Finding]) -> set[str]:
+    return {f.subject for f in found if f.subject_kind == "node"}
 
 
 def _closing_signal(session: Session, job: Job, node: Node, pid: int, at: datetime) -> None:
@@ -186,11 +216,44 @@ def _closing_signal(session: Session, job: Job, node: Node, pid: int, at: dateti
 def test_a_rank_gone_without_a_stack_is_the_hangs_culprit(session: Session) -> None:
     job, nodes = _job(session)
     info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
-    _hang_request(session, job, nodes, gone=5)
-    found, _ = stack_requests.aggregate(
-        session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
+    first = _hang_request(session, job, nodes, gone=5)
+    found = _judged(session, job, nodes, info, first, gone=5)
+    assert _accused(found) == {nodes[2].name}, [f.summary for f in found]
+
+
+def test_a_hangs_stacks_accuse_a_machine_only_when_a_second_look_names_it_again(session: Session) -> None:
+    """A hang persists: the first look that names a machine only asks for a second one, hang_confirm_s later; a
+    rank caught in a loader hiccup just as a long checkpoint ended (a false eviction in the 24 h soak) is training
+    again by then, and a second look naming another machine confirms neither."""
+    job, nodes = _job(session)
+    info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
+    first = _hang_request(session, job, nodes, gone=5)
+    settings = Settings(hang_confirm_s=10)
+    early, wait = stack_requests.aggregate(
+        session, job=job, info=info, settings=settings, now=T0 + timedelta(seconds=4)
     )
-    assert {f.subject for f in found if f.subject_kind == "node"} == {nodes[2].name}, [f.summary for f in found]
+    assert early == [] and wait == 6 and _confirming(session, first) is None  # not yet: too soon to look again
+    held, _ = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=T0 + timedelta(seconds=10))
+    (holding,) = held
+    assert holding.subject_kind == "job" and holding.action == "none" and "looking again" in holding.summary
+    assert nodes[2].name in holding.summary
+    confirm = _confirming(session, first)
+    assert confirm is not None and confirm.round == 2 and confirm.created_at == T0 + timedelta(seconds=10)
+    again, _ = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=T0 + timedelta(seconds=11))
+    assert again == []  # the first look is done, the second not answered yet
+    _answer_gone(session, job, nodes, confirm, gone=5)
+    confirmed, _ = stack_requests.aggregate(
+        session, job=job, info=info, settings=settings, now=T0 + timedelta(seconds=15)
+    )
+    assert _accused(confirmed) == {nodes[2].name}, [f.summary for f in confirmed]
+
+    for second_look, why in ((None, "name no machine"), (1, "not the first look's machines")):
+        job, nodes = _job(session)
+        info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
+        first = _hang_request(session, job, nodes, gone=5)
+        found = _judged(session, job, nodes, info, first, gone=second_look)
+        assert _accused(found) == set(), [f.summary for f in found]
+        assert why in found[-1].summary, [f.summary for f in found]
 
 
 def test_a_rank_its_launcher_stopped_accuses_no_machine(session: Session) -> None:
@@ -221,12 +284,9 @@ def test_stacks_of_a_job_that_trained_on_after_the_request_accuse_no_one(session
     info = JobInfo(
         job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)}, hang_timeout_s=30
     )
-    _hang_request(session, job, nodes, gone=5)
+    first = _hang_request(session, job, nodes, gone=5)
     _step(session, job, nodes[0], 57, T0 - timedelta(seconds=31))  # the last step before the stall
-    found, _ = stack_requests.aggregate(
-        session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
-    )
-    assert {f.subject for f in found if f.subject_kind == "node"} == {nodes[2].name}  # still stalled: judged
+    assert _accused(_judged(session, job, nodes, info, first, gone=5)) == {nodes[2].name}  # still stalled: judged
     job2, nodes2 = _job(session)
     _hang_request(session, job2, nodes2, gone=5)
     _step(session, job2, nodes2[0], 57, T0 - timedelta(seconds=31))
@@ -256,12 +316,9 @@ def test_stacks_of_processes_started_after_the_request_accuse_no_one(session: Se
     dumps of processes that ran when the stall was asked about are judged as before."""
     job, nodes = _job(session)
     info = JobInfo(job.external_id, world_size=8, rank_nodes={r: nodes[r // 2].name for r in range(8)})
-    _hang_request(session, job, nodes, gone=5)
+    first = _hang_request(session, job, nodes, gone=5)
     _processes(session, job, nodes, first_pid=1000, at=T0 - timedelta(seconds=20))  # the dumps' pids: judged
-    found, _ = stack_requests.aggregate(
-        session, job=job, info=info, settings=Settings(), now=T0 + timedelta(seconds=40)
-    )
-    assert {f.subject for f in found if f.subject_kind == "node"} == {nodes[2].name}
+    assert _accused(_judged(session, job, nodes, info, first, gone=5)) == {nodes[2].name}
 
     job2, nodes2 = _job(session)
     info2 = JobInfo(job2.external_id, world_size=8, rank_nodes={r: nodes2[r // 2].name for r in range(8)})
