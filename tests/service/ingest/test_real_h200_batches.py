@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from datetime import UTC, datetime
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from ml.metrics import FIELD_TO_COLUMN, clock_event_flags
 from service.config import Settings, get_settings
 from service.diagnosis import signals, stack_requests
 from service.directives.service import request_stack_dump
-from service.models import Job
+from service.models import Directive, Job
 from tests.conftest import bearer, count
 from tests.paths import FIXTURES
 
@@ -164,10 +164,16 @@ def test_real_py_spy_dumps_single_out_the_rank_stuck_in_data_loading(
     assert (analysis.culprit_state, analysis.culprit_frames[0]) == (stacks.DATA, "_stuck_in_data_loading (train.py)")
     assert analysis.method == "named" and [s[0] for s in analysis.suspects] == [NODE]
 
-    # The service's own pass over the answered request says the same.
-    found, _ = stack_requests.aggregate(
-        session, job=job, info=signals.job_info(session, job=job), settings=_settings(), now=datetime.now(UTC)
-    )
+    # The service's own passes say the same: the first look asks for a second one (a hang persists), which the
+    # same stuck ranks answer the same way, and that one names the machine.
+    info, settings = signals.job_info(session, job=job), _settings()
+    later = directive.created_at + timedelta(seconds=settings.hang_confirm_s)
+    (held,) = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=later)[0]
+    assert held.subject_kind == "job" and held.action == "none" and NODE in held.summary
+    second = session.scalars(select(Directive).where(Directive.campaign_id == directive.id)).one()
+    answer = {**answer, "batch_id": str(uuid.uuid4()), "stacks": [{**d, "directive_id": str(second.id)} for d in dumps]}
+    assert _post_all(client, [answer], agent) == ["accepted"]
+    found, _ = stack_requests.aggregate(session, job=job, info=info, settings=settings, now=later)
     named = [f for f in found if f.subject_kind == "node"]
     assert [f.subject for f in named] == [NODE], found
     assert "rank 1 in data loading (_stuck_in_data_loading)" in named[0].summary
