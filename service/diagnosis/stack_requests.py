@@ -64,9 +64,16 @@ def ask(
 
 
 def _hang_request(
-    session: Session, *, job: Job, reason: str, settings: Settings, now: datetime, first: Directive | None = None
+    session: Session,
+    *,
+    job: Job,
+    reason: str,
+    settings: Settings,
+    now: datetime,
+    first: Directive | None = None,
+    named: Sequence[str] = (),
 ) -> Directive:
-    """A hang's stack request; `first`: the look this one confirms (its id ties the two)."""
+    """A hang's stack request; `first`: the look this one confirms (its id ties the two), which `named` machines."""
     return request_stack_dump(
         session,
         job=job,
@@ -76,6 +83,7 @@ def _hang_request(
         purpose="hang",
         round=2 if first else None,
         campaign_id=first.id if first else None,
+        params={"named": list(named)} if first else None,
         now=now,
     )
 
@@ -154,38 +162,34 @@ def _aggregate_hangs(
             waits.append(wait)
         else:
             ready.append(directive)
-    firsts = {d.id: by_id.get(d.campaign_id) for d in ready if d.campaign_id is not None}
-    looked = ready + [f for f in firsts.values() if f is not None]
-    samples_of = signals.stack_samples_for(session, directive_ids=[d.id for d in looked])
+
+    def asked(directive: Directive) -> datetime:
+        """When the stall was asked about: a confirming look's first look (if still within the horizon)."""
+        first = by_id.get(directive.campaign_id) if directive.campaign_id is not None else None
+        return (first or directive).created_at
+
+    samples_of = signals.stack_samples_for(session, directive_ids=[d.id for d in ready])
     stopped = (
         signals.stopped_by_launcher(
-            session, job=job, since=min(d.created_at for d in looked) - LAUNCHER_STOP_SLACK, until=now
+            session, job=job, since=min(asked(d) for d in ready) - LAUNCHER_STOP_SLACK, until=now
         )
         if ready
         else set()
     )
-
-    def look(directive: Directive, asked: datetime) -> tuple[list[Finding], int]:
-        # A rank without a stack because its launcher stopped it (the job torn down meanwhile) accuses no one.
-        samples = [s for s in samples_of[directive.id] if s.threads or (s.node, s.pid) not in stopped]
-        samples = _of_the_stalled_processes(session, job=job, samples=samples, asked=asked)
-        analysis = stacks.analyze(info, samples) if samples else None
-        found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
-        return found, len(samples)
-
     out: list[Finding] = []
     for directive in ready:
-        confirming = directive.campaign_id is not None
-        first = firsts.get(directive.id)
-        asked = first.created_at if first is not None else directive.created_at
-        if _stall_over(session, job=job, info=info, asked=asked):
+        if _stall_over(session, job=job, info=info, asked=asked(directive)):
             # The job trained on after the request (a long checkpoint, not a hang): its stacks are of a running
             # job, caught at whatever phase each machine was in, and say nothing about a stall.
             continue
-        found, n = look(directive, asked)
+        # A rank without a stack because its launcher stopped it (the job torn down meanwhile) accuses no one.
+        samples = [s for s in samples_of[directive.id] if s.threads or (s.node, s.pid) not in stopped]
+        samples = _of_the_stalled_processes(session, job=job, samples=samples, asked=asked(directive))
+        analysis = stacks.analyze(info, samples) if samples else None
+        found = stacks.findings(info, analysis, observed_at=_when(samples, now)) if analysis else []
         named = sorted({f.node for f in found if f.node})
-        key = str(directive.id)
-        if named and not confirming:
+        key, n = str(directive.id), len(samples)
+        if named and directive.campaign_id is None:
             due = directive.created_at + timedelta(seconds=settings.hang_confirm_s)
             if now < due:
                 waits.append((due - now).total_seconds())
@@ -198,14 +202,15 @@ def _aggregate_hangs(
                 settings=settings,
                 now=now,
                 first=directive,
+                named=named,
             )
             waits.append(settings.stack_dump_deadline_s)
             log.info("job %s: hang stacks name %s, looking again to confirm", job.external_id, who)
             out += _keyed([_holding(found[0], job, n=n, who=who)], key, job, now, what="hang", n=n)
             continue
         summary = None
-        if confirming:
-            before = {f.node for f in look(first, asked)[0] if f.node} if first is not None else set()
+        if directive.campaign_id is not None:
+            before = set((directive.params or {}).get("named", []))
             kept = [f for f in found if f.node is None or f.node in before]
             if named and not kept:
                 summary = f"a second look at the stall named {', '.join(named)}, not the first look's machines"

@@ -27,9 +27,11 @@ def request_stack_dump(
     purpose: str | None = None,
     round: int | None = None,
     campaign_id: uuid.UUID | None = None,
+    params: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Directive:
-    """Ask every agent of the job to dump stacks; agents receive it with their next ingest answer.
+    """Ask every agent of the job to dump stacks; agents receive it with their next ingest answer. `params`: what
+    the service keeps with its own request (not sent to agents).
 
     `now`: the diagnosis pass's time, which its rounds and deadlines are reckoned from (simulated time in the soak
     and the campaign, where the database's clock is hours ahead); the wall clock by default."""
@@ -38,6 +40,7 @@ def request_stack_dump(
         purpose=purpose,
         round=round,
         campaign_id=campaign_id,
+        params=params,
         job_id=job.id,
         kind="dump_stacks",
         reason=reason,

@@ -33,7 +33,8 @@ class Directive(Base):
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
     job_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("jobs.id", ondelete="CASCADE"))
     node_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("nodes.id", ondelete="CASCADE"))
-    # What the agent needs to act (run_checks: level, force, peer), sent with the directive.
+    # What the agent needs to act (run_checks: level, force, peer), sent with the directive; a hang's second look:
+    # the machines its first look named (kept by the service).
     params: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     kind: Mapped[str] = mapped_column(Text)
     reason: Mapped[str | None] = mapped_column(Text)
