@@ -40,6 +40,9 @@ MIN_EPISODES = 3
 # power and SM activity its peers' all along, and was evicted. Signals, not metrics: a link's rx and tx bytes are one
 # (the 15-min demo's healthy node-000 GPU 4, low NVLink rx and tx in 3 episodes after another node's eviction).
 MIN_METRICS = 2
+# A metric that recurs on one side and stood apart on the other side this often is beating, not recurring: a
+# sampling beat's episodes alternate sides, so a third on one side comes with at least a second on the other.
+BEAT_EPISODES = MIN_EPISODES - 1
 # Confidence kept for 3, 4, 5+ episodes: a third episode is a pattern, each one after it makes it surer.
 EPISODE_FACTOR = (0.9, 0.95, 1.0)
 MAX_CONFIDENCE = 0.95  # as ml/peers.py: a metric comparison is never certain
@@ -119,9 +122,7 @@ def detect(
     # Per unit, over every category: how many of its signals recur.
     corroborated: dict[str, set[str]] = {}
     for (unit, _), by_metric in grouped.items():
-        corroborated.setdefault(unit, set()).update(
-            _signal(m) for (m, _), v in by_metric.items() if len(v) >= MIN_EPISODES
-        )
+        corroborated.setdefault(unit, set()).update(_signal(m) for m, _ in _one_sided(by_metric))
     findings = []
     for (unit, category), by_metric in grouped.items():
         n = often[(unit, category)]
@@ -139,13 +140,28 @@ def detect(
             continue
         if starved(by_metric):
             continue  # idle, not slow: the node's input (host, storage) is the suspect, which other rules judge
-        recurring = {k: v for k, v in by_metric.items() if len(v) >= MIN_EPISODES}
+        recurring = _one_sided(by_metric)
+        if not recurring:
+            continue  # beating on every metric that recurs
         if busier(recurring):
             continue  # moving more data than its peers, again and again: no fault's sign (demo, metric-only eval)
         if len(corroborated[unit]) < MIN_METRICS:
             continue
-        findings.append(_finding(job, unit, category, recurring, n, latest_end, span_s, horizon_s))
+        findings.append(_finding(job, unit, category, recurring, latest_end, span_s, horizon_s))
     return findings
+
+
+def _one_sided(by_metric: dict[tuple[str, str], list[Episode]]) -> dict[tuple[str, str], list[Episode]]:
+    """The (metric, side)s recurring in MIN_EPISODES episodes or more, less any metric also standing apart on its
+    other side in BEAT_EPISODES or more: a fault takes a GPU one way (slower, hotter, less traffic), while a GPU above
+    its peers, then below, then above again is its samples beating against the steps (the 15-min demo's healthy
+    node-003: all 8 GPUs' NVLink and PCIe bytes recurring both above and below their peers', evicted)."""
+    other = {"high": "low", "low": "high"}
+    return {
+        (metric, side): eps
+        for (metric, side), eps in by_metric.items()
+        if len(eps) >= MIN_EPISODES and len(by_metric.get((metric, other[side]), ())) < BEAT_EPISODES
+    }
 
 
 def _signal(metric: str) -> str:
@@ -160,12 +176,12 @@ def _finding(
     unit: str,
     category: str,
     recurring: dict[tuple[str, str], list[Episode]],
-    n: int,
     latest_end: datetime,
     span_s: float,
     horizon_s: float,
 ) -> Finding:
     node, _, gpu = unit.rpartition("/")
+    n = max(len(eps) for eps in recurring.values())
     # Weighted as the continuity rule weighs its metrics; a third episode keeps 90% of it, a fifth all of it.
     ordered = sorted(recurring.items(), key=lambda item: (-len(item[1]), -_spec(item[0][0]).weight))
     remaining = 1.0

@@ -144,18 +144,23 @@ def test_a_machine_whose_gpus_wait_for_input_is_worth_a_look_not_an_eviction() -
 
 
 def traffic_samples(
-    unit_factor: float, metrics: tuple[str, ...] = ("nvlink_rx_bytes", "pcie_rx_bytes")
+    unit_factor: float,
+    metrics: tuple[str, ...] = ("nvlink_rx_bytes", "pcie_rx_bytes"),
+    then_factor: float = 1.0,
 ) -> pd.DataFrame:
     """GPUs busy alike, but machine n2 (GPUs 4 and 5) moves `unit_factor` times its peers' NVLink and PCIe traffic
     for 30 s every 2 minutes (a reload after a restart, a loader's burst: the demo's and the metric-only eval's
-    healthy nodes)."""
+    healthy nodes), and `then_factor` times their traffic for 30 s a minute after each burst."""
     data = samples(lambda u, t: {})
     rng = random.Random(3)
-    bursts = (data["node"] == "n2") & (((data["ts"] - T0).dt.total_seconds() - 30) % 120 < 30)
+    phase = ((data["ts"] - T0).dt.total_seconds() - 30) % 120
+    on_n2 = data["node"] == "n2"
+    factor = pd.Series(1.0, index=data.index).mask(on_n2 & (phase < 30), unit_factor)
+    factor = factor.mask(on_n2 & (phase >= 60) & (phase < 90), then_factor)
     bases = {"nvlink_rx_bytes": 1.5e11, "nvlink_tx_bytes": 1.5e11, "pcie_rx_bytes": 2.0e10}
     for metric, base in ((m, bases[m]) for m in metrics):
         noise = [1 + rng.gauss(0, 0.03) for _ in range(len(data))]
-        data[metric] = base * pd.Series(noise) * bursts.map({True: unit_factor, False: 1.0})
+        data[metric] = base * pd.Series(noise) * factor
     return data
 
 
@@ -172,3 +177,13 @@ def test_one_links_bytes_both_ways_are_one_signal_not_two() -> None:
     eviction, and nothing else; a step's bytes go out and come back, so the two directions corroborate nothing."""
     link = traffic_samples(0.5, metrics=("nvlink_rx_bytes", "nvlink_tx_bytes"))
     assert [f for _, fs in passes(link) for f in fs if f.evidence.get("rule") == "recurrence"] == []
+
+
+def test_a_machine_whose_traffic_beats_above_and_below_its_peers_is_not_accused() -> None:
+    """The 15-min demo's healthy node-003: all 8 GPUs' NVLink and PCIe bytes recurring both above and below their
+    peers' (its agent's 1 s samples beating against the ~1.04 s step), evicted on two "signals" of one beat."""
+    beating = traffic_samples(2.0, then_factor=0.5)
+    assert [f for _, fs in passes(beating) for f in fs if f.evidence.get("rule") == "recurrence"] == []
+    # Its low side alone, the same number of times, is a recurrent outlier: the beat is what clears it.
+    low = traffic_samples(1.0, then_factor=0.5)
+    assert {f.node for _, fs in passes(low) for f in fs if f.evidence.get("rule") == "recurrence"} == {"n2"}
