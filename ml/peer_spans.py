@@ -109,10 +109,10 @@ def summarize_span(
     span_s: float = SPAN_S,
     metrics_priority: Sequence[str] = DEFAULT_PRIORITY,
 ) -> dict[str, Any]:
-    """One sub-window ending at `end`, from window rows (ml/windows.py): whether the job was working, and per
-    metric every GPU's distance from its peers (only the large ones, |z| >= SUPPORT_Z) and the outliers.
-    Plain JSON, so a service can keep it between passes."""
-    result: dict[str, Any] = {"active": False, "metrics": {}}
+    """One sub-window ending at `end`, from window rows (ml/windows.py): whether the job was working, whether it
+    worked through every window of it (steady), and per metric every GPU's distance from its peers (only the large
+    ones, |z| >= SUPPORT_Z) and the outliers. Plain JSON, so a service can keep it between passes."""
+    result: dict[str, Any] = {"active": False, "steady": False, "metrics": {}}
     frame = _span_frame(job, rolled, _utc(end), span_s)
     if frame is None:
         return result
@@ -121,6 +121,7 @@ def summarize_span(
     result["active"] = active
     if not active:
         return result
+    result["steady"] = _span_steady(in_span, round(span_s / WINDOW_S))
     frame = frame[frame["unit"].isin(_busy_units(in_span))]
     # Unit codes once for every metric (factorizing 65,000 strings per metric costs more than the metric).
     units, uid = np.unique(frame["unit"].to_numpy(), return_inverse=True)
@@ -266,6 +267,19 @@ def _span_active(frame: pd.DataFrame) -> bool:
         return True
     values, threshold = gauge
     return bool(values.groupby(frame["unit"]).median().median() >= threshold)
+
+
+def _span_steady(frame: pd.DataFrame, windows: int) -> bool:
+    """Whether the job (its median GPU) worked in each of the span's `windows` windows: a span it started, stopped or
+    restarted in is a transition, where GPUs start and stop a few seconds apart and stand apart for it."""
+    if frame["window_start"].nunique() < windows:
+        return False
+    gauge = _activity(frame)
+    if gauge is None:
+        return True
+    values, threshold = gauge
+    per_window = values.groupby([frame["window_start"], frame["unit"]]).median().groupby(level=0).median()
+    return bool((per_window >= threshold).all())
 
 
 def _busy_units(frame: pd.DataFrame) -> list[str]:

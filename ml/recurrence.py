@@ -5,7 +5,10 @@ and goes (thermal cycling, a flaky fan, power capping on and off) never satisfie
 span summaries (ml/peer_spans.py) over a longer horizon and groups each GPU's outlier spans, per metric and
 direction, into episodes: flagged spans that follow each other, or are only apart for spans overlapping the last
 flagged one. A clean span (the job working, the GPU not flagged) lying wholly after an episode's last flagged span
-ends it. Spans where the job was not working (a checkpoint, a hang) are skipped: they neither count nor end one.
+ends it. Spans where the job was not working (a checkpoint, a hang) or not through all of it (it started, stopped or
+restarted in the span: GPUs stop and start seconds apart, and stand apart for it) are skipped: they neither count
+nor end one. A job restarting around each fault of a busy stretch would otherwise give a healthy GPU an "episode"
+at every restart (the 30-min demo's healthy node-000, 3 episodes at the job's start and two restarts).
 
 A GPU with MIN_EPISODES separate episodes in the horizon on at least MIN_METRICS of its metrics is a recurrent
 straggler, unless a GPU of another machine recurs nearly as often (then the job, not a machine, comes and goes),
@@ -70,7 +73,7 @@ def episodes(
     timeline = []
     for key, span in spans.items():
         end = _utc(datetime.fromisoformat(key))
-        if oldest < end <= latest_end and span.get("active"):
+        if oldest < end <= latest_end and span.get("active") and span.get("steady", True):
             timeline.append((end, span))
     timeline.sort(key=lambda item: item[0])
     open_: dict[tuple[str, str, str], Episode] = {}

@@ -55,6 +55,7 @@ _PEER_KEEP_S = max(_PEER_HISTORY_S, recurrence.HORIZON_S)
 def _outliers_only(span: dict[str, Any]) -> dict[str, Any]:
     return {
         "active": span.get("active", False),
+        "steady": span.get("steady", True),
         "metrics": {m: {"out": v["out"]} for m, v in span.get("metrics", {}).items() if v.get("out")},
     }
 

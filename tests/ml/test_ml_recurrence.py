@@ -28,15 +28,21 @@ SECONDS = 600
 Factors = Callable[[int, int], dict[str, float]]
 
 
-def samples(bad: Factors, paused: Callable[[int], bool] = lambda t: False, seed: int = 0) -> pd.DataFrame:
-    """1 s samples of 8 GPUs (two per node) over SECONDS, with stable per-GPU offsets and noise."""
+def samples(
+    bad: Factors,
+    paused: Callable[[int], bool] = lambda t: False,
+    seed: int = 0,
+    late: Callable[[int, int], bool] = lambda u, t: False,
+) -> pd.DataFrame:
+    """1 s samples of 8 GPUs (two per node) over SECONDS, with stable per-GPU offsets and noise; a GPU `late` at a
+    second still works while the job has paused."""
     rng = random.Random(seed)
     offsets = {u: {m: 1 + rng.gauss(0, 0.02) for m in BASE} for u in range(8)}
     rows = []
     for t in range(SECONDS):
         for u in range(8):
             row: dict[str, object] = {"ts": T0 + timedelta(seconds=t), "node": f"n{u // 2}", "gpu": u % 2}
-            for m, v in (IDLE if paused(t) else BASE).items():
+            for m, v in (IDLE if paused(t) and not late(u, t) else BASE).items():
                 row[m] = v * offsets[u][m] * bad(u, t).get(m, 1.0) * (1 + rng.gauss(0, 0.03))
             rows.append(row)
     return pd.DataFrame(rows)
@@ -108,6 +114,29 @@ def test_a_one_off_outlier_and_a_job_wide_pause_accuse_no_one() -> None:
     # The same GPU lagging in three separate stretches is found: the quiet above is the rule's, not blindness.
     thrice = passes(samples(lambda u, t: THROTTLED if u == 3 and t >= 100 and (t - 100) % 150 < 60 else {}))
     assert {f.subject for _, fs in thrice for f in fs} == {"n1/1"}
+
+
+def test_a_machine_standing_apart_only_as_the_job_stops_and_restarts_is_not_a_recurrent_straggler() -> None:
+    """The 30-min demo's healthy node-000: a fault every 3 minutes, the job stopping and restarting around each, and
+    one machine's GPUs still working a few seconds after the others stopped; 3 "episodes" in 10 min, all at the
+    job's stops, and an incident on a healthy machine."""
+    stops = (100, 280, 460)
+
+    def paused(t: int) -> bool:
+        return any(r <= t < r + 40 for r in stops)
+
+    def late(u: int, t: int) -> bool:
+        return u in (4, 5) and any(r <= t < r + 6 for r in stops)
+
+    history = passes(samples(lambda u, t: {}, paused, late=late))
+    assert [(t, f.subject) for t, fs in history for f in fs] == []
+    # The spans it stands apart in are the job's stops: active by the span's median, not through every window.
+    rolled = windows.from_samples(samples(lambda u, t: {}, paused, late=late))
+    stop = peers.summarize_span(JOB, rolled, end=T0 + timedelta(seconds=110))
+    assert stop["active"] and not stop["steady"]
+    assert "n2/0" in stop["metrics"]["power_usage"]["out"]
+    working = peers.summarize_span(JOB, rolled, end=T0 + timedelta(seconds=90))
+    assert working["active"] and working["steady"]
 
 
 def test_outlier_episodes_moving_between_gpus_accuse_no_one() -> None:

@@ -123,12 +123,14 @@ def test_passes_every_five_seconds_find_the_straggler_as_the_raw_detector_does(s
     out = {"n/1": {"z": -6.0, "score": 6.0}}
     span = {
         "active": True,
+        "steady": False,
         "metrics": {
             "power_usage": {"z": {"n/1": -6.0, "n/2": 2.5}, "out": out},
             "sm_clock": {"z": {"n/3": 2.1}, "out": {}},
         },
     }
-    assert metric_passes._outliers_only(span) == {"active": True, "metrics": {"power_usage": {"out": out}}}
+    kept = {"active": True, "steady": False, "metrics": {"power_usage": {"out": out}}}
+    assert metric_passes._outliers_only(span) == kept
 
 
 def test_state_of_another_version_is_ignored(session: Session) -> None:
