@@ -117,12 +117,13 @@ def summarize_span(
     if frame is None:
         return result
     in_span = frame[~frame["previous"]]
-    active = _span_active(in_span)
+    gauge = _activity(in_span)  # once: the span's activity, its steadiness and its busy GPUs all read it
+    active = _span_active(in_span, gauge)
     result["active"] = active
     if not active:
         return result
-    result["steady"] = _span_steady(in_span, round(span_s / WINDOW_S))
-    frame = frame[frame["unit"].isin(_busy_units(in_span))]
+    result["steady"] = _span_steady(in_span, gauge, round(span_s / WINDOW_S))
+    frame = frame[frame["unit"].isin(_busy_units(in_span, gauge))]
     # Unit codes once for every metric (factorizing 65,000 strings per metric costs more than the metric).
     units, uid = np.unique(frame["unit"].to_numpy(), return_inverse=True)
     stages = _pipeline_stages(job, units)
@@ -248,7 +249,11 @@ def _spec(metric: str) -> MetricSpec:
     return MetricSpec(category, 0.05, 0.0, 0.4, counter=low.endswith(("_bytes", "_packets", "_total")))
 
 
-def _activity(frame: pd.DataFrame) -> tuple[pd.Series, float] | None:
+# The activity gauge's values per row and the threshold a working GPU reaches; None when nothing tells.
+Gauge = tuple[pd.Series, float] | None
+
+
+def _activity(frame: pd.DataFrame) -> Gauge:
     """The activity gauge to judge idleness by (the first of _ACTIVITY with data) and its threshold."""
     for column, threshold in _ACTIVITY:
         if column in frame.columns:
@@ -258,23 +263,21 @@ def _activity(frame: pd.DataFrame) -> tuple[pd.Series, float] | None:
     return None
 
 
-def _span_active(frame: pd.DataFrame) -> bool:
+def _span_active(frame: pd.DataFrame, gauge: Gauge) -> bool:
     """Whether the job (its median GPU) is working in the span; it is, when nothing tells."""
     if frame.empty:
         return False
-    gauge = _activity(frame)
     if gauge is None:
         return True
     values, threshold = gauge
     return bool(values.groupby(frame["unit"]).median().median() >= threshold)
 
 
-def _span_steady(frame: pd.DataFrame, windows: int) -> bool:
+def _span_steady(frame: pd.DataFrame, gauge: Gauge, windows: int) -> bool:
     """Whether the job (its median GPU) worked in each of the span's `windows` windows: a span it started, stopped or
     restarted in is a transition, where GPUs start and stop a few seconds apart and stand apart for it."""
     if frame["window_start"].nunique() < windows:
         return False
-    gauge = _activity(frame)
     if gauge is None:
         return True
     values, threshold = gauge
@@ -282,9 +285,8 @@ def _span_steady(frame: pd.DataFrame, windows: int) -> bool:
     return bool((per_window >= threshold).all())
 
 
-def _busy_units(frame: pd.DataFrame) -> list[str]:
+def _busy_units(frame: pd.DataFrame, gauge: Gauge) -> list[str]:
     """GPUs idle through the span while the job works are not in this job (a half-used node)."""
-    gauge = _activity(frame)
     if gauge is None:
         return list(frame["unit"].unique())
     values, threshold = gauge

@@ -122,10 +122,11 @@ def detect(
             key = (unit, _spec(ep.metric).category)
             grouped.setdefault(key, {}).setdefault((ep.metric, ep.direction), []).append(ep)
     often = {key: max(len(v) for v in by_metric.values()) for key, by_metric in grouped.items()}
+    one_sided = {key: _one_sided(by_metric) for key, by_metric in grouped.items()}
     # Per unit, over every category: how many of its signals recur.
     corroborated: dict[str, set[str]] = {}
-    for (unit, _), by_metric in grouped.items():
-        corroborated.setdefault(unit, set()).update(_signal(m) for m, _ in _one_sided(by_metric))
+    for (unit, _), recurring in one_sided.items():
+        corroborated.setdefault(unit, set()).update(_signal(m) for m, _ in recurring)
     findings = []
     for (unit, category), by_metric in grouped.items():
         n = often[(unit, category)]
@@ -143,7 +144,7 @@ def detect(
             continue
         if starved(by_metric):
             continue  # idle, not slow: the node's input (host, storage) is the suspect, which other rules judge
-        recurring = _one_sided(by_metric)
+        recurring = one_sided[(unit, category)]
         if not recurring:
             continue  # beating on every metric that recurs
         if busier(recurring):

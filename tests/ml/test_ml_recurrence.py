@@ -128,10 +128,11 @@ def test_a_machine_standing_apart_only_as_the_job_stops_and_restarts_is_not_a_re
     def late(u: int, t: int) -> bool:
         return u in (4, 5) and any(r <= t < r + 6 for r in stops)
 
-    history = passes(samples(lambda u, t: {}, paused, late=late))
+    data = samples(lambda u, t: {}, paused, late=late)
+    history = passes(data)
     assert [(t, f.subject) for t, fs in history for f in fs] == []
     # The spans it stands apart in are the job's stops: active by the span's median, not through every window.
-    rolled = windows.from_samples(samples(lambda u, t: {}, paused, late=late))
+    rolled = windows.from_samples(data)
     stop = peers.summarize_span(JOB, rolled, end=T0 + timedelta(seconds=110))
     assert stop["active"] and not stop["steady"]
     assert "n2/0" in stop["metrics"]["power_usage"]["out"]
