@@ -69,7 +69,7 @@ class AgentConfig:
     procfs_root: Path = field(default_factory=lambda: Path("/proc"))
     volumes: list[str] = field(default_factory=list)  # checkpoint and log folders whose free space is shipped
     # The simulator's stand-in for the node's hardware: run_checks ships the results the simulator writes here
-    # (agents/sim/runner.py) instead of running the suite on this machine's GPUs. Never set on a real node.
+    # (lab/sim/runner.py) instead of running the suite on this machine's GPUs. Never set on a real node.
     checks_file: Path | None = None
 
     @property

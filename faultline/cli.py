@@ -8,12 +8,10 @@ import importlib
 import sys
 from pathlib import Path
 
-from agents import bench as agent_bench
 from agents import cli as agent_cli
 from agents.checks import cli as check_cli
 from agents.schedulers import cli as adapter_cli
 from agents.schedulers import slurm_jobs
-from agents.sim import cli as sim_cli
 
 SCOPES = ("agent", "scheduler", "operator", "admin", "enrol")
 
@@ -112,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent_cli.add_parser(sub)
     check_cli.add_parser(sub)
-    sim_cli.add_parser(sub)
+    sub.add_parser(
+        "sim",
+        help="run a simulated GPU cluster (exporters, logs, rank processes, agents) and inject faults",
+        add_help=False,
+    )
     adapter_cli.add_parser(sub)
     slurm_jobs.add_parser(sub)
 
@@ -145,7 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--rounds", type=int, default=10, help="requests per page")
     ui.add_argument("--json", type=Path, help="also write the figures to this file")
     _data_dir_option(ui)
-    agent_bench.add_parser(bench_sub)
+    bench_sub.add_parser(
+        "agent",
+        help="the agent's CPU, RSS, requests/s and bytes per sample on a busy 8-GPU node (see --help)",
+        add_help=False,
+    )
     # Commands with their own argument parsers; listed here for --help, dispatched by `main` (see _PASSTHROUGH).
     bench_sub.add_parser("stacks", help="stack aggregation over 16,384 synthetic ranks (see --help)", add_help=False)
     bench_sub.add_parser(
@@ -169,12 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
 # Prefix of argv -> "module:function" taking the rest of argv: commands that parse their own options.
 _PASSTHROUGH: dict[tuple[str, ...], str] = {
     ("ml",): "ml.classifier.cli:main",  # takes `train ...` / `predict ...` itself
-    ("bench", "stacks"): "ml.bench_stacks:main",
-    ("bench", "storage"): "service.bench.storage:main",
-    ("bench", "diagnosis"): "service.bench.diagnosis:main",
-    ("bench", "scale-eval"): "service.bench.scale_eval:main",
-    ("eval",): "service.evaluation.cli:main",
+    ("bench", "stacks"): "lab.bench.stacks:main",
+    ("bench", "storage"): "lab.bench.storage:main",
+    ("bench", "diagnosis"): "lab.bench.diagnosis:main",
+    ("bench", "scale-eval"): "lab.bench.scale_eval:main",
+    ("eval",): "lab.evaluation.cli:main",
+    ("sim",): "lab.sim.cli:main",
+    ("bench", "agent"): "lab.bench.agent:main",
 }
+
+
+def _needs(module_name: str, exc: ImportError) -> str:
+    extra = "lab" if module_name.startswith("lab.") else "server"
+    return f"needs {exc.name or 'a module'} ({extra} stack): pip install 'faultline[{extra}]'"
 
 
 def _passthrough(argv: list[str]) -> int | None:
@@ -184,11 +197,7 @@ def _passthrough(argv: list[str]) -> int | None:
             try:
                 module = importlib.import_module(module_name)
             except ImportError as exc:
-                print(
-                    f"faultline {' '.join(prefix)} needs the server stack ({exc.name} is missing): "
-                    "pip install 'faultline[server]'",
-                    file=sys.stderr,
-                )
+                print(f"faultline {' '.join(prefix)} {_needs(module_name, exc)}", file=sys.stderr)
                 return 2
             return int(getattr(module, function)(argv[len(prefix) :]))
     return None
@@ -204,14 +213,17 @@ def main(argv: list[str] | None = None) -> int:
         return agent_cli.run(args)
     if args.command == "check":
         return check_cli.run(args)
-    if args.command == "sim":
-        return sim_cli.run(args)
     if args.command == "adapter":
         return adapter_cli.run(args)
     if args.command == "slurm":
         return slurm_jobs.run(args)
-    if args.command == "bench" and args.bench_command == "agent":
-        return agent_bench.run(args)
+    if args.command in ("demo", "bench"):  # the lab's own commands, imported only when asked for
+        try:
+            from lab import cli as lab_cli
+        except ImportError as exc:
+            print(f"faultline {args.command} {_needs('lab.cli', exc)}", file=sys.stderr)
+            return 2
+        return lab_cli.run(args)
     try:
         from service import cli as server_cli
     except ImportError as exc:

@@ -28,57 +28,25 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"faultline: configuration error: {messages}") from None
 
 
-def run(args: argparse.Namespace) -> int:
+def configure_logging() -> None:
     logging.basicConfig(
         level=os.environ.get("FAULTLINE_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for noisy in ("pgserver", "httpx", "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging()
     handler = {
-        "demo": _demo,
         "serve": _serve,
         "work": _work,
         "migrate": _migrate,
         "token": _token,
-        "bench": _bench,
         "backtest": _backtest,
     }[args.command]
     return handler(args)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from service.demo import run_demo
-    from service.evaluation.soak import parse_duration
-
-    problems = []
-    duration = None
-    if args.duration is not None:
-        try:
-            duration = parse_duration(args.duration)
-        except ValueError as exc:
-            problems.append(str(exc).replace("soak duration", "--duration"))
-    if args.spares < 0:
-        problems.append("--spares must be >= 0")
-    if args.repair_time <= 0:
-        problems.append("--repair-time must be > 0")
-    for problem in problems:
-        print(f"faultline demo: {problem}", file=sys.stderr)
-    if problems:
-        return 2
-    return run_demo(
-        data_dir=args.data_dir.resolve(),
-        port=args.port,
-        simulate=not args.no_sim,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        fault_after=args.fault_after,
-        fault_every=args.fault_every,
-        scheduler=not args.approvals,
-        spares=args.spares,
-        repair_time=args.repair_time,
-        duration=duration,
-    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -174,16 +142,6 @@ def _token(args: argparse.Namespace) -> int:
         print(f"faultline: {exc.message}", file=sys.stderr)
         return 2
     return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    if args.bench_command == "ui":
-        from service.bench import ui
-
-        return ui.run(args)
-    from service.bench import ingest
-
-    return ingest.run(args)
 
 
 def _backtest(args: argparse.Namespace) -> int:

@@ -15,10 +15,10 @@ from typing import Any
 import pandas as pd
 
 from agents.parsers.training import TrainingLogParser
-from agents.sim.config import SimConfig
-from agents.sim.gpu import TICK
-from agents.sim.model import Cluster
-from agents.sim.modes import CULPRIT_DATA, DEAD, NORMAL
+from lab.sim.config import SimConfig
+from lab.sim.gpu import TICK
+from lab.sim.model import Cluster
+from lab.sim.modes import CULPRIT_DATA, DEAD, NORMAL
 from ml.findings import JobInfo, LogRecord
 from ml.metrics import FIELD_TO_COLUMN
 

@@ -149,9 +149,9 @@ SIMULATED_WAIT_S = 1800.0  # the simulator writes the results when the machine's
 def simulated_checks(
     path: Path, options: Options, *, busy_ranks: Iterable[Any] = (), stop: threading.Event | None = None
 ) -> list[CheckResult]:
-    """The results the simulator wrote for this machine (agents/sim/runner.py: {"results": {level: [result]}}),
+    """The results the simulator wrote for this machine (lab/sim/runner.py: {"results": {level: [result]}}),
     once they are there; refused, as the real suite, while a job's ranks run. The simulator's stand-in for the
-    GPUs, NICs and host a real node's suite measures (agents/sim/checks.py computes them from its faults)."""
+    GPUs, NICs and host a real node's suite measures (lab/sim/checks.py computes them from its faults)."""
     if options.level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, not {options.level}")
     busy = list(busy_ranks)

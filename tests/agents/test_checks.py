@@ -1,5 +1,5 @@
 """The stop-time checks (agents/checks) against fakes at their boundaries, built from real outputs
-(tests/fixtures/checks/README.md): NVML (tests/fakes/nvml.py and a real H200's fields), dcgmi's JSON (NVIDIA's
+(tests/fixtures/checks/README.md): NVML (lab/fakes/nvml.py and a real H200's fields), dcgmi's JSON (NVIDIA's
 own test document), PyTorch figures (published H100 measurements); and for real where this machine can: PyTorch
 on the CPU, all-reduce over gloo between processes, the host's own /proc, the `faultline check` command."""
 
@@ -29,8 +29,8 @@ from agents.checks.result import CheckResult
 from agents.checks.suite import Options, Refused, plan, run_suite, verdict
 from agents.config import load
 from agents.nvml import Nvml
+from lab.fakes.nvml import FakeNvml
 from tests import paths
-from tests.fakes.nvml import FakeNvml
 from tests.procs import wait_for
 
 FIXTURES = paths.FIXTURES / "checks"

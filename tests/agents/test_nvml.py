@@ -1,4 +1,4 @@
-"""The NVML fallback (agents/nvml.py, agents/nvml_xid.py) against a fake pynvml (tests/fakes/nvml.py) built on the
+"""The NVML fallback (agents/nvml.py, agents/nvml_xid.py) against a fake pynvml (lab/fakes/nvml.py) built on the
 real module's constants, exceptions and structures; and the names it calls against the real nvidia-ml-py."""
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ import orjson
 import pynvml as real
 import pytest
 
-from agents import bench, nvml_xid
 from agents import nvml as agent_nvml
+from agents import nvml_xid
 from agents.agent import Agent
 from agents.config import ConfigError, load
 from agents.nvml import LINKS_DOWN, Nvml, open_nvml
 from agents.nvml_xid import open_nvml_xids, pci_device, xid_line
 from agents.parsers.kernel import KernelLogParser
+from lab.bench import agent as bench
+from lab.fakes.nvml import FakeNvml
 from ml.metrics import CLOCK_EVENT_BITS, FIELD_TO_COLUMN
 from tests import paths
-from tests.fakes.nvml import FakeNvml
 from tests.procs import wait_for
 
 _PYNVML_NAME = re.compile(r"(?:nvml[A-Z]|NVML)\w+")

@@ -13,7 +13,7 @@ import pytest
 
 from agents.parsers import parse_text
 from agents.parsers.training import TrainingLogParser
-from agents.sim import logformat
+from lab.sim import logformat
 from tests.agents.test_parsers_training import check_event
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

@@ -24,8 +24,8 @@ if importlib.util.find_spec("torch") is None:
         "PyTorch CPU not installed: real torchrun tests skipped (pip install torch==2.13.0)", allow_module_level=True
     )
 
+from lab.evaluation.torchjob.cluster import TorchCluster, launch
 from service.embedded import free_port
-from service.evaluation.torchjob.cluster import TorchCluster, launch
 from service.processes import healthy
 from service.tokens import service as tokens
 from tests.procs import running, wait_for

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from agents.sim.config import SimConfig
-from agents.sim.runner import SimRunner
+from lab.sim.config import SimConfig
+from lab.sim.runner import SimRunner
 from service.models import CheckResult, Decision
 from service.tokens import service as tokens
 from tests.e2e.test_sim_scheduler import _Lines

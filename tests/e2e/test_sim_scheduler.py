@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from agents.sim.config import SimConfig
-from agents.sim.runner import SimRunner
+from lab.sim.config import SimConfig
+from lab.sim.runner import SimRunner
 from service.models import Decision, Incident
 from tests.fakes.decisions import make_decision, read_decision, scheduler_token
 from tests.procs import api_server, wait_for

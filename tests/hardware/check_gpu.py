@@ -14,7 +14,7 @@ It writes, each step's result to OUT_DIR and a summary to stdout:
    unmapped address (an MMU fault, Xid 31 on the driver's side); the agent, run with `--nvml-xid on --dry-run`,
    must ship the Xid from NVML's event API, and the kernel log (when readable) is saved beside it to compare.
 3. `job_agent.jsonl`, `job_stacks.json`, `job.log`: a real two-rank torchrun job on the GPU
-   (service/evaluation/torchjob/train.py --device cuda) whose rank 1 hangs; the agent (`--once --dry-run`)
+   (lab/evaluation/torchjob/train.py --device cuda) whose rank 1 hangs; the agent (`--once --dry-run`)
    reports its processes and progress, and py-spy (agents/stacks.py) dumps both ranks' stacks.
 One run's files, from an H200, are tests/fixtures/hardware/h200/ (its README says how they were made); tests
 replay them into the service.
@@ -71,8 +71,8 @@ def _env() -> dict[str, str]:
 def nvml_fields(out: Path) -> None:
     import pynvml
 
-    from agents.bench import nvml_source_cost
     from agents.nvml import open_nvml
+    from lab.bench.agent import nvml_source_cost
 
     notes: list[str] = []
 

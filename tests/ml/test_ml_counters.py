@@ -9,8 +9,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from agents.sim.config import SimConfig
-from agents.sim.model import Cluster
+from lab.sim.config import SimConfig
+from lab.sim.model import Cluster
 from ml import counters
 from ml.findings import ACTIONS, CATEGORIES, SUBJECT_KINDS, Finding, JobInfo
 from ml.metrics import FIELD_TO_COLUMN

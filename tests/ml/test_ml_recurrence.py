@@ -19,7 +19,7 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 JOB = JobInfo(job_id="j1", world_size=8, rank_nodes={r: f"n{r // 2}" for r in range(8)})
 BASE = {"power_usage": 520.0, "sm_clock": 1980.0, "tensor_active": 0.4, "sm_active": 0.7}
 IDLE = {"power_usage": 70.0, "sm_clock": 1980.0, "tensor_active": 0.0, "sm_active": 0.0}
-# A thermally throttled GPU, as the simulator's (agents/sim): its clock and power drop, and it is busy for longer
+# A thermally throttled GPU, as the simulator's (lab/sim): its clock and power drop, and it is busy for longer
 # each step while the healthy ones wait for it in the collectives.
 THROTTLED = {"power_usage": 0.65, "sm_clock": 0.7, "sm_active": 1.35, "tensor_active": 1.35}
 SECONDS = 600

@@ -16,8 +16,8 @@ from agents.events import Event
 from agents.parsers import LineParser, parse_text
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training import TrainingLogParser
-from agents.sim.config import SimConfig
-from agents.sim.model import Cluster
+from lab.sim.config import SimConfig
+from lab.sim.model import Cluster
 from ml import signatures, xid
 from ml.findings import ACTIONS, BLAMES, CATEGORIES, ROLES, SUBJECT_KINDS, Finding, JobInfo, LogRecord
 from ml.normalize import normalize, signature

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from ml import bench_stacks, parallel
+from lab.bench import stacks as bench_stacks
+from ml import parallel
 from ml.findings import JobInfo, StackSample
 from ml.stacks import (
     MAX_TREE_DEPTH,

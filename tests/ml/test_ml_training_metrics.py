@@ -13,8 +13,8 @@ import pytest
 from agents.events import Event
 from agents.parsers import parse_text
 from agents.parsers.training import TrainingLogParser
-from agents.sim.config import SimConfig
-from agents.sim.model import Cluster
+from lab.sim.config import SimConfig
+from lab.sim.model import Cluster
 from ml import training_metrics
 from ml.demarcation import demarcate
 from ml.findings import Finding, JobInfo, LogRecord

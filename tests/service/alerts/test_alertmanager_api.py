@@ -16,7 +16,7 @@ from sqlalchemy.orm import sessionmaker
 
 from agents.parsers import parse_text
 from agents.parsers.kernel import KernelLogParser
-from agents.sim import logformat as fmt
+from lab.sim import logformat as fmt
 from ml import signatures
 from ml.findings import LogRecord
 from service.config import get_settings

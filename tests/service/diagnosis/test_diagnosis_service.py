@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from agents.parsers import parse_text
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training.parser import TrainingLogParser
-from agents.sim import logformat as fmt
+from lab.sim import logformat as fmt
 from service.config import get_settings
 from service.diagnosis.service import diagnose_job
 from service.models import Decision, Finding, Incident, Node

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from agents.parsers import parse_text
 from agents.parsers.kernel import KernelLogParser
-from agents.sim import logformat as fmt
+from lab.sim import logformat as fmt
 from service.config import get_settings
 from service.decisions.gpu_names import kernel_pci
 from service.diagnosis.service import diagnose_events

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
-from service.bench import uidata
+from lab.bench import uidata
 from service.models import NotificationChannel, Silence
 from service.tokens import service as tokens
 from tests import paths

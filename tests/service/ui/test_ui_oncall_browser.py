@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from service.bench import uidata
+from lab.bench import uidata
 from service.models import Finding, Gpu
 from service.tokens import service as tokens
 from tests import rows

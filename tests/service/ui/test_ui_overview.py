@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from service.bench import uidata
+from lab.bench import uidata
 from service.incidents import service as incidents
 from tests import rows
 
