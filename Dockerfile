@@ -8,6 +8,7 @@ COPY agents ./agents
 COPY service ./service
 COPY ml ./ml
 COPY migrations ./migrations
+# The product only: the lab (lab/: simulator, evaluation, benchmarks, demo) stays out of the image.
 RUN pip install '.[server,kubernetes]' && useradd --system --uid 10001 faultline
 USER faultline
 EXPOSE 8080

@@ -70,7 +70,7 @@ def accept(
     settings: Settings,
 ) -> dict[str, str]:
     """One batch's check results stored and judged, then acted on where a decision waits on them (the ingest path;
-    the simulator's accelerated-time harness calls it directly, with its simulated `now`).
+    a caller that keeps its own clock calls it directly, with its `now`).
 
     Acting never costs the results: it runs in a savepoint, and a failure there leaves them stored for a person
     (an agent whose batch failed would resend it forever)."""

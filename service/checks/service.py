@@ -131,7 +131,7 @@ def record(
 ) -> list[CheckResult]:
     """Store one batch's check results with their verdicts; a failing verdict also becomes a finding.
 
-    `now` bounds the fleet history read (an accelerated-time harness passes its simulated time)."""
+    `now` bounds the fleet history read (a caller that keeps its own clock passes its time)."""
     now = now or datetime.now(UTC)
     # A figure without its model in the evidence (an all-reduce) takes the model of the node's GPUs.
     gpus = session.execute(select(Gpu.index, Gpu.model).where(Gpu.node_id == node_id, Gpu.model.is_not(None)))

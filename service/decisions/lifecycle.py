@@ -198,8 +198,8 @@ def _finish(
 
 
 def expire_overdue(session: Session, *, now: datetime, job_ids: Collection[int] | None = None) -> list[int]:
-    """Decisions nobody acknowledged (or approved) in time expire, saying so. `job_ids`: only those jobs' (a
-    harness whose processes each keep their own simulated clock); every job's by default."""
+    """Decisions nobody acknowledged (or approved) in time expire, saying so. `job_ids`: only those jobs' (callers
+    whose processes each keep their own clock); every job's by default."""
     mine = Decision.job_id.in_(job_ids) if job_ids is not None else true()
     return expire(
         session, Decision.state.in_(OPEN), Decision.expires_at <= now, mine,

@@ -222,8 +222,8 @@ def _decide(
             now=now,
             settings=settings,
         )
-    # By when the finding was observed, on the pass's clock as stack requests are (not the row's insertion time: in
-    # the soak's simulated time that is hours ahead, and every pass asked again).
+    # By when the finding was observed, on the pass's clock as stack requests are (not the row's insertion time: on a
+    # clock hours ahead of the database's, every pass asked again).
     asked, ask_recheck = stack_requests.ask(
         session, job=job, findings=[(f, f.observed_at) for _, f, _ in open_findings], settings=settings, now=now
     )

@@ -33,8 +33,8 @@ def request_stack_dump(
     """Ask every agent of the job to dump stacks; agents receive it with their next ingest answer. `params`: what
     the service keeps with its own request (not sent to agents).
 
-    `now`: the diagnosis pass's time, which its rounds and deadlines are reckoned from (simulated time in the soak
-    and the campaign, where the database's clock is hours ahead); the wall clock by default."""
+    `now`: the diagnosis pass's time, which its rounds and deadlines are reckoned from (a caller that keeps its
+    own clock, e.g. an accelerated replay, may be hours ahead of the database's); the wall clock by default."""
     now = now or datetime.now(UTC)
     directive = Directive(
         purpose=purpose,

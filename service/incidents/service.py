@@ -187,8 +187,8 @@ def resolve_quiet(
 ) -> list[int]:
     """Incidents without new evidence for `quiet_s` and with nothing waiting on anyone resolve themselves.
 
-    `job_ids`: only those jobs' incidents (a harness whose processes each keep their own simulated clock: one
-    process's now resolved another's incidents as quiet minutes early); every job's by default."""
+    `job_ids`: only those jobs' incidents (callers whose processes each keep their own clock: one process's now
+    resolved another's incidents as quiet minutes early); every job's by default."""
     waiting = select(Decision.id).where(
         Decision.incident_id == Incident.id, Decision.state.in_(("pending", "awaiting_approval"))
     )
