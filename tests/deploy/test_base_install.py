@@ -5,6 +5,7 @@ which extra they need."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import venv
@@ -23,6 +24,7 @@ XID48 = (
     "[Sat Nov 22 10:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit "
     "error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.\n"
 )
+COPY_SKIPS = (".venv", ".git", ".faultline", "build", "*.egg-info", "__pycache__", ".*_cache", "node_modules")
 SERVER_ONLY = ("fastapi", "sqlalchemy", "psycopg", "celery", "pandas", "sklearn", "pgserver", "psutil")
 
 
@@ -30,9 +32,12 @@ SERVER_ONLY = ("fastapi", "sqlalchemy", "psycopg", "celery", "pandas", "sklearn"
 def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv holding faultline's base install and nothing else (pip from PyPI, as on a GPU node)."""
     root = tmp_path_factory.mktemp("base-venv")
+    # Built from a copy: an in-tree build would leave build/ and egg-info behind in the checkout.
+    source = tmp_path_factory.mktemp("source") / "faultline"
+    shutil.copytree(paths.REPO, source, ignore=shutil.ignore_patterns(*COPY_SKIPS))
     venv.create(root, with_pip=True)
     done = subprocess.run(
-        [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", paths.REPO],
+        [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", source],
         capture_output=True,
         text=True,
         timeout=600,

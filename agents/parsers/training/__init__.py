@@ -11,7 +11,7 @@ Modules: `prefixes` (rank and time), `parser` (the dispatch), `classify` (single
 and the rules by topic (`nccl`, `verbs` (RDMA verbs failures, IB async events), `watchdog`, `cuda`,
 `crashes`, `elastic` (and other launchers), `loss_scale` (fp16 overflows), `progress`, `checkpoints`
 (saves)), `blocks` and the multi-line blocks (`tracebacks`, `child_failed`, `cpp`, `flight_recorder`; the
-desync report is in `watchdog`, device-side assertion lines in `cuda`). `agents.parsers.corpus` measures them
+desync report is in `watchdog`, device-side assertion lines in `cuda`). `lab.evaluation.parser_corpus` measures them
 on real logs.
 """
 

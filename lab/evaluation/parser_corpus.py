@@ -13,7 +13,7 @@ which of the agent's parsers reads the file, as the agent reads a kernel log or 
 training). Unexplained errors (`unmatched_error`) and critical events from benign samples are reported
 beside the rate.
 
-    python -m agents.parsers.corpus tests/fixtures/logs [--verbose]
+    python -m lab.evaluation.parser_corpus tests/fixtures/logs [--verbose]
 """
 
 from __future__ import annotations
@@ -227,8 +227,8 @@ def format_report(report: Report, *, verbose: bool = False) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m agents.parsers.corpus FOLDER...`: print the table; exit 1 below --min-rate."""
-    parser = argparse.ArgumentParser(prog="python -m agents.parsers.corpus", description=__doc__.split("\n")[0])
+    """`python -m lab.evaluation.parser_corpus FOLDER...`: print the table; exit 1 below --min-rate."""
+    parser = argparse.ArgumentParser(prog="python -m lab.evaluation.parser_corpus", description=__doc__.split("\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="folders of fixture files (or files)")
     parser.add_argument("--min-rate", type=float, default=0.0, help="exit 1 when the total rate is below this")
     parser.add_argument("--verbose", "-v", action="store_true", help="list the event kinds of each file")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.parsers import corpus
+from lab.evaluation import parser_corpus as corpus
 from tests import paths
 
 LOGS = paths.FIXTURES / "logs"
