@@ -6,31 +6,32 @@ count, so a counter reset (a GPU reset zeroes the volatile ECC counters) is neve
 counters that every GPU accumulates a little (NVLink CRC, PCIe replays) are judged against the job's other
 GPUs: one GPU rising far faster than its peers is the finding. A GPU whose samples stop while the other GPUs
 of its node keep reporting has fallen off the bus; a silent node, or a job whose samples all end, is not that.
+
+The samples are prepared in ml/counter_samples.py, the error rates compared with the peers' in ml/error_rates.py,
+and every rule's finding is written by ml/counter_findings.py; the other rules (uncorrectable errors, GPU states,
+Xids, a PCIe link below its best, lost GPUs) and detect, which runs them all, live here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from ml.findings import CounterEvidence, Finding, JobInfo, SignalRef
+from ml.counter_findings import _dt, _gpu_finding, _num, _signal, _stamp
+from ml.counter_samples import _AWAY, _KEYS, _numeric, _prepare, _Samples
+from ml.error_rates import _nvlink, _pcie
+from ml.findings import Finding, JobInfo
 from ml.metrics import (
     ECC_DBE_VOLATILE,
     GPU_UTIL,
-    NVLINK_CRC_DATA_ERRORS,
-    NVLINK_CRC_FLIT_ERRORS,
-    NVLINK_RECOVERY_ERRORS,
-    NVLINK_REPLAY_ERRORS,
     PCIE_LINK_GEN,
     PCIE_LINK_WIDTH,
     PCIE_MAX_LINK_GEN,
     PCIE_MAX_LINK_WIDTH,
-    PCIE_REPLAY,
     REMAPPED_ROWS_UNCORRECTABLE,
     RETIRED_PAGES_PENDING,
     ROW_REMAP_FAILURE,
@@ -39,21 +40,11 @@ from ml.metrics import (
 )
 from ml.xid import lookup
 
-DETECTOR = "counters"
-
 # Uncorrectable-error counters: any increase means the GPU's memory is broken. column -> (confidence, words)
 UNCORRECTABLE: dict[str, tuple[float, str]] = {
     ECC_DBE_VOLATILE: (0.93, "uncorrectable (double-bit) ECC errors"),
     REMAPPED_ROWS_UNCORRECTABLE: (0.85, "rows remapped after uncorrectable errors"),
 }
-NVLINK_ERRORS = (NVLINK_CRC_FLIT_ERRORS, NVLINK_CRC_DATA_ERRORS, NVLINK_REPLAY_ERRORS)
-
-# Peer comparison of error-rate counters: at least this many new errors, and this many times the job's median.
-NVLINK_MIN_ERRORS = 20.0
-PCIE_MIN_REPLAYS = 10.0
-PEER_FACTOR = 10.0
-NVLINK_EVICT_PER_MIN = 100.0  # a link this bad is replaying constantly: the job crawls
-PCIE_HIGH_PER_MIN = 100.0
 
 # A PCIe link below its maximum must be seen this many samples in a row; a lower generation counts only while
 # the GPU is busy, since an idle GPU lowers its link speed to save power (width does not change that way).
@@ -76,187 +67,11 @@ STATES: dict[str, tuple[float, str]] = {
 PENDING = (ROW_REMAP_PENDING, RETIRED_PAGES_PENDING)
 
 # A lost GPU: silent for this many of its node's sampling intervals (and this long), while the node reports.
-# Samples of a GPU this far apart in the job's data: the machine was away from the job (evicted and in repair, or
-# drained) and its counters' rise across the absence happened outside it (a repaired machine swapped back in was
-# accused on the errors of the fault it had been evicted for). An agent's restart is a few seconds.
-AWAY_S = 120.0
 LOST_INTERVALS = 3
 LOST_MIN_S = 10.0
 LOST_MIN_LATER_SAMPLES = 2
-FUTURE_SKEW = timedelta(minutes=5)  # samples stamped further ahead of `now` than this are clock errors
-
-# The job-wide medians a caller may supply: name -> the counter columns whose per-GPU increases are summed.
-PEER_MEDIANS: dict[str, tuple[str, ...]] = {
-    "nvlink": NVLINK_ERRORS,
-    "nvlink_recovery": (NVLINK_RECOVERY_ERRORS,),
-    "pcie": (PCIE_REPLAY,),
-}
 
 _log = logging.getLogger(__name__)
-_KEYS = ["node", "gpu"]
-_AWAY = "_away"  # a column _prepare adds
-
-
-def _prepare(metrics: Any, job: JobInfo, now: datetime) -> _Samples | None:
-    """The samples sorted by node, GPU and time, with UTC times and integer GPUs; None when unreadable."""
-    if not isinstance(metrics, pd.DataFrame) or metrics.empty:
-        return None
-    if not {"ts", "node", "gpu"} <= set(metrics.columns):
-        return None
-    df = metrics.copy()
-    df["ts"] = pd.to_datetime(df["ts"], utc=True, errors="coerce")
-    df["gpu"] = pd.to_numeric(df["gpu"], errors="coerce")
-    df = df.dropna(subset=["ts", "node", "gpu"])
-    df["gpu"] = df["gpu"].astype(int)
-    df["node"] = df["node"].astype(str)
-    now_ts = pd.Timestamp(now if now.tzinfo else now.replace(tzinfo=UTC))
-    df = df[df["ts"] <= now_ts + FUTURE_SKEW]
-    nodes = set(job.nodes)
-    if nodes and df["node"].isin(nodes).any():
-        df = df[df["node"].isin(nodes)]  # other machines' samples are not this job's business
-    if df.empty:
-        return None
-    df = df.sort_values(["node", "gpu", "ts"], kind="stable").reset_index(drop=True)
-    # Once for every counter: whether a sample follows its GPU's previous one after an absence from the job.
-    df[_AWAY] = (df["ts"] - df.groupby(_KEYS)["ts"].shift()).dt.total_seconds() > AWAY_S
-    return _Samples(df)
-
-
-def _numeric(df: pd.DataFrame, column: str) -> pd.Series | None:
-    if column not in df.columns:
-        return None
-    values = pd.to_numeric(df[column], errors="coerce")
-    return None if values.notna().sum() == 0 else values
-
-
-_INCREASE_COLUMNS = ["node", "gpu", "increase", "first_ts", "before", "after", "resets", "last_ts"]
-
-
-class _Samples:
-    """A job's prepared samples and, computed once per counter for all the rules that read it, the counter's
-    increases per GPU (the rules ask for the same NVLink counters several times; each costs a grouped pass)."""
-
-    def __init__(self, df: pd.DataFrame) -> None:
-        self.df = df
-        self._gpu = df.groupby(_KEYS, sort=False).ngroup()  # sorted by GPU: one integer per GPU, cheap to group
-        self._keys = df.groupby(self._gpu, sort=True)[_KEYS].first()  # each integer's node and GPU
-        self._cache: dict[str, pd.DataFrame] = {}
-
-    def increases(self, column: str) -> pd.DataFrame:
-        """Per GPU: the sum of increases between consecutive samples (resets, missing values and rises across an
-        absence ignored), the time of the first and last increase, the values around the first and how many
-        resets were seen."""
-        if column not in self._cache:
-            self._cache[column] = self._increases(column)
-        return self._cache[column]
-
-    def _increases(self, column: str) -> pd.DataFrame:
-        df, gpu = self.df, self._gpu
-        values = _numeric(df, column)
-        if values is None:
-            return pd.DataFrame(columns=_INCREASE_COLUMNS)
-        filled = values.groupby(gpu).ffill()  # a missing sample does not break the chain of differences
-        previous = filled.groupby(gpu).shift()
-        delta = filled - previous
-        rising = (delta > 0) & ~df[_AWAY]
-        frame = pd.DataFrame(
-            {
-                "gpu_id": gpu,
-                "ts": df["ts"],
-                "inc": delta.where(rising, 0.0).fillna(0.0),
-                "reset": (delta < 0).astype(int),
-                "before": previous,
-                "after": filled,
-            }
-        )
-        out = frame.groupby("gpu_id", sort=True).agg(increase=("inc", "sum"), resets=("reset", "sum"))
-        rises = frame[rising].groupby("gpu_id", sort=True)
-        firsts = rises[["ts", "before", "after"]].first().rename(columns={"ts": "first_ts"})
-        out = self._keys.join(out).join(firsts).join(rises["ts"].last().rename("last_ts"))
-        return out.reset_index(drop=True)[_INCREASE_COLUMNS]
-
-
-def _span_minutes(df: pd.DataFrame) -> pd.Series:
-    """Per GPU: minutes between its first and last sample (at least one second)."""
-    spans = df.groupby(_KEYS)["ts"].agg(["min", "max"])
-    seconds = (spans["max"] - spans["min"]).dt.total_seconds().clip(lower=1.0)
-    return seconds / 60.0
-
-
-def _iso(ts: Any) -> str | None:
-    if ts is None or (isinstance(ts, float) and np.isnan(ts)) or pd.isna(ts):
-        return None
-    return pd.Timestamp(ts).to_pydatetime().isoformat()
-
-
-def _dt(ts: Any) -> datetime:
-    return pd.Timestamp(ts).to_pydatetime()
-
-
-def _num(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if np.isnan(out) else out
-
-
-def _signal(node: str, gpu: int, column: str, ts: Any, before: Any = None, after: Any = None) -> SignalRef:
-    signal: SignalRef = {"type": "metric", "node": node, "gpu": int(gpu), "metric": column, "ts": _iso(ts)}
-    if _num(before) is not None:
-        signal["from"] = _num(before)
-    if _num(after) is not None:
-        signal["to"] = _num(after)
-    return signal
-
-
-def _gpu_finding(
-    node: str,
-    gpus: Sequence[int],
-    *,
-    key: str,
-    category: str,
-    confidence: float,
-    summary: str,
-    observed_at: datetime,
-    action: str,
-    signals: list[SignalRef],
-    series: str = "",
-    seen_until: datetime | None = None,
-    **extra: Any,
-) -> Finding:
-    one = len(gpus) == 1
-    evidence: CounterEvidence = {
-        "signals": signals[:50],
-        "signature": key.split(":", 1)[0],
-        "count": len(signals),
-        "gpus": sorted(int(g) for g in gpus),
-    }
-    evidence.update(cast(CounterEvidence, {k: v for k, v in extra.items() if v is not None}))  # the rule's details
-    return Finding(
-        detector=DETECTOR,
-        category=category,
-        subject_kind="gpu" if one else "node",
-        subject=f"{node}/{gpus[0]}" if one else node,
-        confidence=round(confidence, 3),
-        summary=summary[:300],
-        observed_at=observed_at,
-        node=node,
-        blame="infrastructure",
-        role="cause",
-        action=action,
-        key=key,
-        series=series,
-        seen_until=seen_until,
-        evidence=evidence,
-    )
-
-
-def _stamp(ts: Any) -> str:
-    return pd.Timestamp(ts).strftime("%Y%m%dT%H%M%S")
-
-
-# --- rules ----------------------------------------------------------------------------------------------------
 
 
 def _uncorrectable(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
@@ -345,149 +160,6 @@ def _xid_counter(samples: _Samples, job: JobInfo, now: datetime, medians: Mappin
                 mnemonic=entry.mnemonic or None,
                 # The same Xid as the kernel's line: a reset of this GPU clears it when the catalog says so.
                 gpu_reset_enough=entry.gpu_reset_enough or None,
-            )
-        )
-    return findings
-
-
-def _peer_outliers(
-    samples: _Samples, columns: Sequence[str], min_errors: float, median: float | None = None
-) -> tuple[pd.DataFrame, float]:
-    """Per GPU: new errors summed over `columns` and per minute; the GPUs far above the job's median (`median`
-    when the caller knows it from GPUs that are not in `df`)."""
-    df = samples.df
-    parts = [samples.increases(c).set_index(_KEYS)["increase"].rename(c) for c in columns if c in df.columns]
-    parts = [p for p in parts if not p.empty]
-    if not parts:
-        return pd.DataFrame(), 0.0
-    table = pd.concat(parts, axis=1).fillna(0.0)
-    table["total"] = table.sum(axis=1)
-    table["per_min"] = table["total"] / _span_minutes(df).reindex(table.index).fillna(1.0)
-    if median is None:
-        median = float(table["total"].median())
-    outliers = table[(table["total"] >= min_errors) & (table["total"] >= PEER_FACTOR * (median + 1.0))]
-    return outliers, median
-
-
-def _nvlink(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
-    """NVLink CRC/replay errors rising on one GPU far faster than on its peers, or link recoveries."""
-    df = samples.df
-    outliers, median = _peer_outliers(samples, NVLINK_ERRORS, NVLINK_MIN_ERRORS, medians.get("nvlink"))
-    recovery = (
-        samples.increases(NVLINK_RECOVERY_ERRORS).set_index(_KEYS)["increase"] if NVLINK_RECOVERY_ERRORS in df else None
-    )
-    flagged: dict[tuple[str, int], dict[str, Any]] = {}
-    for (node, gpu), row in outliers.iterrows():
-        flagged[(node, int(gpu))] = {"errors": float(row["total"]), "per_min": float(row["per_min"])}
-    recovery_median = medians.get("nvlink_recovery")
-    if recovery_median is None and recovery is not None and not recovery.empty:
-        recovery_median = float(recovery.median())
-    if recovery is not None and not recovery.empty and recovery_median == 0.0:
-        for (node, gpu), value in recovery[recovery > 0].items():
-            flagged.setdefault((node, int(gpu)), {"errors": 0.0, "per_min": 0.0})["recoveries"] = float(value)
-    columns = (*NVLINK_ERRORS, NVLINK_RECOVERY_ERRORS)
-    return _grouped_findings(
-        flagged,
-        _first_rise(samples, columns),
-        _last_rise(samples, columns),
-        key="nvlink",
-        category="nvlink",
-        what="NVLink errors",
-        severe=lambda info: info["per_min"] >= NVLINK_EVICT_PER_MIN or info.get("recoveries", 0) > 0,
-        confidence=lambda severe, rate: 0.8 if severe else 0.55,
-        median=median,
-    )
-
-
-def _pcie(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str, float]) -> list[Finding]:
-    """PCIe replays rising on one GPU far faster than on its peers: a marginal link or riser (diagnose)."""
-    outliers, median = _peer_outliers(samples, (PCIE_REPLAY,), PCIE_MIN_REPLAYS, medians.get("pcie"))
-    flagged = {
-        (node, int(gpu)): {"errors": float(row["total"]), "per_min": float(row["per_min"])}
-        for (node, gpu), row in outliers.iterrows()
-    }
-    return _grouped_findings(
-        flagged,
-        _first_rise(samples, (PCIE_REPLAY,)),
-        _last_rise(samples, (PCIE_REPLAY,)),
-        key=PCIE_REPLAY,
-        category="pcie",
-        what="PCIe replays",
-        severe=lambda info: False,
-        confidence=lambda severe, rate: 0.6 if rate >= PCIE_HIGH_PER_MIN else 0.5,
-        median=median,
-    )
-
-
-def _first_rise(samples: _Samples, columns: Sequence[str]) -> dict[tuple[str, int], pd.Timestamp]:
-    """Per GPU: the earliest first increase over `columns`."""
-    return _rise(samples, columns, "first_ts", min)
-
-
-def _last_rise(samples: _Samples, columns: Sequence[str]) -> dict[tuple[str, int], pd.Timestamp]:
-    """Per GPU: the latest increase over `columns`."""
-    return _rise(samples, columns, "last_ts", max)
-
-
-def _rise(
-    samples: _Samples, columns: Sequence[str], which: str, pick: Callable[[Any, Any], Any]
-) -> dict[tuple[str, int], pd.Timestamp]:
-    found: dict[tuple[str, int], pd.Timestamp] = {}
-    for column in columns:
-        if column not in samples.df.columns:
-            continue
-        inc = samples.increases(column)
-        for _, row in inc[inc["increase"] > 0].iterrows():
-            k = (row["node"], int(row["gpu"]))
-            found[k] = pick(found[k], row[which]) if k in found else row[which]
-    return found
-
-
-def _grouped_findings(
-    flagged: dict[tuple[str, int], dict[str, Any]],
-    first_ts: dict[tuple[str, int], pd.Timestamp],
-    last_ts: dict[tuple[str, int], pd.Timestamp],
-    *,
-    key: str,
-    category: str,
-    what: str,
-    severe: Callable[[dict[str, Any]], bool],
-    confidence: Callable[[bool, float], float],
-    median: float,
-) -> list[Finding]:
-    """One finding per node over its flagged GPUs (several bad GPUs on one node point at the node)."""
-    by_node: dict[str, list[int]] = {}
-    for node, gpu in sorted(flagged):
-        by_node.setdefault(node, []).append(gpu)
-    findings = []
-    for node, gpus in by_node.items():
-        infos = [flagged[(node, g)] for g in gpus]
-        bad = any(severe(info) for info in infos)
-        first = min((first_ts[(node, g)] for g in gpus if (node, g) in first_ts), default=None)
-        if first is None:
-            continue
-        errors = sum(info["errors"] for info in infos)
-        rate = max(info["per_min"] for info in infos)
-        where = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {gpus}"
-        findings.append(
-            _gpu_finding(
-                node,
-                gpus,
-                key=f"{key}:{node}/{'+'.join(map(str, gpus))}:{'evict' if bad else 'diagnose'}:{_stamp(first)}",
-                # The window slides over a counter that keeps climbing: its first rise, GPUs and severity move,
-                # the claim (this signature on this node) does not.
-                series=f"{key}:{node}",
-                seen_until=_dt(max((last_ts[(node, g)] for g in gpus if (node, g) in last_ts), default=first)),
-                category=category,
-                confidence=confidence(bad, rate),
-                summary=f"{what} on {node} {where}: +{int(errors)} ({rate:.0f}/min) vs a job median of {median:.0f}",
-                observed_at=_dt(first),
-                action="evict" if bad else "diagnose",
-                signals=[_signal(node, g, key, first_ts.get((node, g), first)) for g in gpus],
-                errors=int(errors),
-                per_minute=round(rate, 1),
-                peer_median=median,
-                recoveries=int(sum(info.get("recoveries", 0) for info in infos)) or None,
             )
         )
     return findings
@@ -612,7 +284,7 @@ def detect(
 ) -> list[Finding]:
     """Findings from a job's GPU counters (cumulative columns are differenced per GPU). A service that passes
     only the GPUs worth a look (and their nodes) gives the job-wide medians of per-GPU new errors in
-    `peer_medians` ("nvlink", "nvlink_recovery", "pcie"); see PEER_MEDIANS."""
+    `peer_medians` ("nvlink", "nvlink_recovery", "pcie"); see ml/error_rates.py's PEER_MEDIANS."""
     try:
         samples = _prepare(metrics, job, now)
     except Exception:

@@ -19,7 +19,7 @@ import pandas as pd
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ml import counters, node_metrics, node_signals, peers, progress, recurrence
+from ml import counters, error_rates, node_metrics, node_signals, node_summary, peers, progress, recurrence
 from ml.findings import Finding, JobInfo
 from ml.metrics import (
     GPU_UTIL,
@@ -156,7 +156,7 @@ def job_activity(
 
 # The counters each rule watches: uncorrectable errors, the peer-compared error rates, and the states.
 _UNCORRECTABLE = tuple(counters.UNCORRECTABLE)
-_PEER_COUNTED = tuple(dict.fromkeys(c for cols in counters.PEER_MEDIANS.values() for c in cols))
+_PEER_COUNTED = tuple(dict.fromkeys(c for cols in error_rates.PEER_MEDIANS.values() for c in cols))
 
 
 _PENDING = tuple(counters.PENDING)
@@ -189,7 +189,7 @@ _COUNTER_SQL = text(
     "), g AS ("
     "  SELECT coalesce(l.node_id, f.node_id) AS node_id, l.last_ts, l.node_id IS NULL AS gone, "
     f"   {_delta(_UNCORRECTABLE)} AS uncorrectable, "
-    + ", ".join(f"{_delta(cols)} AS {name}" for name, cols in counters.PEER_MEDIANS.items())
+    + ", ".join(f"{_delta(cols)} AS {name}" for name, cols in error_rates.PEER_MEDIANS.items())
     + f",   coalesce(l.{ROW_REMAP_FAILURE}_max, 0) > 0 AS remap_failure, "
     + " OR ".join(f"coalesce(l.{c}_max, 0) > 0" for c in _PENDING)
     + " AS pending, "
@@ -203,7 +203,7 @@ _COUNTER_SQL = text(
     ") SELECT "
     + ", ".join(
         f"percentile_cont(0.5) WITHIN GROUP (ORDER BY greatest(coalesce({name}, 0), 0)) AS {name}"
-        for name in counters.PEER_MEDIANS
+        for name in error_rates.PEER_MEDIANS
     )
     + ", array_agg(DISTINCT node_id) FILTER (WHERE quiet OR remap_failure OR xid_changed OR pending OR link_down "
     "  OR coalesce(uncorrectable, 0) <> 0 OR nvlink >= :nvlink OR nvlink_recovery <> 0 OR pcie >= :pcie "
@@ -230,15 +230,15 @@ def counter_findings(
         "hi": closed,
         "recent": closed - timedelta(seconds=2 * WINDOW_S),
         "quiet": counters.LOST_MIN_S,
-        "nvlink": counters.NVLINK_MIN_ERRORS,
-        "pcie": counters.PCIE_MIN_REPLAYS,
+        "nvlink": error_rates.NVLINK_MIN_ERRORS,
+        "pcie": error_rates.PCIE_MIN_REPLAYS,
         "busy": counters.PCIE_BUSY_UTIL,
     }
     summary = session.execute(_COUNTER_SQL, params).mappings().one()
     nodes = sorted(summary["worth"] or [])
     if not nodes:
         return []
-    medians = {name: float(summary[name] or 0.0) for name in counters.PEER_MEDIANS}
+    medians = {name: float(summary[name] or 0.0) for name in error_rates.PEER_MEDIANS}
     rolled = windows.read(
         session,
         job=job,
@@ -270,15 +270,15 @@ def _median(expression: str) -> str:
     return f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {expression})"
 
 
-_NS = node_signals
+_NS = node_summary
 _GAUGES_AT_LAST = (
     node_metrics.PORT_STATE,
     node_metrics.PORT_RATE_GBPS,
     node_metrics.PSI_MEM_SOME,
     node_metrics.PSI_MEM_FULL,
 )
-# What ml.node_signals computes from a whole job's windows (ends, aggregate_ends, peer_summary, worth_a_look), in
-# SQL over the four windows a summary reads (ml.node_signals.summary_windows): an index lookup of four windows
+# What ml.node_summary computes from a whole job's windows (ends, aggregate_ends, peer_summary, worth_a_look), in
+# SQL over the four windows a summary reads (ml.node_summary.summary_windows): an index lookup of four windows
 # of the job whatever the lookback, one row per machine and subject, then per subject the job's medians, and the
 # machines worth a look. A test holds the two to the same findings.
 _NODE_SQL = text(
@@ -360,7 +360,7 @@ def node_findings(
         session, job_id=job.id, detector="node_signals", version=NODE_SIGNALS_VERSION, cursor=closed, state={}, now=now
     )
     lo = closed - timedelta(seconds=lookback_s)
-    at = node_signals.summary_windows(closed - timedelta(seconds=WINDOW_S), lookback_s)
+    at = node_summary.summary_windows(closed - timedelta(seconds=WINDOW_S), lookback_s)
     params = {
         "job": job.id,
         **at,

@@ -11,7 +11,7 @@ import pytest
 
 from lab.sim.config import SimConfig
 from lab.sim.model import Cluster
-from ml import counters
+from ml import counter_samples, counters
 from ml.findings import ACTIONS, CATEGORIES, SUBJECT_KINDS, Finding, JobInfo
 from ml.metrics import FIELD_TO_COLUMN
 from tests.stored import check_evidence
@@ -179,7 +179,7 @@ def test_a_rise_across_an_absence_from_the_job_is_not_an_increase():
     before it left and its first after it came back happened outside the job."""
     before = series("nvlink_crc_flit_errors", [5400] * 6, gpus=8)
     back = series("nvlink_crc_flit_errors", [27100] * 6, gpus=8)
-    back["ts"] += timedelta(seconds=counters.AWAY_S + 60)
+    back["ts"] += timedelta(seconds=counter_samples.AWAY_S + 60)
     assert detect(pd.concat([before, back])) == []
     back["nvlink_crc_flit_errors"] = [27100 + 500 * (i // 8) if i % 8 == 0 else 0 for i in range(len(back))]
     [f] = detect(pd.concat([before, back]))  # climbing again once back: that rise is the job's

@@ -110,7 +110,7 @@ def test_repeated_records_and_unknown_progress() -> None:
 def test_the_simulator_s_restart_from_its_checkpoint_through_the_agent_s_parser() -> None:
     """The sim's Megatron log (saves, a restart 30 s down) parsed as the agent does: ETTR sees the same restart."""
     from agents.parsers.training import TrainingLogParser
-    from tests.agents.test_sim_realism import START_AT, Run, cluster
+    from tests.lab.sim.test_sim_realism import START_AT, Run, cluster
 
     c = cluster(
         checkpoint_every_s=100.0,

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from ml import node_signals
+from ml import node_signals, node_summary
 from ml.demarcation import demarcate
 from ml.evidence import evidence_of
 from ml.findings import Finding, JobInfo
@@ -206,9 +206,9 @@ def test_candidates_and_summary_stand_in_for_the_whole_job() -> None:
 
     frame = _frame(flap)
     whole = _detect(frame)
-    aggregates = node_signals.aggregate(node_signals._prepare(frame))
-    summary = node_signals.peer_summary(aggregates)
-    nodes = node_signals.worth_a_look(aggregates, summary)
+    aggregates = node_summary.aggregate(node_signals._prepare(frame))
+    summary = node_summary.peer_summary(aggregates)
+    nodes = node_summary.worth_a_look(aggregates, summary)
     assert nodes == ["node-002", "node-004"]
     part = node_signals.detect(JOB, frame[frame["node"].isin(nodes)], now=NOW, peers=summary)
     assert sorted(f.key for f in part) == sorted(f.key for f in whole)
@@ -217,7 +217,7 @@ def test_candidates_and_summary_stand_in_for_the_whole_job() -> None:
 def test_odd_input_is_skipped() -> None:
     assert node_signals.detect(JOB, None, now=NOW) == []
     assert node_signals.detect(JOB, pd.DataFrame({"x": [1]}), now=NOW) == []
-    assert set(node_signals.AGGREGATE_COLUMNS) >= {f"rise_{c}" for c in node_signals.PORT_ERRORS}
+    assert set(node_summary.AGGREGATE_COLUMNS) >= {f"rise_{c}" for c in node_summary.PORT_ERRORS}
     assert set(NODE_COUNTERS) <= set(NODE_COLUMNS)
 
 
@@ -273,8 +273,8 @@ def test_a_machine_that_joined_late_is_judged_from_when_it_joined() -> None:
     frame = _frame(late)
     joined = frame[(frame["node"] != "node-005") | (frame["window_start"] >= START + timedelta(seconds=200))]
     assert _detect(joined) == []
-    aggregates = node_signals.aggregate(node_signals._prepare(joined))
-    assert node_signals.worth_a_look(aggregates, node_signals.peer_summary(aggregates)) == []
+    aggregates = node_summary.aggregate(node_signals._prepare(joined))
+    assert node_summary.worth_a_look(aggregates, node_summary.peer_summary(aggregates)) == []
 
 
 def test_a_port_flap_after_another_machines_fault_is_its_own_fault_and_congestion_its_victim() -> None:
