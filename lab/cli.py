@@ -16,7 +16,7 @@ def run(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     from lab.demo import run_demo
-    from lab.evaluation.soak import parse_duration
+    from lab.evaluation.soak_config import parse_duration
 
     problems = []
     duration = None

@@ -43,7 +43,7 @@ from lab.bench.backend import create_token, start_backend, start_service
 from lab.bench.loadgen_protocol import LoadConfig, samples_per_batch
 from lab.bench.scale_eval_report import Outcome, _report, _verdict_line, format_table
 from lab.bench.scale_eval_watch import Context, DecisionWatch, LoadRun, PassLog, register_job
-from lab.evaluation.scoring import NOT_EVICTING_STATES, Decision, parse_decisions, parse_incidents, parse_time
+from lab.evaluation.records import NOT_EVICTING_STATES, Decision, parse_decisions, parse_incidents, parse_time
 from service.arguments import non_negative, positive, positive_int
 
 # Scenarios run in this order by default: the job of a finished scenario stays "active" (diagnosed by beat)

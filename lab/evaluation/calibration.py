@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lab.evaluation.scoring import GroundTruth
+from lab.evaluation.records import GroundTruth
 
 PERSON_SCOPES = ("operator:", "admin:")  # the actors of a person's reject (scheduler tokens act for machines)
 BINS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0001)  # [0, 0.5) below the diagnose threshold, then tenths

@@ -1,6 +1,6 @@
 """`faultline eval --campaign`: one long-lived service, long-running jobs, faults back to back drawn from a
 published fleet's mix (lab/sim/mix.py), and the closed loop acting on the service's decisions as a scheduler
-would; scored by lab/evaluation/campaign_scoring.py.
+would; reported by lab/evaluation/campaign_report.py, scored by lab/evaluation/campaign_scoring.py.
 
 It runs on the soak's accelerated-time harness (lab/evaluation/soak.py: the simulator's cluster model with
 its real-life noise, the agent's own parsers, real ingest into PostgreSQL, diagnosis passes with now = simulated
@@ -21,18 +21,14 @@ time, incident and decision maintenance). What the campaign adds, per job:
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import random
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -40,23 +36,19 @@ from sqlalchemy.orm import Session
 
 from lab.evaluation import campaign_scoring as scoring
 from lab.evaluation.campaign_checks import CheckDesk
-from lab.evaluation.soak import (
-    MAX_SIMULATED_S,
-    JobRun,
-    Soak,
-    SoakConfig,
-    SoakJob,
-    _hms,
-)
+from lab.evaluation.campaign_jobs import Active, CampaignJob
+from lab.evaluation.campaign_report import campaign_report, scored
+from lab.evaluation.soak import JobRun, Soak
 from lab.evaluation.soak_agent import VirtualAgent
+from lab.evaluation.soak_config import MAX_SIMULATED_S, SoakConfig, SoakJob
+from lab.evaluation.soak_report import hms
 from lab.sim.actions import LOOP_KINDS, act
 from lab.sim.config import SimConfig
-from lab.sim.faults import FaultRecord
+from lab.sim.job import RESTART_PAUSE
 from lab.sim.mix import LLAMA3_405B, Category, Draw, draws, spec_of
 from lab.sim.model import Cluster
 from lab.sim.pool import REPAIR
-from lab.sim.realism import RESTART_PAUSE
-from lab.sim.scenarios import FAULT_KINDS, FaultSpec
+from lab.sim.scenarios import FAULT_KINDS
 from service.config import Settings
 from service.db import session_scope
 from service.decisions.lifecycle import acknowledge
@@ -92,41 +84,6 @@ CAMPAIGN_POLICY = {
     "node_quarantine_s": 0.8 * REPAIR_S,
 }
 STALE_AFTER_S = scoring.STALE_AFTER_S
-
-
-@dataclass
-class Active:
-    """The fault a job is going through."""
-
-    index: int
-    draw: Draw
-    spec: FaultSpec
-    record: FaultRecord
-    node: str | None
-    t: float
-    step: int
-    since_checkpoint_s: float
-    dealt_t: float | None = None
-    how: str = ""
-
-
-@dataclass
-class CampaignJob:
-    run: JobRun
-    draws: Any  # the job's endless stream of draws
-    rng: random.Random
-    next_at: float
-    active: Active | None = None
-    slots_version: int = 0
-    first_step: int = 0
-    step_s: float = 1.0
-    stale_checks: list[tuple[float, int]] = field(default_factory=list)  # (when, fault index)
-    carried: dict[int, list[int]] = field(default_factory=dict)  # fault index -> open incidents judged with it
-    seen_incident: int = 0  # the highest incident id seen
-    count: int = 0  # faults injected
-    in_shop: set[int] = field(default_factory=set)  # machines whose agent is down while they are repaired
-    decided: set[int] = field(default_factory=set)  # decision ids the loop has seen
-    desk: CheckDesk | None = None  # the stop-time checks its machines answer (campaign_checks.py)
 
 
 def _training(c: Cluster) -> bool:
@@ -245,7 +202,19 @@ class Campaign(Soak):
         return all(self._job_finished(j) for j in self.campaign)
 
     def report(self) -> dict[str, Any]:
-        return self.campaign_report()
+        return campaign_report(
+            self.campaign,
+            outcomes=self.outcomes,
+            stale=self.stale,
+            decision_rows=self.decision_rows,
+            incident_rows=self.incident_rows,
+            loop_acts=self.loop_acts,
+            spares=SPARES_PER_JOB,
+            seed=self.config.seed,
+            start=self.start,
+            covered_s=self.covered_s,
+            wall_s=self.wall_s,
+        )
 
     def _job_finished(self, job: CampaignJob) -> bool:
         i = self.jobs.index(job.run)
@@ -257,7 +226,7 @@ class Campaign(Soak):
         wall = time.monotonic() - started
         total = sum(self.quota.values())
         self.say(
-            f"campaign: {len(self.outcomes)}/{total} faults dealt with, {_hms(t)} simulated in {wall / 60:.1f} min "
+            f"campaign: {len(self.outcomes)}/{total} faults dealt with, {hms(t)} simulated in {wall / 60:.1f} min "
             f"({t / wall if wall else 0:.0f}x real time); {len(self.decision_rows)} decisions, "
             f"{len(self.incident_rows)} incidents"
         )
@@ -326,7 +295,7 @@ class Campaign(Soak):
             index, d, spec, record, node, t, c.job.step, since_checkpoint_s=self._since_checkpoint(c, job.step_s)
         )
         self.say(
-            f"campaign: t={_hms(t)} {job.run.job_id}: fault #{index} {d.kind} ({d.category}) on {node or 'the job'}"
+            f"campaign: t={hms(t)} {job.run.job_id}: fault #{index} {d.kind} ({d.category}) on {node or 'the job'}"
         )
         if d.kind == "host_maintenance":  # the injection drained it (a spare took its place)
             self._dealt(job.active, t, "drained")
@@ -498,92 +467,6 @@ class Campaign(Soak):
                 incident_id, job.run.job_id, t, blame, silenced=silence_id is not None
             )
 
-    # -- the report --
-
-    def campaign_report(self) -> dict[str, Any]:
-        # Blame may be settled after an incident opened, and it may have resolved since: read them at the end.
-        with session_scope() as session:
-            final = {
-                row.id: row
-                for row in session.execute(
-                    select(
-                        Incident.id, Incident.blame, Incident.root_cause, Incident.anchor, Incident.resolution
-                    ).where(Incident.id.in_(self.incident_rows))
-                )
-            }
-        incidents = [
-            replace(r, blame=f.blame, root_cause=f.root_cause, anchor=f.anchor, resolution=f.resolution)
-            if (f := final.get(r.id)) is not None
-            else r
-            for r in self.incident_rows.values()
-        ]
-        outcomes = [replace(o, stale_incidents=tuple(self.stale.get(o.index, ()))) for o in self.outcomes]
-        progress = []
-        for job in self.campaign:
-            c = job.run.cluster
-            steps = sorted(d for _, _, d in c.step_history)
-            step_s = steps[len(steps) // 2] if steps else job.step_s  # the job's typical step, noise included
-            progress.append(
-                scoring.JobProgress(job.run.job_id, self.covered_s, round((c.job.step - job.first_step) * step_s, 1))
-            )
-        return {
-            "simulated_s": self.covered_s,
-            "wall_s": round(self.wall_s, 1),
-            "seed": self.config.seed,
-            "started_at": self.start.isoformat(),
-            "jobs": [
-                {
-                    "job_id": j.run.job_id,
-                    "nodes": j.run.spec.nodes,
-                    "gpus_per_node": j.run.spec.gpus_per_node,
-                    "tp": j.run.spec.tp,
-                    "pp": j.run.spec.pp,
-                    "spares": SPARES_PER_JOB,
-                    "restarts": j.run.cluster.generation,
-                    "steps_trained": j.run.cluster.job.step - j.first_step,
-                    "loop_events": [e.to_json() for e in j.run.cluster.loop_events],
-                    "unfinished_fault": j.active.index if j.active is not None else None,
-                    # Where and when: a decision on it answers a fault the run ended in, no false accusation.
-                    "unfinished_at": (
-                        {"node": j.active.node, "injected_s": j.active.t} if j.active is not None else None
-                    ),
-                }
-                for j in self.campaign
-            ],
-            "progress": [asdict(p) for p in progress],
-            "faults": [asdict(o) for o in outcomes],
-            "decisions": [asdict(d) for d in self.decision_rows.values()],
-            "incidents": [asdict(i) for i in incidents],
-            "loop_acts": self.loop_acts,
-            "checks": [asdict(r) for j in self.campaign if j.desk is not None for r in j.desk.records],
-        }
-
-
-def scored(report: dict[str, Any]) -> dict[str, Any]:
-    """The report with its `categories`, `totals`, `missed` and `targets` (from its plain records)."""
-    faults = sorted(
-        (scoring.FaultOutcome(**{**f, "stale_incidents": tuple(f["stale_incidents"])}) for f in report["faults"]),
-        key=lambda f: f.index,
-    )
-    unfinished = {j["job_id"]: j["unfinished_at"] for j in report["jobs"] if j.get("unfinished_at")}
-    result = scoring.score(
-        faults,
-        [scoring.DecisionRow(**d) for d in report["decisions"] if not _answers(d, unfinished.get(d["job_id"]))],
-        [scoring.IncidentRow(**i) for i in report["incidents"]],
-        [scoring.JobProgress(**p) for p in report["progress"]],
-        [scoring.CheckRow(**c) for c in report.get("checks", [])],
-    )
-    return {**report, **result}
-
-
-def _answers(decision: dict[str, Any], unfinished: dict[str, Any] | None) -> bool:
-    """Whether a decision is about the fault its job was going through when the run was stopped."""
-    return (
-        unfinished is not None
-        and decision["node"] == unfinished["node"]
-        and decision["t_s"] >= unfinished["injected_s"] - scoring.CLOCK_SLACK_S
-    )
-
 
 def run_campaign(
     config: SoakConfig,
@@ -636,25 +519,3 @@ def default_duration(faults: int, jobs: int) -> float:
     """A bound on the simulated time: every fault at its longest (a timeout, the healthy stretch, a restart)."""
     per_fault = HEALTHY_S[1] + FAULT_TIMEOUT_S + 120.0
     return min(MAX_SIMULATED_S, per_fault * -(-faults // max(1, jobs)) + STALE_AFTER_S)
-
-
-def format_report(report: dict[str, Any]) -> str:
-    jobs = ", ".join(
-        f"{j['job_id']} ({j['nodes']}x{j['gpus_per_node']} + {j['spares']} spares)" for j in report["jobs"]
-    )
-    head = (
-        f"campaign: {report['totals']['faults']} faults from the Llama 3 405B mix, {_hms(report['simulated_s'])} of "
-        f"simulated time (h:mm:ss) in {report['wall_s'] / 60:.1f} min of wall time (seed {report['seed']}); {jobs}"
-    )
-    acts = Counter(f"{a['kind']} {a['ack']}" for a in report["loop_acts"])
-    loop = "the loop acted: " + (", ".join(f"{k} {v}" for k, v in sorted(acts.items())) or "never")
-    return "\n".join([head, loop, "", scoring.format_table(report)])
-
-
-def write_report(report: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-
-
-def passed(report: dict[str, Any]) -> bool:
-    return all(t["status"] == "PASS" for t in report["targets"])

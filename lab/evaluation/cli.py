@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from lab.evaluation import calibration, spread
+from lab.evaluation.records import GroundTruth
 from lab.evaluation.report import concurrent_faults, format_summary, format_table
 from lab.evaluation.scenarios import CATALOG, TORCH, parse_selection
-from lab.evaluation.scoring import FAIL, PASS, GroundTruth, Target, summarize
-from lab.evaluation.soak import DEFAULT_JOBS_SPEC
+from lab.evaluation.scoring import FAIL, PASS, Target, summarize
+from lab.evaluation.soak_config import DEFAULT_JOBS_SPEC
 from service.arguments import positive, positive_int
 from service.config import Settings
 
@@ -343,45 +344,49 @@ def _accelerated_services(data_dir: Path) -> Iterator[None]:
 
 
 def _soak(args: argparse.Namespace) -> int:
-    from lab.evaluation import soak
+    from lab.evaluation import soak, soak_config, soak_report
     from service.config import get_settings
 
     try:
-        duration = soak.parse_duration(args.soak)
-        jobs = soak.parse_jobs(args.soak_jobs)
+        duration = soak_config.parse_duration(args.soak)
+        jobs = soak_config.parse_jobs(args.soak_jobs)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-    if duration > soak.MAX_SIMULATED_S:
-        raise SetupError(f"--soak is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days of data)")
+    if duration > soak_config.MAX_SIMULATED_S:
+        raise SetupError(
+            f"--soak is at most {soak_config.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days of data)"
+        )
     data_dir: Path = args.data_dir.resolve()
     with _accelerated_services(data_dir):
-        config = soak.SoakConfig(
+        config = soak_config.SoakConfig(
             duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
         )
         report = soak.run_soak(config, get_settings(), say=say, processes=args.soak_processes)
-    print(soak.format_report(report), flush=True)
+    print(soak_report.format_report(report), flush=True)
     out = args.json or data_dir / "soak.json"
-    soak.write_report(report, out)
+    soak_report.write_report(report, out)
     say(f"results in {out}")
-    return 0 if soak.passed(report) else 1
+    return 0 if soak_report.passed(report) else 1
 
 
 def _campaign(args: argparse.Namespace) -> int:
-    from lab.evaluation import campaign, soak
+    from lab.evaluation import campaign, campaign_report, soak_config
     from service.config import get_settings
 
     try:
-        jobs = soak.parse_jobs(args.campaign_jobs)
-        duration = soak.parse_duration(args.duration) if args.duration else None
+        jobs = soak_config.parse_jobs(args.campaign_jobs)
+        duration = soak_config.parse_duration(args.duration) if args.duration else None
     except ValueError as exc:
         raise SetupError(str(exc).replace("soak", "campaign")) from None
     if duration is None:
         duration = campaign.default_duration(args.faults, len(jobs))
-    if duration > soak.MAX_SIMULATED_S:
-        raise SetupError(f"--duration is at most {soak.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days)")
+    if duration > soak_config.MAX_SIMULATED_S:
+        raise SetupError(
+            f"--duration is at most {soak_config.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days)"
+        )
     data_dir: Path = args.data_dir.resolve()
     with _accelerated_services(data_dir):
-        config = soak.SoakConfig(
+        config = soak_config.SoakConfig(
             duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
         )
         report = campaign.run_campaign(
@@ -392,11 +397,11 @@ def _campaign(args: argparse.Namespace) -> int:
             processes=args.soak_processes,
             service_checks=not args.campaign_placeholder_checks,
         )
-    print(campaign.format_report(report), flush=True)
+    print(campaign_report.format_report(report), flush=True)
     out = args.json or data_dir / "campaign.json"
-    campaign.write_report(report, out)
+    campaign_report.write_report(report, out)
     say(f"results in {out}")
-    return 0 if campaign.passed(report) else 1
+    return 0 if campaign_report.passed(report) else 1
 
 
 class Harness:

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from lab.evaluation.scoring import FAIL, ScenarioScore, Summary
+from lab.evaluation.records import ScenarioScore
+from lab.evaluation.scoring import FAIL, Summary
 
 COLUMNS = ("scenario", "seed", "detected", "evicted", "expected", "correct", "blame (got/want)", "decision", "note")
 

@@ -14,15 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from lab.evaluation.api import Api, ApiError, EndpointMissing
+from lab.evaluation.records import ScenarioScore, parse_decisions
 from lab.evaluation.runs import Cancelled, ScenarioRun, SimRun, TorchRun, wait_until
 from lab.evaluation.scenarios import CATALOG, MULTI_FAULT, SIM, wait_after_injection
-from lab.evaluation.scoring import (
-    CONCLUSIVE_KINDS,
-    ScenarioScore,
-    answering_decisions,
-    parse_decisions,
-    score_scenario,
-)
+from lab.evaluation.scoring import CONCLUSIVE_KINDS, answering_decisions, score_scenario
 from lab.sim.scenarios import SCENARIOS as SIM_SCENARIO_DEFS
 
 # Up to the fault: the sim's --fault-after plus startup; a torchrun job imports torch in 8 processes first.

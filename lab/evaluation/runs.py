@@ -18,13 +18,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from lab.evaluation.records import Fault, GroundTruth
 from lab.evaluation.scenarios import (
     TORCH_FAULT_STEP,
     TORCH_FAULTS,
     TORCH_REAL_LIFE_FLAGS,
     TORCH_RESTART_AFTER_S,
 )
-from lab.evaluation.scoring import Fault, GroundTruth
 from service.processes import spawn, stop
 
 TORCH_NODES, TORCH_PROCS = 4, 2

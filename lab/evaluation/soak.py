@@ -10,17 +10,16 @@ the fast pass on critical events, incidents, silences and the decision policy. W
 minutes), the HTTP hop, Celery's scheduling, and the agent processes. Stack-dump requests are counted, not
 answered (no process to dump): a healthy job should not draw any.
 
-The simulated day ends shortly before the wall clock's now, so every time stored is a plausible past one.
+The simulated day ends shortly before the wall clock's now, so every time stored is a plausible past one. What a
+soak runs is read by lab/evaluation/soak_config.py; its targets and its table are lab/evaluation/soak_report.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -31,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lab.evaluation.soak_agent import VirtualAgent
-from lab.sim.config import RealismParams, SimConfig
+from lab.evaluation.soak_config import SoakConfig, SoakJob
+from lab.evaluation.soak_report import hms, targets
+from lab.sim.config import SimConfig
 from lab.sim.model import Cluster
 from lab.sim.realism import START
 from service.config import Settings
@@ -54,62 +55,10 @@ from service.jobs.schemas import JobIn, Parallelism
 from service.jobs.service import register
 from service.models import Decision, Directive, Finding, Incident, Job, Node
 
-DAY_S = 86400.0
-MAX_SIMULATED_S = 28 * DAY_S  # the simulated run lies in the past: within the ingest's 30-day window
 SHIP_S = 5.0  # the agent's default ship interval
 SAMPLE_S = 1.0  # and its sample interval
 MAINTENANCE_S = 60.0  # incidents quiet this long resolve; pending decisions expire (the beat's minute tasks)
-END_MARGIN_S = 120.0  # the simulated run ends this long before the wall clock's now
 PROGRESS_EVERY_S = 30.0  # wall seconds between progress lines
-# Targets (issue 17): no eviction at all, at most one diagnose per job per simulated day.
-MAX_DIAGNOSE_PER_JOB_DAY = 1.0
-
-
-@dataclass(frozen=True)
-class SoakJob:
-    name: str
-    nodes: int
-    gpus_per_node: int
-    tp: int = 1
-    pp: int = 1
-    # Healthy in a soak; the tests give a job a fault, to show the harness's data reaches the detectors.
-    scenario: str = "healthy"
-    fault_after: float = 30.0
-    fault_node: int | None = None  # the fault's node rank; None: the plan draws it
-
-
-# Jobs of different sizes and shapes at once, on one service (8 nodes, 40 GPUs): small enough that a simulated
-# day takes about an hour on two cores. Bigger ones: --soak-jobs.
-DEFAULT_JOBS_SPEC = "2x8:tp8,4x4:tp2pp2,2x4"
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY_S}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from `90s`, `30m`, `24h`, `2d` or a plain number of seconds; ValueError with the accepted forms."""
-    m = _DURATION.match(text)
-    if m is None or float(m.group(1)) <= 0:
-        raise ValueError(f"bad soak duration {text!r}: give a positive number with s, m, h or d (e.g. 24h)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def parse_jobs(text: str) -> list[SoakJob]:
-    """`4x8:tp8,8x8:tp8pp4,2x4`: nodes x GPUs per node, optionally :tpT and ppP; ValueError naming the bad one."""
-    out = []
-    for i, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
-        m = re.fullmatch(r"(\d+)x(\d+)(?::(?:tp(\d+))?(?:pp(\d+))?)?", part)
-        if m is None:
-            raise ValueError(
-                f"bad soak job {part!r}: give NODESxGPUS, optionally :tpT, :ppP or :tpTppP (e.g. 8x8:tp8pp4)"
-            )
-        nodes, gpn, tp, pp = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1), int(m.group(4) or 1)
-        if nodes < 1 or gpn < 1 or tp < 1 or pp < 1 or (nodes * gpn) % (tp * pp):
-            raise ValueError(f"bad soak job {part!r}: tp x pp must divide nodes x GPUs, every number >= 1")
-        out.append(SoakJob(chr(ord("a") + i), nodes, gpn, tp, pp))
-    if not out:
-        raise ValueError("no soak job given")
-    return out
 
 
 @dataclass
@@ -124,21 +73,6 @@ class JobRun:
     pass_s: float = 0.0
     decision_times: dict[int, float] = field(default_factory=dict)  # decision id -> simulated second made
     stage_s: Counter[str] = field(default_factory=Counter)  # seconds per pass stage, over every pass
-
-
-@dataclass
-class SoakConfig:
-    duration_s: float
-    seed: int = 1
-    jobs: tuple[SoakJob, ...] = field(default_factory=lambda: tuple(parse_jobs(DEFAULT_JOBS_SPEC)))
-    # When simulated time 0 is, and the run's tag in job ids and node names: the same for every job's process.
-    start: datetime = field(
-        default_factory=lambda: (datetime.now(UTC) - timedelta(seconds=END_MARGIN_S)).replace(microsecond=0)
-    )
-    run_id: str = field(default_factory=lambda: f"{int(time.time()) % 100000:05d}")
-    # The eval's: shorter than a checkpoint's pause (20-40 s), which must not pass for a hang.
-    hang_timeout_s: int = 30
-    realism: RealismParams = field(default_factory=RealismParams)
 
 
 class Soak:
@@ -248,7 +182,7 @@ class Soak:
                         self._progress(t, started)
         except KeyboardInterrupt:
             # Ctrl-C: the time covered so far is reported like a shorter soak.
-            self.say(f"interrupted after {_hms(self.covered_s)} of simulated time; reporting that")
+            self.say(f"interrupted after {hms(self.covered_s)} of simulated time; reporting that")
         finally:
             shutil.rmtree(self.tree_dir, ignore_errors=True)
         self.wall_s = time.monotonic() - started
@@ -258,7 +192,7 @@ class Soak:
         shape = ", ".join(
             f"{j.job_id} ({j.spec.nodes}x{j.spec.gpus_per_node}, tp {j.spec.tp} pp {j.spec.pp})" for j in self.jobs
         )
-        return f"soak: {_hms(self.config.duration_s)} of simulated time from {self.start.isoformat()}: {shape}"
+        return f"soak: {hms(self.config.duration_s)} of simulated time from {self.start.isoformat()}: {shape}"
 
     def _tick(self, t: float, now: datetime) -> None:
         """Each simulated second, after the jobs moved: what a harness built on this one adds (the campaign)."""
@@ -339,7 +273,7 @@ class Soak:
         for decision_id in result.decisions:
             run.decision_times.setdefault(decision_id, t)
         if result.decisions:
-            self.say(f"soak: t={_hms(t)} {run.job_id}: {len(result.decisions)} decision(s) {result.decisions}")
+            self.say(f"soak: t={hms(t)} {run.job_id}: {len(result.decisions)} decision(s) {result.decisions}")
 
     def _maintenance(self, now: datetime) -> None:
         # This process's jobs only: the others' processes keep their own simulated clocks.
@@ -355,7 +289,7 @@ class Soak:
         left = (self.config.duration_s - t) / rate if rate else math.inf
         passes = sum(r.passes for r in self.jobs)
         self.say(
-            f"soak: {_hms(t)} of {_hms(self.config.duration_s)} simulated ({rate:.0f}x real time, ~{left / 60:.0f} min "
+            f"soak: {hms(t)} of {hms(self.config.duration_s)} simulated ({rate:.0f}x real time, ~{left / 60:.0f} min "
             f"left), {passes} passes"
         )
 
@@ -533,77 +467,6 @@ def _stop_requests() -> Iterator[threading.Event]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def targets(report: dict[str, Any]) -> list[dict[str, str]]:
-    """Zero evictions; at most MAX_DIAGNOSE_PER_JOB_DAY diagnoses per job per simulated day."""
-    jobs = report["jobs"]
-    days = report["simulated_s"] / DAY_S
-    evictions = sum(j["evictions"] for j in jobs)
-    diagnoses = sum(j["diagnoses"] for j in jobs)
-    job_days = days * len(jobs)
-    rate = diagnoses / job_days if job_days else 0.0
-    worst = max((j["diagnoses"] / days for j in jobs), default=0.0) if days else 0.0
-    return [
-        {"name": "no eviction", "status": "PASS" if evictions == 0 else "FAIL", "detail": f"{evictions} evictions"},
-        {
-            "name": f"<= {MAX_DIAGNOSE_PER_JOB_DAY:g} diagnose per job-day",
-            "status": "PASS" if worst <= MAX_DIAGNOSE_PER_JOB_DAY else "FAIL",
-            "detail": f"{diagnoses} over {job_days:.2f} job-days ({rate:.2f} per job-day; worst job {worst:.2f})",
-        },
-    ]
-
-
-def format_report(report: dict[str, Any]) -> str:
-    lines = [
-        f"soak: {_hms(report['simulated_s'])} of simulated time (h:mm:ss) in {report['wall_s'] / 60:.1f} min of "
-        f"wall time (seed {report['seed']}, from {report['started_at']})"
-        + (" -- interrupted: the targets cover this time only" if report.get("interrupted") else ""),
-        "",
-        f"{'job':<18} {'shape':<16} {'steps':>7} {'passes':>7} {'ms/pass':>8} {'findings':>8} {'incidents':>9} "
-        f"{'diagnose':>8} {'evict':>5} {'stacks':>6}  noise",
-    ]
-    for j in report["jobs"]:
-        shape = f"{j['nodes']}x{j['gpus'] // j['nodes']} tp{j['tp']} pp{j['pp']}"
-        noise = ", ".join(f"{k} {v}" for k, v in j["noise"].items())
-        lines.append(
-            f"{j['job_id']:<18} {shape:<16} {j['steps_trained']:>7} {j['passes']:>7} {j['mean_pass_ms']:>8} "
-            f"{j['findings']:>8} {j['incidents']:>9} {j['diagnoses']:>8} {j['evictions']:>5} {j['stack_requests']:>6}  "
-            f"{noise}"
-        )
-    by_detector = Counter((f["detector"], f["node"] is not None) for f in report["findings"])
-    if by_detector:
-        lines += ["", "findings by detector (machine-naming or job-level):"]
-        for (detector, named), n in sorted(by_detector.items()):
-            confs = [
-                f["confidence"]
-                for f in report["findings"]
-                if f["detector"] == detector and (f["node"] is not None) == named
-            ]
-            scope = "machine" if named else "job"
-            lines.append(f"  {detector:<28} {scope:<8} {n:>5}  confidence {min(confs):.2f}-{max(confs):.2f}")
-    if report["decisions"]:
-        lines += ["", "decisions:"]
-        for d in report["decisions"]:
-            t = "?" if d["t_s"] is None else _hms(d["t_s"])
-            lines.append(f"  t={t} {d['job_id']} {d['kind']} {d['node'] or '-'} ({d['confidence']:.2f}): {d['reason']}")
-    lines += ["", "targets:"]
-    lines += [f"  {t['status']:<4}  {t['name']}: {t['detail']}" for t in report["targets"]]
-    return "\n".join(lines)
-
-
-def write_report(report: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-
-
-def passed(report: dict[str, Any]) -> bool:
-    return all(t["status"] == "PASS" for t in report["targets"])
-
-
-def _hms(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def _tree_parent() -> str | None:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lab.evaluation.scoring import Decision, Fault, ScenarioScore
+    from lab.evaluation.records import Decision, Fault, ScenarioScore
 
 # Decisions that accuse a machine without taking it away; on a healthy machine each is a false accusation.
 ACCUSING_KINDS = frozenset({"diagnose", "reset_gpu"})

@@ -1,5 +1,10 @@
-"""Fault injection into the simulated cluster: each fault kind's kernel and training log lines, the hang or
-crash it causes, the watchdog and torchrun teardown that follow, and the repair that restarts the job."""
+"""Fault injection into the simulated cluster: the injection of a planned fault, the course a fault sets off (the
+hang, the watchdog and torchrun's teardown that follow), the repair that restarts the job; and the faults of the job
+itself and of its host (a data hang, a user's bug, a NaN loss, a hang inside a checkpoint, a runaway data loader,
+host memory pressure, a harmless one-off).
+
+The faults of the GPUs are in lab/sim/gpu_faults.py, those of the network in lab/sim/network_faults.py, a planned
+drain in lab/sim/pool.py: each a mixin on top of FaultInjection, all mixed into the cluster (lab/sim/model.py)."""
 
 from __future__ import annotations
 
@@ -8,21 +13,18 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from lab.sim import dcgm_fields as F
 from lab.sim import logformat as fmt
 from lab.sim.config import SimConfig
 from lab.sim.fabric import Fabric
 from lab.sim.gpu import COMPUTE_SHARE, Gpu
 from lab.sim.host import Host
+from lab.sim.job import CHECKPOINT_PAUSE, Job
 from lab.sim.modes import (
     ABORT,
     CHECKPOINT,
-    CRASH_ECC,
-    CRASH_NCCL,
     CRASH_USER,
     CULPRIT_CKPT,
     CULPRIT_DATA,
-    CULPRIT_SYNC,
     DEAD,
     NORMAL,
     TERMINATED,
@@ -30,21 +32,10 @@ from lab.sim.modes import (
     VICTIM_BARRIER,
     VICTIMS,
 )
-from lab.sim.realism import CHECKPOINT_PAUSE, FORCED_CHECKPOINT_S
-from lab.sim.scenarios import FAULT_KINDS, FLAP_OFF_S, FLAP_ON_S, FaultSpec
+from lab.sim.realism import FORCED_CHECKPOINT_S
+from lab.sim.scenarios import FAULT_KINDS, FaultSpec
 
-if TYPE_CHECKING:
-    from lab.sim.model import Job
-
-NVLINK_COMM_FACTOR = 1.8  # NVLink replays stretch the all-reduce
 BUCKET_NUMEL = 126353408
-IB_FLAP_STALL = 6.0  # seconds the first flap stalls the job
-IB_SECOND_FLAP = 40.0  # the link drops again this long after the first flap, for good
-IB_SECOND_FLAP_DOWN = 8.0
-PORT_FLAPS = 3  # ib_port_flap: flaps within about a minute
-PORT_FLAP_GAP = 23.0  # seconds between flaps (give or take a few)
-PORT_ACTIVATION = 1.0  # seconds from link trained (INIT) to ACTIVE: the subnet manager's sweep
-XID_INTO_CHECKPOINT_S = (3.0, 8.0)  # fault_in_checkpoint: the GPU drops off this far into the save
 SOFTWARE_SLOW_WAIT = 0.3  # software_slow: of a step, what the node's ranks wait for their data
 SOFTWARE_SLOW_CORES = 24  # cores the runaway loader worker's threads keep busy
 TRANSIENT_VARIANTS = ("pcie_replay", "loader_stall", "nccl_retry")
@@ -53,10 +44,6 @@ TRANSIENT_VARIANTS = ("pcie_replay", "loader_stall", "nccl_retry")
 def comm_factor_for(slowdown: float) -> float:
     """The all-reduce stretch that makes a whole step `slowdown` times longer (compute unchanged)."""
     return 1.0 + (slowdown - 1.0) / (1.0 - COMPUTE_SHARE)
-
-
-IB_CONGESTION_COMM_FACTOR = comm_factor_for(1.30)
-PCIE_DOWNGRADE_COMM_FACTOR = comm_factor_for(1.15)
 
 
 @dataclass
@@ -138,7 +125,6 @@ class FaultInjection:
         def machine_of(self, rank: int) -> int: ...
         def ranks_on(self, node: int) -> list[int]: ...
         def node_rank(self, node: int) -> int | None: ...
-        def swap_out(self, machine: int, *, then: str) -> str: ...
 
     def inject(self, spec: FaultSpec) -> FaultRecord:
         """Inject `spec` now (its `at` is ignored; its node is a node rank): for a harness that draws faults as it
@@ -246,335 +232,6 @@ class FaultInjection:
             self._teardown_node(n)
         self.job.state = "failed"
 
-    def _inject_gpu_lost(self, spec: FaultSpec, record: FaultRecord) -> None:
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        # The link degrades first (AER corrected errors, PCIe replays), then the GPU drops off the bus.
-        g.pcie_flaky = True
-        self._kern(n, *fmt.aer_corrected(f"0000:{g.bus - 1:02x}:00.0"))
-        self._schedule(2.0, lambda: self._falls_off_bus(n, g))
-
-    def _falls_off_bus(self, n: int, g: Gpu) -> None:
-        """Xid 79: the GPU's series vanish, its rank blocks in a CUDA call, the others in the next collective."""
-        g.lost, g.xid, g.pcie_flaky = True, 79, False
-        self._kern(n, f"NVRM: GPU at {fmt.xid_bus(g.bus)}: {g.uuid}")
-        self._kern(n, f"NVRM: GPU Board Serial Number: {g.serial}")
-        self._kern(n, fmt.xid(g.bus, 79, "GPU has fallen off the bus."))
-        self._kern(n, f"NVRM: GPU {fmt.pci_addr(g.bus)}: GPU has fallen off the bus.")
-        self._kern(n, *fmt.fallen_off_bus(g.bus, F.PCI_DEVICE_ID))
-        self._hang_job({self._rank(n, g.index): CULPRIT_SYNC}, self.config.watchdog_seconds)
-
-    def _inject_gpu_reset(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """Xid 119: the GPU's GSP stops answering RPCs; the driver needs the GPU reset, the rest of the node is fine."""
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        rank = self._rank(n, g.index)
-        g.xid = 119
-        self._kern(
-            n,
-            fmt.xid(
-                g.bus,
-                119,
-                "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) "
-                "(0x20801348 0x404).",
-                pid=self._pid(rank),
-                name="python",
-            ),
-        )
-        self._train(n, fmt.traceback_cuda(rank, "unspecified launch failure"))
-        self._set_mode(rank, CRASH_ECC)  # the rank process exits with its CUDA error
-        self._hang_job({}, self.config.watchdog_seconds)
-
-    def _inject_ecc_dbe(self, spec: FaultSpec, record: FaultRecord) -> None:
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        g.sbe_vol += self.rng.randrange(2, 9)
-        g.sbe_agg += g.sbe_vol
-        self._framebuffer_dbe(n, g)
-        self._crash_rank_ecc(n, g)
-
-        def remap() -> None:
-            g.xid = 63
-            g.unc_remap += 1
-            row = self.rng.getrandbits(28)
-            self._row_remapper(
-                n, g, 63, f"Row Remapper: New row (0x{row:016x}) marked for remapping, reset gpu to activate."
-            )
-
-        self._schedule(0.6, remap)
-
-    def _framebuffer_dbe(self, n: int, g: Gpu) -> None:
-        """Xid 48: an uncorrectable double-bit error in the GPU's memory, counted."""
-        g.dbe_vol += 1
-        g.dbe_agg += 1
-        g.xid = 48
-        partition, sub = self.rng.randrange(8), self.rng.randrange(2)
-        self._kern(
-            n,
-            fmt.xid(
-                g.bus,
-                48,
-                "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
-                f"partition {partition}, subpartition {sub}.",
-            ),
-        )
-
-    def _row_remapper(self, n: int, g: Gpu, code: int, text: str) -> None:
-        """The row remapper's Xid (63: a row marked; 64: no spare row left), in the GPU's rank's context."""
-        self._kern(n, fmt.xid(g.bus, code, text, self._pid(self._rank(n, g.index)), "pt_main_thread"))
-
-    def _crash_rank_ecc(self, n: int, g: Gpu) -> None:
-        """The GPU's rank dies with CUDA's uncorrectable-ECC error; its node's torchrun tears down, peers wait."""
-        rank = self._rank(n, g.index)
-        self._train(n, fmt.traceback_ecc(rank))
-        self._set_mode(rank, CRASH_ECC)
-        self._hang_job({}, self.config.watchdog_seconds)
-        self._schedule(1.0, lambda: self._teardown_node(n))
-
-    def _inject_hbm_remap_failure(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """HBM3: an uncorrectable error in a row (Xid 48), and the remapper has no spare row left in its bank
-        (Xid 64, DCGM_FI_DEV_ROW_REMAP_FAILURE=1): a reset cannot fix it, the GPU needs repair."""
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        self._framebuffer_dbe(n, g)
-        self._crash_rank_ecc(n, g)
-
-        def remap_fails() -> None:
-            g.xid, g.remap_failure = 64, 1
-            row = self.rng.getrandbits(28)
-            self._row_remapper(
-                n, g, 64, f"Row Remapper Error: (0x{row:016x}) - All reserved rows for bank are remapped"
-            )
-
-        self._schedule(0.5, remap_fails)
-
-    def _inject_sram_ecc(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """GPU SRAM: an uncorrectable ECC error in an SM's SRAM, contained to the process (Xid 94, H100's form):
-        the rank dies with CUDA's ECC error; a reset of the GPU clears it."""
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        g.dbe_vol += 1  # the volatile total counts SRAM errors too
-        g.dbe_agg += 1
-        g.xid = 94
-        unit = self.rng.choice(("SM (0x1)", "SM (0x2)", "LTC (0x1)"))
-        self._kern(
-            n,
-            fmt.xid(g.bus, 94, f"Contained: {unit}. RST: Yes, D-RST: No", self._pid(self._rank(n, g.index)), "python"),
-        )
-        self._crash_rank_ecc(n, g)
-
-    def _inject_gsp_error(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """GSP: the GPU System Processor's task times out (Xid 120); the rank dies, a GPU reset recovers it."""
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        rank = self._rank(n, g.index)
-        g.xid = 120
-        pc = 0x5D00000 + self.rng.randrange(0x100000)
-        self._kern(n, fmt.xid(g.bus, 120, f"GSP task timeout @ pc:0x{pc:x}, task: 1", self._pid(rank), "python"))
-        self._train(n, fmt.traceback_cuda(rank, "unspecified launch failure"))
-        self._set_mode(rank, CRASH_ECC)
-        self._hang_job({}, self.config.watchdog_seconds)
-
-    def _inject_nic_down(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """NIC: the HCA of one GPU hits a firmware fatal error and its port stays down; the rank's NCCL
-        connections fail (IB error 12), it dies, peers time out."""
-        n, gpu = spec.node, spec.gpu
-        assert n is not None and gpu is not None
-        rank = self._rank(n, gpu)
-        nic, port = _hca(gpu)
-        peer = self._peer(n)
-        line, worker = 330 + self.rng.randrange(20), 900 + self.rng.randrange(99)
-        self._kern(n, f"mlx5_core {nic}: poll_health:{800 + self.rng.randrange(60)}:(pid 0): Fatal error 1 detected")
-        self._kern(n, f"mlx5_core {nic}: mlx5_health_try_recover:{line}:(pid {worker}): handling bad device here")
-        self._kern(n, f"mlx5_core {nic} {port}: Link down")
-        self._port_down(n, gpu)
-        pid = self._pid(rank)
-        lines = fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Send")
-        self._train(n, lines + fmt.traceback_nccl_remote(rank, self.node_names[peer]))
-        self._set_mode(rank, CRASH_NCCL)
-        self._hang_job({}, self.config.watchdog_seconds)
-        self._schedule(1.0, lambda: self._teardown_node(n))
-
-    def _inject_sdc(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """Silent data corruption: one GPU computes wrong values with no error anywhere; the loss its node reports
-        turns NaN or jumps on most steps, while the other nodes' stay ordinary."""
-        self.gpus[spec.node][spec.gpu].corrupting = True  # type: ignore[index]
-
-    def _inject_host_maintenance(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """Planned host maintenance: the operator drains the machine (a silence first, where a harness has a
-        service), so the scheduler takes it out of the job and a spare takes its place, as for an eviction;
-        nothing is wrong with it and nobody may accuse it."""
-        from lab.sim.pool import REPAIR  # the pool imports this module
-
-        assert spec.node is not None
-        self.swap_out(spec.node, then=REPAIR)
-
-    def _inject_nvlink(self, spec: FaultSpec, record: FaultRecord) -> None:
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        g.nvlink_bad = True
-        g.xid = 74
-        self.job.comm_factor = NVLINK_COMM_FACTOR
-
-        def xid74(remaining: int) -> None:
-            link = self.rng.randrange(18)
-            text = f"NVLink: fatal error detected on link {link}(0x0, 0x0, 0x0, 0x10000, 0x0, 0x0, 0x0)"
-            self._kern(n, fmt.xid(g.bus, 74, text))
-            if remaining > 0:
-                self._schedule(15.0 + self.rng.random() * 15.0, lambda: xid74(remaining - 1))
-
-        xid74(3)
-
-    def _inject_ib_flap(self, spec: FaultSpec, record: FaultRecord) -> None:
-        n, gpu = spec.node, spec.gpu
-        assert n is not None and gpu is not None
-        rank = self._rank(n, gpu)
-        nic, port = _hca(gpu)
-        peer = self._peer(n)
-
-        def link(state: str) -> None:
-            self._kern(n, f"mlx5_core {nic} {port}: Link {state}")
-
-        def nccl_errors() -> None:
-            pid = self._pid(rank)
-            lines = fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Recv")
-            lines += fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Send")
-            self._train(n, lines)
-
-        def down() -> None:
-            link("down")
-            self._port_down(n, gpu)
-
-        def up() -> None:
-            link("up")
-            self._port_up(n, gpu)
-
-        # First flap: errors, the job stalls a few seconds, the link comes back.
-        down()
-        nccl_errors()
-        self.job.stall_until = self.t + IB_FLAP_STALL
-        self._schedule(IB_FLAP_STALL, up)
-
-        def second_flap() -> None:
-            down()
-            nccl_errors()
-            self._train(n, fmt.traceback_nccl_remote(rank, self.node_names[peer]))
-            self._set_mode(rank, CRASH_NCCL)
-            self._hang_job({}, self.config.watchdog_seconds)
-            self._schedule(1.0, lambda: self._teardown_node(n))
-            self._schedule(IB_SECOND_FLAP_DOWN, up)
-
-        self._schedule(IB_SECOND_FLAP, second_flap)
-
-    def _peer(self, n: int) -> int:
-        """The machine of the next node rank (the ring neighbour NCCL's IB lines name)."""
-        slot = self.node_rank(n) or 0
-        return self.slots[(slot + 1) % len(self.slots)] if len(self.slots) > 1 else n
-
-    def _port_down(self, n: int, gpu: int) -> None:
-        """The GPU's IB port loses its link (counters step, state DOWN, the PHY polling)."""
-        self.fabrics[n].flap_down(gpu, self.rng)
-
-    def _port_up(self, n: int, gpu: int) -> None:
-        """The link trains again (INIT), then the subnet manager activates the port."""
-        self.fabrics[n].link_trained(gpu)
-        self._schedule(PORT_ACTIVATION, lambda: self.fabrics[n].port_active(gpu))
-
-    def _port_flaps(self, spec: FaultSpec, nccl: bool) -> None:
-        """PORT_FLAPS flaps of the GPU's port within about a minute; NCCL retries through each and the job goes on
-        (it stalls while the link is down). With `nccl`, each flap also leaves NCCL's IB error lines."""
-        n, gpu = spec.node, spec.gpu
-        assert n is not None and gpu is not None
-        rank = self._rank(n, gpu)
-        peer = self._peer(n)
-
-        def flap() -> None:
-            down_s = 3.0 + 2.0 * self.rng.random()
-            self._port_down(n, gpu)
-            self.job.stall_until = max(self.job.stall_until, self.t + down_s + PORT_ACTIVATION + 0.5)
-            self._schedule(down_s, lambda: self._port_up(n, gpu))
-            if nccl:
-                pid = self._pid(rank)
-                self._train(n, fmt.nccl_ib_error(self.node_names[n], pid, pid + 83, gpu, _ip(peer), _ip(n), "Recv"))
-
-        flap()
-        at = 0.0
-        for _ in range(PORT_FLAPS - 1):
-            at += PORT_FLAP_GAP + self.rng.uniform(-4.0, 4.0)
-            self._schedule(at, flap)
-
-    def _inject_ib_port_flap(self, spec: FaultSpec, record: FaultRecord) -> None:
-        self._port_flaps(spec, nccl=False)
-
-    def _inject_ib_port_flap_nccl(self, spec: FaultSpec, record: FaultRecord) -> None:
-        self._port_flaps(spec, nccl=True)
-
-    def _inject_ib_congestion(self, spec: FaultSpec, record: FaultRecord) -> None:
-        assert spec.node is not None
-        self.fabrics[spec.node].congest(80.0 + 50.0 * self.rng.random())
-        self.job.comm_factor = IB_CONGESTION_COMM_FACTOR
-        self._plan_step()
-
-    def _inject_pcie_downgrade(self, spec: FaultSpec, record: FaultRecord) -> None:
-        g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        # Trained at half width, or at Gen3 speed: a marginal riser, a reseated board, a bad retimer.
-        g.pcie_gen, g.pcie_width = self.rng.choice(((F.PCIE_MAX_GEN, 8), (3, F.PCIE_MAX_WIDTH)))
-        self.job.comm_factor = PCIE_DOWNGRADE_COMM_FACTOR
-        self._plan_step()
-
-    def _inject_host_mem_pressure(self, spec: FaultSpec, record: FaultRecord) -> None:
-        assert spec.node is not None
-        self.hosts[spec.node].start_memory_pressure(self.rng)
-
-    def _inject_row_remap_pending(self, spec: FaultSpec, record: FaultRecord) -> None:
-        g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        # Correctable errors in one row crossed the remap threshold: the row is recorded, the remap waits for
-        # a GPU reset. No Xid line in this scenario: the counters are the only evidence.
-        errors = self.rng.randint(3, 12)
-        g.sbe_vol += errors
-        g.sbe_agg += errors
-        g.cor_remap += 1
-        g.remap_pending = 1
-
-    # Counter-only faults (issue 30): nothing in any log, no Xid; dcgm-exporter's counters are the evidence.
-    def _inject_pcie_replay_climb(self, spec: FaultSpec, record: FaultRecord) -> None:
-        self.gpus[spec.node][spec.gpu].pcie_flaky = True  # type: ignore[index]  # replays climb, the GPU stays
-
-    def _inject_nvlink_crc_climb(self, spec: FaultSpec, record: FaultRecord) -> None:
-        self.gpus[spec.node][spec.gpu].nvlink_bad = True  # type: ignore[index]  # CRC and replay counters climb
-        self.job.comm_factor = NVLINK_COMM_FACTOR
-
-    def _inject_row_remap_failure(self, spec: FaultSpec, record: FaultRecord) -> None:
-        g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        g.unc_remap += 1  # an uncorrectable error's row remapped...
-
-        def fail() -> None:  # ...then one the GPU has no spare row left for
-            g.unc_remap += 1
-            g.remap_failure = 1
-
-        self._schedule(20.0 + self.rng.random() * 20.0, fail)
-
-    def _inject_straggler(self, spec: FaultSpec, record: FaultRecord) -> None:
-        self.gpus[spec.node][spec.gpu].thermal = True  # type: ignore[index]
-        self._plan_step()  # the step in flight is already slower
-
-    def _inject_hang(self, spec: FaultSpec, record: FaultRecord) -> None:
-        assert spec.node is not None and spec.gpu is not None
-        self._hang_job({self._rank(spec.node, spec.gpu): CULPRIT_DATA}, self.config.hang_watchdog_seconds)
-
-    def _inject_user_bug(self, spec: FaultSpec, record: FaultRecord) -> None:
-        for n in self.slots:
-            lines: list[str] = []
-            for r in self.ranks_on(n):
-                lines += fmt.traceback_user_bug(r)
-                self._set_mode(r, CRASH_USER)
-            self._train(n, lines)
-        self.job.state = "failed"
-        self._schedule(1.0, self._teardown_all)
-
-    def _inject_nan_loss(self, spec: FaultSpec, record: FaultRecord) -> None:
-        self.job.nan = True
-
     def _repair(self, record: FaultRecord, spec: FaultSpec) -> None:
         """The node is fixed (or swapped) and the job restarted from its last checkpoint."""
         if record.repaired_at is not None or record.left_job_at is not None:  # the closed loop was first
@@ -611,34 +268,28 @@ class FaultInjection:
         record.repaired_at = self._ts()
         self.faults_version += 1
 
-    # --- harder faults (issue 17) ---
+    # --- the job's and the host's own faults ---
 
-    def _inject_fault_in_checkpoint(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """The job saves (its save interval came, or one is under way); a few seconds in, a GPU falls off the bus."""
-        n, g = spec.node, self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-        assert n is not None
-        if self.job.pause != CHECKPOINT_PAUSE:
-            self._begin_checkpoint(self.rng.uniform(*FORCED_CHECKPOINT_S))
-        into = self.rng.uniform(*XID_INTO_CHECKPOINT_S)
-        self.job.pause_until = max(self.job.pause_until, self.t + into + 5.0)  # the save is still going then
+    def _inject_host_mem_pressure(self, spec: FaultSpec, record: FaultRecord) -> None:
+        assert spec.node is not None
+        self.hosts[spec.node].start_memory_pressure(self.rng)
 
-        def falls() -> None:
-            # The fault is the Xid: its time is when the GPU drops, not when the save began.
-            record.injected_at, record.t = self._ts(), self.t
-            self.faults_version += 1
-            self._falls_off_bus(n, g)
+    def _inject_hang(self, spec: FaultSpec, record: FaultRecord) -> None:
+        assert spec.node is not None and spec.gpu is not None
+        self._hang_job({self._rank(spec.node, spec.gpu): CULPRIT_DATA}, self.config.hang_watchdog_seconds)
 
-        self._schedule(into, falls)
+    def _inject_user_bug(self, spec: FaultSpec, record: FaultRecord) -> None:
+        for n in self.slots:
+            lines: list[str] = []
+            for r in self.ranks_on(n):
+                lines += fmt.traceback_user_bug(r)
+                self._set_mode(r, CRASH_USER)
+            self._train(n, lines)
+        self.job.state = "failed"
+        self._schedule(1.0, self._teardown_all)
 
-    def _inject_intermittent_straggler(self, spec: FaultSpec, record: FaultRecord) -> None:
-        g = self.gpus[spec.node][spec.gpu]  # type: ignore[index]
-
-        def throttle(on: bool) -> None:
-            g.thermal = on
-            self._plan_step()
-            self._schedule(FLAP_ON_S if on else FLAP_OFF_S, lambda: throttle(not on))
-
-        throttle(True)
+    def _inject_nan_loss(self, spec: FaultSpec, record: FaultRecord) -> None:
+        self.job.nan = True
 
     def _inject_hang_in_checkpoint(self, spec: FaultSpec, record: FaultRecord) -> None:
         """A checkpoint save starts and one rank's write never returns (a storage mount hung on its node)."""
@@ -673,13 +324,3 @@ class FaultInjection:
         else:  # one IB async event NCCL warns about and goes on through
             pid = self._pid(self._rank(n, gpu))
             self._train(n, [fmt.nccl_async_event(self.node_names[n], pid, pid + 83, gpu, "GID table change")])
-
-
-def _hca(gpu: int) -> tuple[str, str]:
-    """The PCI address and port name of the GPU's own HCA (one NIC per GPU, on the bus before it)."""
-    bus = F.PCI_BUSES[gpu % 8] - 1
-    return f"0000:{bus:02x}:00.0", f"ibp{bus}s0"
-
-
-def _ip(node: int) -> str:
-    return f"10.10.{node // 200}.{node % 200 + 11}"

@@ -17,7 +17,7 @@ import heapq
 import math
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,8 +41,11 @@ from lab.sim.gpu import (
     Gpu,
     GpuSample,
 )
+from lab.sim.gpu_faults import GpuFaults
 from lab.sim.host import Host
+from lab.sim.job import Job
 from lab.sim.modes import CHECKPOINT, CULPRITS, DEAD, NORMAL, TERMINATED, VICTIMS
+from lab.sim.network_faults import NetworkFaults
 from lab.sim.pool import SparePool
 from lab.sim.realism import AgentAction, RealLife, RealState
 from lab.sim.scenarios import SCENARIOS, FaultSpec
@@ -63,31 +66,7 @@ class LogLine:
     text: str  # may hold several lines (a multi-line kernel record, a traceback)
 
 
-@dataclass
-class Job:
-    step: int
-    seq: int
-    state: str = "running"  # running | hung | failed
-    phase: float = 0.0  # seconds into the current step
-    started_at: float = 0.0  # sim time the current step started
-    compute: list[float] = field(default_factory=list)  # per rank: compute time of this step
-    compute_max: float = 0.0
-    duration: float = 0.0
-    comm_factor: float = 1.0
-    stall_until: float = 0.0
-    nan: bool = False
-    loss_drift: float = 0.0
-    # Pauses (lab/sim/realism.py): "" while training, else checkpoint | eval | restart | load.
-    pause: str = ""
-    pause_started: float = 0.0
-    pause_until: float = 0.0
-    stuck_rank: int | None = None  # the rank whose checkpoint save never returns
-    stall_rank: int | None = None  # the rank whose data loader is stalling
-    last_checkpoint: int = 0  # the iteration a restart resumes from
-    loss_spike: float = 0.0  # the loss's current excess over its trend, as a fraction
-
-
-class Cluster(SparePool, RealLife):  # SparePool builds on FaultInjection
+class Cluster(SparePool, GpuFaults, NetworkFaults, RealLife):  # each of the first three builds on FaultInjection
     def __init__(self, config: SimConfig) -> None:
         config = config.resolved()
         if config.scenario not in SCENARIOS:

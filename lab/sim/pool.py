@@ -1,5 +1,5 @@
 """The closed loop's side of the simulated cluster: the spare pool, swapping a node out of the job and a spare in,
-GPU resets, and the repair shop.
+GPU resets, the repair shop, and planned maintenance (a fault kind whose injection is a drain).
 
 A machine is in one place at a time: the job (a node rank in `slots`), the spare pool, the repair shop, a
 check (after `diagnose`), or cordoned. Taking a machine out of the job stops every rank (torchrun's elastic
@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from lab.sim import logformat as fmt
 from lab.sim.faults import FaultInjection, FaultRecord
+from lab.sim.job import RESTART_PAUSE
 from lab.sim.modes import DEAD, TERMINATED
-from lab.sim.realism import RESTART_PAUSE, RealState
+from lab.sim.realism import RealState
+from lab.sim.scenarios import FaultSpec
 
 IN_JOB, SPARE, REPAIR, CHECK, CORDONED = "job", "spare", "repair", "check", "cordoned"
 # Fault kinds a GPU reset clears: a hung GSP, and a row remap that waits for the reset to be applied.
@@ -177,6 +179,15 @@ class SparePool(FaultInjection):
             self._to_pool(machine)
             return f"{name} back in the spare pool"
         return f"{name} is {self._where(machine)}; nothing to return"
+
+    # --- the pool's own fault ---
+
+    def _inject_host_maintenance(self, spec: FaultSpec, record: FaultRecord) -> None:
+        """Planned host maintenance: the operator drains the machine (a silence first, where a harness has a
+        service), so the scheduler takes it out of the job and a spare takes its place, as for an eviction;
+        nothing is wrong with it and nobody may accuse it."""
+        assert spec.node is not None
+        self.swap_out(spec.node, then=REPAIR)
 
     # --- machine moves ---
 

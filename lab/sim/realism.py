@@ -23,13 +23,10 @@ from lab.sim.config import RealismParams, SimConfig
 from lab.sim.fabric import Fabric
 from lab.sim.gpu import COMM, COMPUTE, IDLE, NONE, SAVE, Gpu
 from lab.sim.host import Host
+from lab.sim.job import CHECKPOINT_PAUSE, EVAL_PAUSE, LOAD_PAUSE, RESTART_PAUSE, Job
 from lab.sim.modes import CHECKPOINT, CULPRIT_CKPT, CULPRIT_DATA, NORMAL, TERMINATED
 from lab.sim.scenarios import FaultSpec
 
-if TYPE_CHECKING:
-    from lab.sim.model import Job
-
-CHECKPOINT_PAUSE, EVAL_PAUSE, RESTART_PAUSE, LOAD_PAUSE = "checkpoint", "eval", "restart", "load"
 # A restart reads the checkpoint back at this rate per node; a forced checkpoint (a fault's) lasts this long.
 CHECKPOINT_READ_BYTES_PER_S = 4e9
 FORCED_CHECKPOINT_S = (25.0, 35.0)

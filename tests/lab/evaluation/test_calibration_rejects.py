@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lab.evaluation import calibration
-from lab.evaluation.scoring import GroundTruth
+from lab.evaluation.records import GroundTruth
 
 
 def _decision(state: str, actor: str, finding_ids: list[int]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, select
 
 from lab.evaluation import campaign
 from lab.evaluation.cli import main
-from lab.evaluation.soak import SoakConfig, SoakJob
+from lab.evaluation.soak_config import SoakConfig, SoakJob
 from lab.sim.mix import Category
 from service.config import get_settings
 from service.db import session_scope

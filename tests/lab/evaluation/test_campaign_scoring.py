@@ -6,7 +6,7 @@ import random
 from collections import Counter
 from dataclasses import asdict
 
-from lab.evaluation.campaign import scored
+from lab.evaluation.campaign_report import scored
 from lab.evaluation.campaign_scoring import (
     CheckRow,
     DecisionRow,

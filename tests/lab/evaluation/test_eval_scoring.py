@@ -11,14 +11,13 @@ import pytest
 
 from lab.evaluation import calibration
 from lab.evaluation.api import Api, ApiError, EndpointMissing
+from lab.evaluation.records import GroundTruth, parse_time
 from lab.evaluation.report import concurrent_faults, format_summary, format_table
 from lab.evaluation.scenarios import CATALOG, TORCH_FAULTS, parse_selection, wait_after_injection
 from lab.evaluation.scoring import (
     FAIL,
     NA,
     PASS,
-    GroundTruth,
-    parse_time,
     percentile,
     score_scenario,
     summarize,

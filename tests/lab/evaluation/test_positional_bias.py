@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from lab.evaluation.soak import SoakConfig, SoakJob, run_soak
+from lab.evaluation.soak import run_soak
+from lab.evaluation.soak_config import SoakConfig, SoakJob
 from service.config import get_settings
 
 NODES = 3

@@ -12,7 +12,9 @@ import pytest
 from sqlalchemy import Engine
 
 from lab.evaluation import soak
-from lab.evaluation.soak import SoakConfig, SoakJob, parse_duration, parse_jobs, run_soak
+from lab.evaluation.soak import run_soak
+from lab.evaluation.soak_config import DAY_S, SoakConfig, SoakJob, parse_duration, parse_jobs
+from lab.evaluation.soak_report import targets
 from service.config import get_settings
 from service.ingest.service import store_batches
 from tests.conftest import count
@@ -41,12 +43,12 @@ def test_jobs() -> None:
 
 def _report(evictions: list[int], diagnoses: list[int], days: float) -> dict[str, Any]:
     jobs = [{"evictions": e, "diagnoses": d} for e, d in zip(evictions, diagnoses, strict=True)]
-    return {"simulated_s": days * soak.DAY_S, "jobs": jobs}
+    return {"simulated_s": days * DAY_S, "jobs": jobs}
 
 
 def test_targets_count_every_eviction_and_diagnoses_per_job_day() -> None:
     def status(report: dict[str, Any]) -> list[str]:
-        return [t["status"] for t in soak.targets(report)]
+        return [t["status"] for t in targets(report)]
 
     assert status(_report([0, 0, 0], [1, 0, 1], 1.0)) == ["PASS", "PASS"]
     assert status(_report([0, 1, 0], [0, 0, 0], 1.0)) == ["FAIL", "PASS"]
@@ -80,7 +82,7 @@ def test_a_fatal_xid_in_a_soak_job_is_evicted(committed: Engine) -> None:
     evicted = {d["node"] for d in report["decisions"] if d["kind"] == "evict"}
     assert evicted == set(fault["nodes"])
     assert all(60.0 <= d["t_s"] <= 75.0 for d in report["decisions"] if d["kind"] == "evict")
-    assert soak.targets(report)[0]["status"] == "FAIL"  # the soak's own target: an eviction fails it
+    assert targets(report)[0]["status"] == "FAIL"  # the soak's own target: an eviction fails it
 
 
 def test_a_gpu_reset_xid_resets_that_gpu_and_keeps_the_node(committed: Engine) -> None:
