@@ -38,10 +38,10 @@ from lab.evaluation import campaign_scoring as scoring
 from lab.evaluation.campaign_checks import CheckDesk
 from lab.evaluation.campaign_jobs import Active, CampaignJob
 from lab.evaluation.campaign_report import campaign_report, scored
+from lab.evaluation.report_files import hms
 from lab.evaluation.soak import JobRun, Soak
 from lab.evaluation.soak_agent import VirtualAgent
 from lab.evaluation.soak_config import MAX_SIMULATED_S, SoakConfig, SoakJob
-from lab.evaluation.soak_report import hms
 from lab.sim.actions import LOOP_KINDS, act
 from lab.sim.config import SimConfig
 from lab.sim.job import RESTART_PAUSE

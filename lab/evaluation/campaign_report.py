@@ -3,19 +3,17 @@ from the service), scored (lab/evaluation/campaign_scoring.py), printed, written
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
 from lab.evaluation import campaign_scoring as scoring
 from lab.evaluation.campaign_jobs import CampaignJob
-from lab.evaluation.soak_report import hms
+from lab.evaluation.report_files import hms
 from service.db import session_scope
 from service.models import Incident
 
@@ -129,12 +127,3 @@ def format_report(report: dict[str, Any]) -> str:
     acts = Counter(f"{a['kind']} {a['ack']}" for a in report["loop_acts"])
     loop = "the loop acted: " + (", ".join(f"{k} {v}" for k, v in sorted(acts.items())) or "never")
     return "\n".join([head, loop, "", scoring.format_table(report)])
-
-
-def write_report(report: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-
-
-def passed(report: dict[str, Any]) -> bool:
-    return all(t["status"] == "PASS" for t in report["targets"])

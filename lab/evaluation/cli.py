@@ -344,7 +344,7 @@ def _accelerated_services(data_dir: Path) -> Iterator[None]:
 
 
 def _soak(args: argparse.Namespace) -> int:
-    from lab.evaluation import soak, soak_config, soak_report
+    from lab.evaluation import report_files, soak, soak_config, soak_report
     from service.config import get_settings
 
     try:
@@ -364,13 +364,13 @@ def _soak(args: argparse.Namespace) -> int:
         report = soak.run_soak(config, get_settings(), say=say, processes=args.soak_processes)
     print(soak_report.format_report(report), flush=True)
     out = args.json or data_dir / "soak.json"
-    soak_report.write_report(report, out)
+    report_files.write_report(report, out)
     say(f"results in {out}")
-    return 0 if soak_report.passed(report) else 1
+    return 0 if report_files.passed(report) else 1
 
 
 def _campaign(args: argparse.Namespace) -> int:
-    from lab.evaluation import campaign, campaign_report, soak_config
+    from lab.evaluation import campaign, campaign_report, report_files, soak_config
     from service.config import get_settings
 
     try:
@@ -399,9 +399,9 @@ def _campaign(args: argparse.Namespace) -> int:
         )
     print(campaign_report.format_report(report), flush=True)
     out = args.json or data_dir / "campaign.json"
-    campaign_report.write_report(report, out)
+    report_files.write_report(report, out)
     say(f"results in {out}")
-    return 0 if campaign_report.passed(report) else 1
+    return 0 if report_files.passed(report) else 1
 
 
 class Harness:

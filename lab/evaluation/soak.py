@@ -37,9 +37,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from lab.evaluation.report_files import hms
 from lab.evaluation.soak_agent import VirtualAgent
 from lab.evaluation.soak_config import SoakConfig, SoakJob
-from lab.evaluation.soak_report import hms, targets
+from lab.evaluation.soak_report import targets
 from lab.sim.config import SimConfig
 from lab.sim.model import Cluster
 from lab.sim.realism import START

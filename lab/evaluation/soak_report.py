@@ -3,11 +3,10 @@ day), its table in plain text, its JSON file."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
+from lab.evaluation.report_files import hms
 from lab.evaluation.soak_config import DAY_S
 
 # Targets (issue 17): no eviction at all, at most one diagnose per job per simulated day.
@@ -69,18 +68,3 @@ def format_report(report: dict[str, Any]) -> str:
     lines += ["", "targets:"]
     lines += [f"  {t['status']:<4}  {t['name']}: {t['detail']}" for t in report["targets"]]
     return "\n".join(lines)
-
-
-def write_report(report: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-
-
-def passed(report: dict[str, Any]) -> bool:
-    return all(t["status"] == "PASS" for t in report["targets"])
-
-
-def hms(seconds: float) -> str:
-    """Simulated seconds as h:mm:ss."""
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
