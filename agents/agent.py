@@ -27,7 +27,7 @@ from typing import Any, TextIO
 import orjson
 
 from agents.checks.collectives import Peer
-from agents.checks.suite import Options, Refused, run_suite, simulated_checks
+from agents.checks.suite import Options, Refused, run_suite
 from agents.config import AgentConfig
 from agents.events import Event
 from agents.follow import GlobFollower, LineSource, Position, open_kernel_log
@@ -311,6 +311,7 @@ class Agent:
                 volumes=list(self.config.volumes),
                 sysfs_root=str(self.config.sysfs_root),
                 procfs_root=str(self.config.procfs_root),
+                kernel_log=self.config.kmsg,
             )
         except (KeyError, TypeError, ValueError) as exc:
             self.checks.put([{"ts": ts, "directive_id": directive_id, "refused": f"bad directive: {exc}"}])
@@ -320,10 +321,7 @@ class Agent:
             return
         try:
             log.info("directive %s: running the level-%d checks", directive_id, options.level)
-            if self.config.checks_file is not None:
-                results = simulated_checks(self.config.checks_file, options, busy_ranks=self.scan(), stop=self.stopping)
-            else:
-                results = run_suite(options, busy_ranks=self.scan())
+            results = run_suite(options, busy_ranks=self.scan())
         except (Refused, ValueError) as exc:
             log.warning("directive %s: checks refused: %s", directive_id, exc)
             self.checks.put([{"ts": ts, "directive_id": directive_id, "refused": str(exc)}])

@@ -106,12 +106,6 @@ def add_parser(sub: Any) -> None:
         "--procfs-root", type=Path, metavar="DIR", help="read /proc here instead (a fake tree for tests; default /proc)"
     )
     agent.add_argument(
-        "--checks-file",
-        type=Path,
-        metavar="FILE",
-        help="simulation only: answer run_checks with the results the simulator writes to FILE",
-    )
-    agent.add_argument(
         "--volume",
         dest="volumes",
         action="append",
@@ -150,7 +144,6 @@ def run(args: argparse.Namespace) -> int:
             "sysfs_root",
             "procfs_root",
             "volumes",
-            "checks_file",
         )
     }
     try:

@@ -64,13 +64,10 @@ class AgentConfig:
     dry_run: bool = False
     once: bool = False
     log_level: str = "info"
-    # Where the kernel's files are read: a fake tree laid out like the kernel's for tests and the simulator.
+    # Where the kernel's files are read: /sys and /proc, or the host's as mounted into a container (tests: fake trees).
     sysfs_root: Path = field(default_factory=lambda: Path("/sys"))
     procfs_root: Path = field(default_factory=lambda: Path("/proc"))
     volumes: list[str] = field(default_factory=list)  # checkpoint and log folders whose free space is shipped
-    # The simulator's stand-in for the node's hardware: run_checks ships the results the simulator writes here
-    # (lab/sim/runner.py) instead of running the suite on this machine's GPUs. Never set on a real node.
-    checks_file: Path | None = None
 
     @property
     def interval(self) -> float:

@@ -4,8 +4,8 @@ The kernel has no sysfs file for pause frames: drivers expose them only as ethto
 rx_pause_ctrl_phy / tx_pause_ctrl_phy for global pause, rx_prioN_pause / tx_prioN_pause per PFC priority).
 On a real host they are read with the SIOCETHTOOL ioctl (ETHTOOL_GSSET_INFO for the count, ETHTOOL_GSTRINGS
 for the names once, ETHTOOL_GSTATS for the values; no privilege needed, as for `ethtool -S`). Under a fake
-sysfs root (tests, the simulator) the same names and values come from `class/net/<netdev>/ethtool_stats`, a
-file of `name: value` lines exactly as `ethtool -S` prints them.
+sysfs root (--sysfs-root: a tree laid out like the kernel's) the same names and values come from
+`class/net/<netdev>/ethtool_stats`, a file of `name: value` lines exactly as `ethtool -S` prints them.
 """
 
 from __future__ import annotations

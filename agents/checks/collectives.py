@@ -9,14 +9,16 @@ hang fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from agents.checks.result import CheckResult
 
@@ -66,48 +68,41 @@ def allreduce(
         evidence["peer"] = {"addr": addr, "port": port, "node_rank": node_rank}
     if world < 2:
         return CheckResult(check, subject, "not_available", evidence={**evidence, "reason": "needs two GPUs or more"})
-    procs = []
     started = time.monotonic()
-    for local in range(nproc):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": addr,
-            "MASTER_PORT": str(port),
-            "RANK": str(node_rank * nproc + local),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(local),
-            "FAULTLINE_CHECK_BACKEND": backend,
-            "FAULTLINE_CHECK_BYTES": str(nbytes),
-            "FAULTLINE_CHECK_ITERS": str(iters),
-            "FAULTLINE_CHECK_TIMEOUT": str(timeout),
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "agents.checks.allreduce_rank"],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+    with contextlib.ExitStack() as files:
+        procs: list[subprocess.Popen[str]] = []
+        logs: list[tuple[IO[str], IO[str]]] = []
+        for local in range(nproc):
+            env = {
+                **os.environ,
+                "MASTER_ADDR": addr,
+                "MASTER_PORT": str(port),
+                "RANK": str(node_rank * nproc + local),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(local),
+                "FAULTLINE_CHECK_BACKEND": backend,
+                "FAULTLINE_CHECK_BYTES": str(nbytes),
+                "FAULTLINE_CHECK_ITERS": str(iters),
+                "FAULTLINE_CHECK_TIMEOUT": str(timeout),
+            }
+            # Files, not pipes: the ranks are waited on together, and a rank that logs much (NCCL_DEBUG=INFO)
+            # must not block on a full pipe nobody reads yet.
+            out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+            logs.append((out, err))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "agents.checks.allreduce_rank"], env=env, stdout=out, stderr=err
+                )
             )
-        )
-    outputs: list[tuple[int, str, str]] = []
-    timed_out = False
-    for proc in procs:
-        left = max(0.1, timeout - (time.monotonic() - started))
-        try:
-            out, err = proc.communicate(timeout=left)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.kill()
-            out, err = proc.communicate()
-        outputs.append((proc.returncode, out, err))
+        timed_out = _wait(procs, deadline=started + timeout)
+        ended = [(proc.returncode, _read(out), _read(err)) for proc, (out, err) in zip(procs, logs, strict=True)]
     took = round(time.monotonic() - started, 2)
     ranks = []
-    for _, out, _ in outputs:
+    for _, out, _ in ended:
         for line in out.splitlines():
             if line.startswith("{"):
                 ranks.append(json.loads(line))
-    failed = [f"exit {code}: {err.strip()[-300:]}" for code, _, err in outputs if code != 0]
+    failed = [f"exit {code}: {err.strip()[-300:]}" for code, _, err in ended if code != 0]
     if timed_out or failed or len(ranks) < nproc:
         evidence["errors"] = ([f"timed out after {timeout:g} s"] if timed_out else []) + failed
         return CheckResult(check, subject, "fail", unit="GB/s", evidence=evidence, duration_s=took)
@@ -119,6 +114,26 @@ def allreduce(
     return CheckResult(
         check, subject, "fail" if wrong else "pass", measured=busbw, unit="GB/s", evidence=evidence, duration_s=took
     )
+
+
+def _read(file: IO[str]) -> str:
+    file.seek(0)
+    return file.read()
+
+
+def _wait(procs: list[subprocess.Popen[str]], *, deadline: float) -> bool:
+    """Until every rank exits, or one fails (its peers would wait for it until the timeout: the collective cannot
+    finish without it), or the deadline passes; the ranks still running are then killed. True on a time-out."""
+    while None in (codes := [proc.poll() for proc in procs]):  # every rank polled: any() would stop early
+        failed = any(code not in (None, 0) for code in codes)
+        if failed or time.monotonic() >= deadline:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            return not failed
+        time.sleep(0.1)
+    return False
 
 
 def gpu_count(procfs_root: str = "/proc") -> int:
@@ -133,8 +148,8 @@ def gpu_count(procfs_root: str = "/proc") -> int:
         return 0
 
 
-def run(check: str, *, peer: Peer | None = None, timeout: float = 180.0) -> CheckResult:
-    gpus = gpu_count()
+def run(check: str, *, peer: Peer | None = None, timeout: float = 180.0, procfs_root: str = "/proc") -> CheckResult:
+    gpus = gpu_count(procfs_root)
     if gpus == 0:
         return CheckResult(check, "node", "not_available", evidence={"reason": "no NVIDIA GPU on this node for NCCL"})
     return allreduce(check, nproc=gpus, peer=peer, timeout=timeout)

@@ -7,17 +7,22 @@ pending or for double-bit errors, a volatile double-bit ECC error, a PCIe link n
 held back by thermal or power-brake hardware, an NVLink that was up and is down, and a GPU that answers nothing.
 A PCIe generation below the maximum is evidence only: an idle GPU trains its link down to save power.
 
-Xid events since boot: NVML keeps no history of them, so the kernel log is read whole (the /dev/kmsg ring buffer,
-else `journalctl -k -b`) through the agent's own parser (agents/parsers/kernel.py), and each GPU's Xids are listed
-in its evidence with their catalog mnemonic and action; "n/a" when neither can be read (a container without
-/dev/kmsg or journald). They are evidence, not a verdict: an Xid before a reset or a reboot's repair says nothing
-of the GPU now, and the service already acted on each when it happened.
+The driver's own recovery action (NVML's GPU recovery action field, drivers 550 and later) fails a GPU too: after
+an Xid such as 119 or 120 (a GSP timeout) the driver says whether the GPU needs a reset or the node a reboot.
+
+Xid events since boot: NVML keeps no history of them, so the kernel log is read whole through the agent's own
+parser (agents/parsers/kernel.py): the one the agent follows (--kmsg: a device, a kern.log file or journald), by
+default the /dev/kmsg ring buffer, else `journalctl -k -b`. Each GPU's Xids are listed in its evidence with their
+catalog mnemonic and action; "n/a" when no log can be read (a container without /dev/kmsg or journald, or
+--kmsg none). They are evidence, not a verdict: an Xid before a reset or a reboot's repair says nothing of the
+GPU now, and the service already acted on each when it happened.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -39,6 +44,18 @@ _MUST_BE_ZERO: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("double-bit ECC errors since the driver loaded", "reset_gpu"),
     LINKS_DOWN: ("NVLinks down", "replace"),
 }
+RECOVERY_ACTION = "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"  # the NVML field: what the driver asks for
+# NVML_GPU_RECOVERY_ACTION_* -> (what the driver asks for, the action it calls for; None: a person decides).
+_RECOVERY: dict[int, tuple[str, str | None]] = {
+    1: ("a GPU reset", "reset_gpu"),
+    2: ("a node reboot", "reboot"),
+    3: ("a drain of its peer-to-peer traffic", None),
+    4: ("a drain and a GPU reset", "reset_gpu"),
+    5: ("a recovery of its IMEX domain", None),
+    6: ("a bus reset", "reset_gpu"),
+    7: ("a system reboot", "reboot"),
+}
+_ACTION_ORDER = ("replace", "reboot", "reset_gpu")  # the strongest first
 # Counted as evidence, not judged alone: the service sees their history.
 _EVIDENCE = (
     "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
@@ -51,11 +68,13 @@ _EVIDENCE = (
     "DCGM_FI_DEV_PCIE_LINK_WIDTH",
     "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
     "DCGM_FI_DEV_GPU_TEMP",
+    RECOVERY_ACTION,
 )
 
 
 def judge(fields: dict[str, float | None]) -> tuple[list[str], str | None]:
-    """(problems found, the strongest action they call for: replace > reset_gpu) in one GPU's NVML fields."""
+    """(problems found, the strongest action they call for: replace > reboot > reset_gpu) in one GPU's NVML
+    fields."""
     if fields and all(value is None for value in fields.values()):
         return ["the GPU answers no NVML query (fallen off the bus?)"], "replace"
     problems: list[str] = []
@@ -73,13 +92,20 @@ def judge(fields: dict[str, float | None]) -> tuple[list[str], str | None]:
     if held:
         problems.append("clocks held back: " + ", ".join(held))
         actions.add("replace")
-    action = "replace" if "replace" in actions else ("reset_gpu" if actions else None)
+    recovery = fields.get(RECOVERY_ACTION)
+    if recovery:
+        what, wanted = _RECOVERY.get(int(recovery), (f"recovery action {recovery:g}", None))
+        problems.append(f"the driver asks for {what}")
+        if wanted is not None:
+            actions.add(wanted)
+    action = next((a for a in _ACTION_ORDER if a in actions), None)
     return problems, action
 
 
 KMSG = "/dev/kmsg"
 JOURNALCTL = ("journalctl", "-k", "-b", "--no-pager", "-o", "short-iso")
 KERNEL_LOG_TIMEOUT_S = 10.0
+KERNEL_LOG_MAX_BYTES = 64 << 20
 MAX_XIDS_PER_GPU = 50  # the most recent; a flapping link can log thousands
 
 
@@ -108,6 +134,20 @@ def read_kmsg(path: str = KMSG) -> list[str] | None:
     return lines
 
 
+def read_file(path: str, *, max_bytes: int = KERNEL_LOG_MAX_BYTES) -> list[str] | None:
+    """The lines of a kernel log file (dmesg output, kern.log), its last `max_bytes` at most (a kern.log spans
+    reboots; the newest lines are this boot's); None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return None
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[1:] if size > max_bytes else lines  # the first line was cut
+
+
 def read_journal() -> list[str] | None:
     """The kernel's messages of this boot from journald; None when journalctl is absent or fails."""
     try:
@@ -117,8 +157,27 @@ def read_journal() -> list[str] | None:
     return done.stdout.splitlines() if done.returncode == 0 else None
 
 
+Source = Callable[[], list[str] | None]
+
+
+def sources_for(kernel_log: str) -> tuple[Source, ...]:
+    """Where the kernel log is read, for the agent's --kmsg: "auto" (/dev/kmsg, else journald), "none",
+    "journald", a character device such as /dev/kmsg, or a file (dmesg output, kern.log)."""
+    if kernel_log == "auto":
+        return (read_kmsg, read_journal)
+    if kernel_log == "none":
+        return ()
+    if kernel_log == "journald":
+        return (read_journal,)
+    try:
+        device = stat.S_ISCHR(os.stat(kernel_log).st_mode)
+    except OSError:
+        device = False
+    return (lambda: read_kmsg(kernel_log),) if device else (lambda: read_file(kernel_log),)
+
+
 def xids_since_boot(
-    sources: tuple[Callable[[], list[str] | None], ...] = (read_kmsg, read_journal),
+    sources: tuple[Source, ...] = (read_kmsg, read_journal),
 ) -> dict[str, list[dict[str, Any]]] | None:
     """PCI bus ("0000:9d:00") -> the Xids the kernel logged for that GPU since boot; None when no source answers."""
     lines = None
@@ -151,17 +210,37 @@ def _bus(pci: str) -> str:
     return f"{domain[-4:]}:{rest[:5]}"
 
 
+def recovery_action(nv: Any, handle: Any) -> dict[str, float | None]:
+    """The GPU's recovery action as a field ({RECOVERY_ACTION: value}, None when the GPU does not answer); empty
+    where the driver or nvidia-ml-py does not offer it."""
+    field, get = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None), getattr(nv, "nvmlDeviceGetFieldValues", None)
+    if field is None or get is None:
+        return {}
+    absent = tuple(getattr(nv, n) for n in ("NVMLError_NotSupported", "NVMLError_FunctionNotFound") if hasattr(nv, n))
+    try:
+        [value] = get(handle, [field])
+    except absent:
+        return {}
+    except nv.NVMLError:
+        return {RECOVERY_ACTION: None}
+    if value.nvmlReturn != 0:  # not NVML_SUCCESS: a driver older than the field
+        return {}
+    return {RECOVERY_ACTION: float(value.value.uiVal)}
+
+
 def results_from(reader: Nvml, *, xids: dict[str, list[dict[str, Any]]] | None = None) -> list[CheckResult]:
     """One result per GPU from one full read (every slow reading included), with the Xids since boot (None: n/a)."""
     reader.slow_period = 0.0
     started = time.monotonic()
     readings = reader.read()
+    recovery = [recovery_action(reader.nv, gpu.handle) for gpu in reader.gpus]
     took = round(time.monotonic() - started, 3)
     out = []
-    for reading in readings:
-        problems, action = judge(reading.fields)
+    for reading, extra in zip(readings, recovery, strict=True):
+        fields = {**reading.fields, **extra}
+        problems, action = judge(fields)
         evidence: dict[str, Any] = {"model": reading.model, "uuid": reading.uuid, "pci_bus_id": reading.pci_bus_id}
-        evidence["fields"] = {k: reading.fields[k] for k in _EVIDENCE if reading.fields.get(k) is not None}
+        evidence["fields"] = {k: fields[k] for k in _EVIDENCE if fields.get(k) is not None}
         evidence["clock_event_reasons"] = clock_event_flags(reading.fields.get("DCGM_FI_DEV_CLOCKS_EVENT_REASONS"))
         evidence["xid_since_boot"] = "n/a" if xids is None else xids.get(_bus(reading.pci_bus_id or ""), [])
         if problems:
@@ -182,11 +261,12 @@ def results_from(reader: Nvml, *, xids: dict[str, list[dict[str, Any]]] | None =
     return out
 
 
-def run() -> list[CheckResult]:
+def run(*, kernel_log: str = "auto") -> list[CheckResult]:
+    """Every GPU's driver state, with the Xids since boot from `kernel_log` (the agent's --kmsg)."""
     reader = open_nvml()
     if reader is None:
         return [not_available(CHECK, "NVML is unavailable (no NVIDIA driver, or no GPU)")]
     try:
-        return results_from(reader, xids=xids_since_boot())
+        return results_from(reader, xids=xids_since_boot(sources_for(kernel_log)))
     finally:
         reader.close()

@@ -41,7 +41,7 @@ def run(
 
 
 def judge(fields: dict[str, Any]) -> list[CheckResult]:
-    """Memory available and pressure stalls from the host collector's fields (the simulator's hosts too)."""
+    """Memory available and pressure stalls from the host collector's fields."""
     out = []
     total, available = fields.get("mem_total_mib"), fields.get("mem_available_mib")
     if total and available is not None:

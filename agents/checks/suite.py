@@ -13,13 +13,11 @@ all-reduces in between shows in them.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from agents.checks import collectives, compute, dcgm, driver, host
@@ -45,6 +43,7 @@ class Options:
     volumes: list[str] = field(default_factory=list)
     sysfs_root: str = "/sys"
     procfs_root: str = "/proc"
+    kernel_log: str = "auto"  # the kernel log the agent follows (--kmsg): where the Xids since boot are read
     compute_timeout_s: float = 240.0  # the four compute checks on every GPU, PyTorch's start included
     collective_timeout_s: float = 180.0
 
@@ -56,7 +55,7 @@ def plan(options: Options) -> list[Check]:
     """The checks of a level, in order, each with its timeout."""
     level = options.level
     checks: list[Check] = [
-        ("nvml_state", 30.0, driver.run),
+        ("nvml_state", 30.0, lambda: driver.run(kernel_log=options.kernel_log)),
         (
             "host",
             10.0,
@@ -72,14 +71,22 @@ def plan(options: Options) -> list[Check]:
             (
                 "allreduce_node",
                 options.collective_timeout_s + 10,
-                lambda: [collectives.run("allreduce_node", timeout=options.collective_timeout_s)],
+                lambda: [
+                    collectives.run(
+                        "allreduce_node", timeout=options.collective_timeout_s, procfs_root=options.procfs_root
+                    )
+                ],
             )
         )
     if level >= 3 and options.peer is not None:
-        peer = options.peer
-        timeout = options.collective_timeout_s
+        peer, timeout, procfs = options.peer, options.collective_timeout_s, options.procfs_root
         checks.insert(
-            0, ("allreduce_peer", timeout + 10, lambda: [collectives.run("allreduce_peer", peer=peer, timeout=timeout)])
+            0,
+            (
+                "allreduce_peer",
+                timeout + 10,
+                lambda: [collectives.run("allreduce_peer", peer=peer, timeout=timeout, procfs_root=procfs)],
+            ),
         )
     if options.only is not None:
         unknown = set(options.only) - {name for name, _, _ in checks}
@@ -141,30 +148,3 @@ def verdict(results: Iterable[CheckResult]) -> str:
     if "fail" in statuses:
         return "fail"
     return "pass" if "pass" in statuses else "not_available"
-
-
-SIMULATED_WAIT_S = 1800.0  # the simulator writes the results when the machine's (simulated) suite is done
-
-
-def simulated_checks(
-    path: Path, options: Options, *, busy_ranks: Iterable[Any] = (), stop: threading.Event | None = None
-) -> list[CheckResult]:
-    """The results the simulator wrote for this machine (lab/sim/runner.py: {"results": {level: [result]}}),
-    once they are there; refused, as the real suite, while a job's ranks run. The simulator's stand-in for the
-    GPUs, NICs and host a real node's suite measures (lab/sim/checks.py computes them from its faults)."""
-    if options.level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, not {options.level}")
-    busy = list(busy_ranks)
-    if busy and not options.force:
-        raise Refused(f"{len(busy)} training processes run on this node; drain it first, or force")
-    waited = 0.0
-    while not path.exists():
-        if waited >= SIMULATED_WAIT_S or (stop is not None and stop.is_set()):
-            return [CheckResult("suite", "node", "fail", evidence={"reason": f"no results in {path}"})]
-        (stop or threading.Event()).wait(1.0)
-        waited += 1.0
-    raw = json.loads(path.read_text())["results"][str(options.level)]
-    results = [CheckResult(**item) for item in raw]
-    if options.only is not None:
-        results = [r for r in results if r.check in options.only]
-    return results

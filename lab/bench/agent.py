@@ -258,8 +258,8 @@ def _gpu_source(gpu_source: str, gpus: int, url: str) -> tuple[list[str], list[s
         return [sys.executable, "-m", "faultline"], ["--dcgm-url", url + "/metrics"], dict(os.environ)
     if gpu_source == "nvml":  # this host's GPUs through the driver: the agent's default without --dcgm-url
         return [sys.executable, "-m", "faultline"], [], dict(os.environ)
-    repo = Path(__file__).resolve().parents[1]
-    if not (repo / "tests" / "fakes" / "nvml.py").exists():
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / "lab" / "fakes" / "nvml.py").exists():
         raise SystemExit("--gpu-source nvml-fake needs a source checkout (lab/fakes/nvml.py)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
     return [sys.executable, "-c", _FAKE_NVML_AGENT.format(gpus=int(gpus))], [], env

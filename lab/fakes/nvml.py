@@ -69,10 +69,15 @@ class FakeGpu:
     # Functions that answer NotSupported on this GPU.
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False  # every call answers GpuIsLost (fell off the bus)
+    recovery_action: int = 0  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: what the driver asks for (0: nothing)
+    bus: int | None = None  # its PCI bus number; None: 0x18 + index
+    uuid: str | None = None  # None: one made from the index
+    name: str = "NVIDIA H100 80GB HBM3"
 
     @property
     def bus_id(self) -> bytes:
-        return f"00000000:{0x18 + self.index:02X}:00.0".encode()
+        bus = 0x18 + self.index if self.bus is None else self.bus
+        return f"00000000:{bus:02X}:00.0".encode()
 
 
 class _EventSet:
@@ -92,9 +97,9 @@ class FakeNvml:
             constant = name.startswith(("NVML_", "nvmlEventType", "nvmlClocks")) and isinstance(value, int)
             if constant or name.startswith(("NVMLError", "c_nvml", "struct_c_nvml", "nvmlPciInfo")):
                 setattr(self, name, value)
-        self.gpus = [FakeGpu(i) for i in range(gpus)]
-        self._structs = [real.struct_c_nvmlDevice_t() for _ in range(gpus)]
-        self._by_address = {ctypes.addressof(s): i for i, s in enumerate(self._structs)}
+        self._structs: list[Any] = []
+        self._by_address: dict[int, int] = {}
+        self.set_gpus([FakeGpu(i) for i in range(gpus)])
         self.missing = set(missing)  # functions this driver lacks: FunctionNotFound, as an old libnvidia-ml answers
         self.calls: Counter[str] = Counter()
         self.gpu_calls: Counter[tuple[str, int]] = Counter()
@@ -141,6 +146,13 @@ class FakeNvml:
         except (KeyError, ValueError):
             raise real.NVMLError_InvalidArgument() from None
 
+    def set_gpus(self, gpus: list[FakeGpu]) -> None:
+        """The node's GPUs from now on (their handles change when their number does)."""
+        self.gpus = gpus
+        if len(gpus) != len(self._structs):
+            self._structs = [real.struct_c_nvmlDevice_t() for _ in gpus]
+            self._by_address = {ctypes.addressof(s): i for i, s in enumerate(self._structs)}
+
     def handle(self, index: int) -> Any:
         return ctypes.pointer(self._structs[index])
 
@@ -177,16 +189,15 @@ class FakeNvml:
         info = real.nvmlPciInfo_t()
         info.busId = gpu.bus_id
         info.busIdLegacy = gpu.bus_id[4:]
-        info.bus = 0x18 + gpu.index
+        info.bus = int(gpu.bus_id[9:11], 16)
         return info
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         gpu = self._gpu("nvmlDeviceGetUUID", handle)
-        return f"GPU-0d6f4c1e-9a51-4c2b-8f7e-{gpu.index:012x}"
+        return gpu.uuid or f"GPU-0d6f4c1e-9a51-4c2b-8f7e-{gpu.index:012x}"
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
-        self._gpu("nvmlDeviceGetName", handle)
-        return "NVIDIA H100 80GB HBM3"
+        return self._gpu("nvmlDeviceGetName", handle).name
 
     # -- counters ----------------------------------------------------------------------------------
 
@@ -253,6 +264,20 @@ class FakeNvml:
 
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetMaxPcieLinkWidth", handle).max_link_width
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> Any:
+        """The fields this fake knows (the recovery action); the others answer NotSupported, each in its own slot."""
+        gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
+        values = (real.c_nvmlFieldValue_t * len(field_ids))()
+        for value, field_id in zip(values, field_ids, strict=True):
+            value.fieldId = field_id
+            if field_id == real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                value.valueType = real.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = gpu.recovery_action
+                value.nvmlReturn = real.NVML_SUCCESS
+            else:
+                value.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
+        return values
 
     # -- NVLink ------------------------------------------------------------------------------------
 

@@ -1,5 +1,8 @@
-"""A simulated machine's answer to a `run_checks` directive: the agent's own check code (agents/checks) run against
-the simulated machine instead of NVML, PyTorch and NCCL, so that a fault shows where the real check would find it.
+"""A simulated machine's answer to a `run_checks` directive in the accelerated-time campaign (in-process, at
+simulated time: lab/evaluation/campaign_checks.py): the agent's own check code (agents/checks) run against the
+simulated machine instead of NVML, PyTorch and NCCL, so that a fault shows where the real check would find it.
+The live simulator runs the agent's real suite instead, against fake NVML and PyTorch fed with the same figures
+(lab/sim/gpuanswers.py, lab/sim/fakegpu).
 
 What each check reads:
 - nvml_state: `driver.judge` on the GPU's DCGM fields as the simulator last set them (a lost GPU answers nothing;
@@ -36,7 +39,7 @@ from agents.checks.result import CheckResult, not_available
 from agents.parsers.xid import lookup
 from lab.sim.dcgm_fields import INT64_NOT_SUPPORTED, MODEL_NAME, PCIE_LANE_GBPS, PCIE_MAX_GEN, PCIE_MAX_WIDTH
 from lab.sim.fabric import ACTIVE, LINK_UP
-from lab.sim.gpu import THROTTLE_RATIO
+from lab.sim.gpu import THROTTLE_RATIO, Gpu
 from lab.sim.host import MEM_TOTAL_KIB, SWAP_TOTAL_KIB
 
 if TYPE_CHECKING:
@@ -160,6 +163,12 @@ def _host(cluster: Cluster, machine: int) -> list[CheckResult]:
     return host_check.judge(fields)
 
 
+def nvlink_busbw(gpus: list[Gpu], rng: random.Random) -> float:
+    """The all-reduce bus bandwidth across the node's GPUs (NCCL over NVLink), much lower with a bad NVLink."""
+    busbw = ALLREDUCE_NODE_GBPS * (1.0 + rng.gauss(0, RUN_NOISE))
+    return busbw * BAD_NVLINK_SHARE if any(g.nvlink_bad for g in gpus) else busbw
+
+
 def _allreduce_node(cluster: Cluster, machine: int, rng: random.Random) -> CheckResult:
     gpus = [g for g in cluster.gpus[machine] if not g.lost]
     evidence: dict[str, Any] = {"backend": "nccl", "world_size": len(cluster.gpus[machine]), "model": MODEL_NAME}
@@ -168,32 +177,42 @@ def _allreduce_node(cluster: Cluster, machine: int, rng: random.Random) -> Check
     if len(gpus) < len(cluster.gpus[machine]):
         evidence["errors"] = ["a rank could not open its GPU: CUDA error: no CUDA-capable device is detected"]
         return CheckResult("allreduce_node", "node", "fail", unit="GB/s", evidence=evidence, duration_s=12.0)
-    busbw = ALLREDUCE_NODE_GBPS * (1.0 + rng.gauss(0, RUN_NOISE))
+    busbw = nvlink_busbw(gpus, rng)
     bad = [g.index for g in gpus if g.nvlink_bad]
     if bad:
-        busbw *= BAD_NVLINK_SHARE
         evidence["nvlink_errors_on"] = [f"gpu:{i}" for i in bad]
     return CheckResult("allreduce_node", "node", "pass", round(busbw, 2), None, "GB/s", evidence, 8.0)
 
 
-def _ib_ports(cluster: Cluster, machine: int, rng: random.Random) -> list[CheckResult]:
+def port_growth(cluster: Cluster, machine: int, rng: random.Random) -> dict[str, dict[str, int]]:
+    """What the checks' traffic adds to each InfiniBand port's error counters (device -> counter -> count): a
+    flapping link or a bad NIC flaps again under it, a congested node's ports drop packets."""
     fabric = cluster.fabrics[machine]
     name = cluster.node_names[machine]
     faults = cluster.faults_on(machine)
     flapping = {g for f in faults if f.kind in FLAPS for g in f.gpus.get(name, [])}
     congested = any(f.kind in CONGESTS for f in faults) or any(p.congested > 0 for p in fabric.ports)
-    out = []
+    out = {}
     for p in fabric.ports:
-        problems = []
         grew: dict[str, int] = {}
+        if p.gpu in flapping and p.state == ACTIVE and p.phys_state == LINK_UP:  # a port down carries no traffic
+            grew = {"link_downed": 1, "symbol_error": rng.randint(8, 60), "link_error_recovery": rng.randint(1, 3)}
+        if congested:
+            grew["port_xmit_discards"] = rng.randint(200, 4000)
+        out[p.device] = grew
+    return out
+
+
+def _ib_ports(cluster: Cluster, machine: int, rng: random.Random) -> list[CheckResult]:
+    growth = port_growth(cluster, machine, rng)
+    out = []
+    for p in cluster.fabrics[machine].ports:
+        problems = []
         if p.state != ACTIVE:
             problems.append(f"port state {p.state} (4 is ACTIVE)")
         if p.phys_state != LINK_UP:
             problems.append(f"physical state {p.phys_state} (5 is LinkUp)")
-        if p.gpu in flapping and not problems:  # the checks' traffic sets it off again
-            grew = {"link_downed": 1, "symbol_error": rng.randint(8, 60), "link_error_recovery": rng.randint(1, 3)}
-        if congested:
-            grew["port_xmit_discards"] = rng.randint(200, 4000)
+        grew = growth[p.device]
         if grew:
             problems.append("error counters grew during the checks: " + ", ".join(f"{k} +{v}" for k, v in grew.items()))
         rate = float(p.rate.split()[0])

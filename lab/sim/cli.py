@@ -84,8 +84,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--check-time",
         type=_positive,
         default=120.0,
-        help="seconds a diagnosed node's checks run (120); with --scheduler-token and agents, its agent then ships "
-        "results computed from its faults and the service's verdict settles it; else a placeholder check does",
+        help="seconds a diagnosed node's checks run (120; at most 180 after its agent's suite starts, inside the "
+        "suite's timeouts); with --scheduler-token and agents, its agent's suite measures its simulated GPUs and the "
+        "service's verdict settles it; else a placeholder check does",
     )
     p.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
     return p

@@ -81,10 +81,11 @@ class SimConfig:
     repair_seconds: float = 600.0
     check_seconds: float = 120.0
     restart_seconds: float = 20.0
-    # True: a node sent to `diagnose` answers the service's run_checks with results from its fault
-    # (lab/sim/checks.py) and waits for the verdict the service draws from them (evict, or return); a person
-    # settles a check nobody answered after `check_wait_seconds`. False: the check is the placeholder
-    # (`pool.check_machine`), settled after `check_seconds` without the service.
+    # True: a node sent to `diagnose` answers the service's run_checks with results from its fault (its agent's
+    # suite on the simulated GPUs, lab/sim/gpuanswers.py; in-process in the accelerated campaign, lab/sim/checks.py)
+    # and waits for the verdict the service draws from them (evict, or return); a person settles a check nobody
+    # answered after `check_wait_seconds`. False: the check is the placeholder (`pool.check_machine`), settled after
+    # `check_seconds` without the service.
     service_checks: bool = False
     check_wait_seconds: float = 900.0
     scenario: str = "healthy"

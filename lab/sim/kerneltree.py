@@ -10,10 +10,12 @@ which a fake tree carries as a plain directory).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from lab.sim.dcgm_fields import MODEL_NAME
 from lab.sim.fabric import PHYS_STATE_NAMES, STATE_NAMES, Fabric, Port, pcie_bus
+from lab.sim.gpu import Gpu
 from lab.sim.host import (
     DRIVER_BUILT,
     DRIVER_VERSION,
@@ -36,8 +38,8 @@ INTERRUPT_PREC = 4  # digits of the widest IRQ number (nr_irqs is in the thousan
 class NodeTree:
     """Renders one node's tree; static files once, /proc/interrupts once per INTERRUPT_PERIOD_S."""
 
-    def __init__(self, hostname: str, host: Host, fabric: Fabric) -> None:
-        self.hostname, self.host, self.fabric = hostname, host, fabric
+    def __init__(self, hostname: str, host: Host, fabric: Fabric, gpus: Sequence[Gpu] = ()) -> None:
+        self.hostname, self.host, self.fabric, self.gpus = hostname, host, fabric, gpus
         self._static = self._render_static()
         self._interrupts: tuple[int, str] = (-1, "")
 
@@ -108,6 +110,14 @@ class NodeTree:
         out["proc/driver/nvidia/version"] = (
             f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER_VERSION}  {DRIVER_BUILT}\nGCC version:  {GCC} \n"
         )
+        # The driver's entry per GPU it probed (one that later fell off the bus keeps it): what the all-reduce
+        # check counts its ranks from.
+        for gpu in self.gpus:
+            location = f"0000:{gpu.bus:02x}:00.0"
+            out[f"proc/driver/nvidia/gpus/{location}/information"] = (
+                f"Model: \t\t {MODEL_NAME}\nGPU UUID: \t {gpu.uuid}\nBus Type: \t PCIe\n"
+                f"Bus Location: \t {location}\nDevice Minor: \t {gpu.index}\n"
+            )
         out["proc/sys/kernel/osrelease"] = f"{KERNEL_RELEASE}\n"
         out["proc/version"] = (
             f"Linux version {KERNEL_RELEASE} (buildd@lcy02-amd64-079) ({GCC.removeprefix('gcc version ')}, "

@@ -5,6 +5,8 @@ Layout under `--dir`:
     ground_truth.json
     node-000/kern.log  train.log  control  ranks.pids  launcher.log  agent.log  spool/
              sys/  proc/   the node's fake kernel tree (lab/sim/kerneltree.py), the agent's sysfs/procfs roots
+             gpu-state.json  what its GPUs answer the agent's checks through fake NVML and PyTorch
+                             (lab/sim/gpuanswers.py, lab/sim/fakegpu)
 
 The kernel trees live in shared memory (/dev/shm) where there is one, `sys` and `proc` then being links to it:
 some fifty small files change per node every second, which costs ~8x less on tmpfs than on a disk.
@@ -29,12 +31,12 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 import agents
-from lab.sim import checks as sim_checks
+from lab.sim import gpustate
 from lab.sim.config import SimConfig
 from lab.sim.exporter import MetricsServer
+from lab.sim.gpuanswers import GpuAnswers
 from lab.sim.kerneltree import NodeTree, TreeWriter
 from lab.sim.model import Cluster, LogLine
-from lab.sim.pool import CHECK
 from lab.sim.procs import signal_group, spawn, stop_all
 from lab.sim.realism import START, AgentAction
 from lab.sim.scenarios import SCENARIOS
@@ -46,11 +48,16 @@ SHARED_MEMORY = Path("/dev/shm")
 SHM_PREFIX = "faultline-sim-"  # then the simulator's pid: a tree whose simulator died (SIGKILL) is removed
 # Room a node's tree takes in memory, with a margin: ~640 small files, a page each.
 TREE_BYTES_PER_NODE = 8 << 20
-CHECKS_FILE = "checks.json"
-_NODE_FILES = ("kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log", CHECKS_FILE)
+_NODE_FILES = (
+    "kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log",
+    gpustate.STATE_FILE, gpustate.STATE_FILE + gpustate.ASKED_SUFFIX,
+)  # fmt: skip
 _TREE_ROOTS = ("sys", "proc")
 # Where the sitecustomize that skews an agent's wall clock lives (realism's clock skew).
 SKEW_CLOCK_DIR = Path(__file__).resolve().parent / "skewclock"
+# The simulated node's GPU libraries (fake pynvml and torch) and tools (dcgmi), first on its agent's paths.
+FAKE_GPU_DIR = Path(__file__).resolve().parent / "fakegpu"
+REPO_ROOT = Path(agents.__file__).resolve().parent.parent  # the fakes import the lab
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -88,7 +95,7 @@ class SimRunner:
         self._tree_at = -TREE_SECONDS
         self._tree_shm: Path | None = None
         self.tree_stats = {"syncs": 0, "files": 0, "seconds": 0.0}
-        self._in_check: dict[int, float] = {}  # machine -> when it went out for its checks (service_checks)
+        self.answers: GpuAnswers | None = None
 
     # --- lifecycle ---
 
@@ -152,9 +159,12 @@ class SimRunner:
         self.server.publish(cluster.snapshot())
         self.server.start()
 
+        if config.agents:
+            self.answers = GpuAnswers(
+                cluster, self.dir, check_seconds=config.check_seconds, sync_tree=self._sync_tree, say=self._say
+            )
         env = dict(os.environ)
-        root = str(Path(agents.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         master_port = 29500 + (config.seed or 0) % 1000
         for n, name in enumerate(cluster.node_names):
             node_dir = self.dir / name
@@ -202,16 +212,19 @@ class SimRunner:
         if config.sample_interval is not None:
             command += ["--sample-interval", str(config.sample_interval)]
         command += ["--sysfs-root", str(node_dir / "sys"), "--procfs-root", str(node_dir / "proc")]
-        if config.service_checks:  # run_checks answered from the machine's faults (lab/sim/checks.py)
-            command += ["--checks-file", str(node_dir / CHECKS_FILE)]
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.
         env = {**os.environ, "FAULTLINE_AGENT_TOKEN": str(config.token)}
+        # Its GPUs: the fake libraries answer the agent's checks from the machine's state (lab/sim/gpuanswers.py).
+        paths = [str(FAKE_GPU_DIR), str(REPO_ROOT)]
+        env["PATH"] = os.pathsep.join(p for p in (str(FAKE_GPU_DIR / "bin"), env.get("PATH")) if p)
+        env[gpustate.ENV] = str(node_dir / gpustate.STATE_FILE)
         skew = self.cluster.skew[n].total_seconds() if self.cluster else 0.0
         if skew:  # the node's clock is off: so is its agent's
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SKEW_CLOCK_DIR), env.get("PYTHONPATH")) if p)
+            paths.insert(0, str(SKEW_CLOCK_DIR))
             env["FAULTLINE_SIM_CLOCK_SKEW_S"] = str(skew)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, env.get("PYTHONPATH")) if p)
         self.agents[n] = spawn(command, env=env, stdout=log)
         self._agents_reported.discard(n)
 
@@ -241,8 +254,8 @@ class SimRunner:
         for action in cluster.take_agent_actions():
             self._act_on_agent(action)
         self._check_agents()
-        if self.config.service_checks:
-            self._write_checks(elapsed)
+        if self.answers is not None:
+            self.answers.tick(elapsed)
         if self.scheduler is not None:
             for decision, outcome in self.scheduler.backend.serve(cluster):
                 what = f"{decision.get('kind')} {decision.get('node')}"
@@ -250,28 +263,6 @@ class SimRunner:
             if cluster.slots_version != self._slots_version:
                 self._slots_version = cluster.slots_version
                 self.scheduler.register(cluster.rank_map(), cluster.world)
-
-    def _write_checks(self, elapsed: float) -> None:
-        """A machine out for its checks: `check_seconds` later (the suite's run) its results, computed from its
-        faults, are written where its agent reads them (--checks-file); gone when the machine leaves its check."""
-        cluster = self.cluster
-        assert cluster is not None
-        for m, name in enumerate(cluster.node_names):
-            path = self.dir / name / CHECKS_FILE
-            if cluster.place[m] != CHECK:
-                if self._in_check.pop(m, None) is not None:
-                    path.unlink(missing_ok=True)
-                continue
-            since = self._in_check.setdefault(m, elapsed)
-            if elapsed - since >= self.config.check_seconds and not path.exists():
-                results = {
-                    str(level): [r.to_wire() for r in sim_checks.run(cluster, m, level=level, seed=int(since))]
-                    for level in (1, 2, 3)
-                }
-                _write_atomic(path, json.dumps({"results": results}))
-                self._say(
-                    f"t={cluster.t:.1f}s {name}: its checks ran ({sum(len(v) for v in results.values())} results)"
-                )
 
     def _act_on_agent(self, action: AgentAction) -> None:
         """Realism: a late node's agent starts, or an agent is stopped (TERM or KILL) and later started again;
@@ -335,9 +326,14 @@ class SimRunner:
                 for root in _TREE_ROOTS:
                     (base / root).mkdir(parents=True)
                     (node_dir / root).symlink_to(base / root, target_is_directory=True)
-            tree, writer = NodeTree(name, cluster.hosts[n], cluster.fabrics[n]), TreeWriter(base)
+            tree, writer = NodeTree(name, cluster.hosts[n], cluster.fabrics[n], cluster.gpus[n]), TreeWriter(base)
             writer.sync(tree.files())
             self._trees.append((tree, writer))
+
+    def _sync_tree(self, machine: int) -> None:
+        """One node's tree brought up to date now (its ports' counters changed under its checks' traffic)."""
+        tree, writer = self._trees[machine]
+        writer.sync(tree.files())
 
     def _sync_trees(self) -> None:
         started = time.perf_counter()

@@ -104,6 +104,41 @@ def test_xid_events_since_boot_are_listed_per_gpu_from_the_kernel_log_or_na() ->
     assert na["gpu:0"].evidence["xid_since_boot"] == "n/a"
 
 
+def test_xids_since_boot_come_from_the_kernel_log_the_agent_follows(tmp_path: Path) -> None:
+    kern = tmp_path / "kern.log"  # --kmsg FILE: a kern.log (here in its ISO form), not this host's /dev/kmsg
+    kern.write_text(
+        "2026-11-26T12:00:00.000001+00:00 node-007 kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n"
+        "2026-11-26T12:00:01.123456+00:00 node-007 kernel: NVRM: Xid (PCI:0000:19:00): 119, pid=4242, name=python, "
+        "Timeout after 6s of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL).\n"
+    )
+    xids = driver.xids_since_boot(driver.sources_for(str(kern)))
+    assert xids is not None and [x["xid"] for x in xids["0000:19:00"]] == [119]
+    assert driver.xids_since_boot(driver.sources_for("none")) is None  # --kmsg none: "n/a"
+    assert driver.sources_for("auto") == (driver.read_kmsg, driver.read_journal)
+    assert driver.sources_for("journald") == (driver.read_journal,)
+    assert driver.read_file(str(tmp_path / "absent")) is None
+    tail = driver.read_file(str(kern), max_bytes=len(kern.read_bytes()) - 10)  # the cut first line is left out
+    assert tail is not None and len(tail) == 1 and "Xid" in tail[0]
+
+
+def test_the_driver_s_recovery_action_fails_a_gpu_with_the_action_it_asks_for() -> None:
+    fake = FakeNvml(3)
+    fake.nvmlInit()
+    reader = Nvml(fake, 3)
+    fake.gpus[1].recovery_action = fake.NVML_GPU_RECOVERY_ACTION_GPU_RESET  # a GSP still hung after Xid 119
+    fake.gpus[2].recovery_action = fake.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    results = _by_subject(driver.results_from(reader))
+    assert results["gpu:0"].status == "pass"
+    assert results["gpu:1"].evidence["problems"] == ["the driver asks for a GPU reset"]
+    assert results["gpu:1"].evidence["action"] == "reset_gpu"
+    assert results["gpu:1"].evidence["fields"][driver.RECOVERY_ACTION] == 1
+    assert results["gpu:2"].evidence["action"] == "reboot"
+    fake.gpus[1].lost = True  # a GPU that answers nothing, the recovery action included
+    assert "answers no NVML query" in _by_subject(driver.results_from(reader))["gpu:1"].evidence["problems"][0]
+    fake.missing = {"nvmlDeviceGetFieldValues"}  # an older driver: nothing to judge it by
+    assert _by_subject(driver.results_from(reader))["gpu:2"].status == "pass"
+
+
 def test_reading_the_kernel_ring_buffer_stops_at_its_end(tmp_path: Path) -> None:
     assert driver.read_kmsg(str(tmp_path / "absent")) is None
     if os.access(driver.KMSG, os.R_OK):  # a real /dev/kmsg (root, or kernel.dmesg_restrict=0): whole, then EAGAIN
@@ -319,6 +354,22 @@ def test_a_peer_that_never_comes_fails_at_the_timeout_and_leaves_no_process() ->
     assert time.monotonic() - started < 15
 
 
+def test_a_rank_that_dies_ends_the_collective_at_once_not_at_the_timeout() -> None:
+    # A rank whose GPU is gone exits at once; its peers would wait for it in the collective until the timeout.
+    dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    started = time.monotonic()
+    timed_out = collectives._wait([waiting, dead], deadline=started + 60)
+    assert not timed_out and time.monotonic() - started < 20
+    assert dead.returncode == 3 and waiting.returncode is not None and waiting.returncode < 0  # killed
+
+
+def test_ranks_still_running_at_the_deadline_are_killed_as_a_time_out() -> None:
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    assert collectives._wait([waiting], deadline=time.monotonic() + 1)
+    assert waiting.returncode is not None and waiting.returncode < 0
+
+
 def test_gpus_for_nccl_are_counted_without_pytorch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     gpus = tmp_path / "driver/nvidia/gpus"
@@ -326,6 +377,7 @@ def test_gpus_for_nccl_are_counted_without_pytorch(tmp_path: Path, monkeypatch: 
         (gpus / bus).mkdir(parents=True)
     assert collectives.gpu_count(str(tmp_path)) == 2
     assert collectives.gpu_count(str(tmp_path / "none")) == 0
+    assert collectives.run("allreduce_node", procfs_root=str(tmp_path / "none")).status == "not_available"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
     assert collectives.gpu_count(str(tmp_path)) == 3
 
@@ -480,36 +532,3 @@ def test_faultline_check_by_hand(tmp_path: Path) -> None:
         check=False,
     )
     assert low.returncode == 2 and "--level 3" in low.stderr
-
-
-def test_under_the_simulator_the_agent_ships_the_results_written_for_its_machine(tmp_path: Path) -> None:
-    from agents.checks.suite import simulated_checks
-
-    path = tmp_path / "checks.json"
-    written = {
-        "1": [CheckResult("nvml_state", "gpu:0", "fail", evidence={"problems": ["row remap pending: 1"]}).to_wire()],
-        "2": [
-            CheckResult("nvml_state", "gpu:0", "pass").to_wire(),
-            CheckResult("gemm_bf16", "gpu:0", "pass", 612.0, unit="TFLOPS").to_wire(),
-        ],
-    }
-    with pytest.raises(Refused):
-        simulated_checks(path, Options(level=2), busy_ranks=[1234])
-    stop = threading.Event()
-    box: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: box.update(r=simulated_checks(path, Options(level=2), stop=stop)))
-    thread.start()  # waits for the simulator's suite to finish
-    time.sleep(0.3)
-    assert thread.is_alive()
-    path.write_text(json.dumps({"results": written}))
-    thread.join(5)
-    assert [(r.check, r.status, r.measured) for r in box["r"]] == [
-        ("nvml_state", "pass", None),
-        ("gemm_bf16", "pass", 612.0),
-    ]
-    only = simulated_checks(path, Options(level=2, only=["gemm_bf16"]))
-    assert [r.check for r in only] == ["gemm_bf16"]
-    stop.set()
-    path.unlink()
-    [gone] = simulated_checks(path, Options(level=1), stop=stop)  # stopping: no results, a failure on record
-    assert gone.status == "fail" and "no results" in gone.evidence["reason"]

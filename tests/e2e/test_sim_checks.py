@@ -1,8 +1,8 @@
 """The demo's closed loop with stop-time checks, against a real faultline API: the simulated cluster's scheduler
-drains a node for a diagnose decision, the service sends that node's real agent run_checks, the agent ships the
-results the simulator computed from the node's fault (--checks-file) through the ingest API, and the service's
-verdict (here an eviction: the node's GPU corrupts data) comes back to the scheduler, which sends the node to
-repair."""
+drains a node for a diagnose decision, the service sends that node's real agent run_checks, the agent runs its real
+suite on the node's simulated GPUs (fake NVML and PyTorch answering from the node's fault, lab/sim/fakegpu) and
+ships the results through the ingest API, and the service's verdict (here an eviction: the node's GPU corrupts
+data) comes back to the scheduler, which sends the node to repair."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from lab.sim import gpustate
 from lab.sim.config import SimConfig
 from lab.sim.runner import SimRunner
 from service.models import CheckResult, Decision
@@ -75,8 +76,8 @@ def test_a_diagnosed_node_answers_its_checks_from_its_fault_and_the_verdict_evic
         with Session(committed) as session:
             failed = session.scalars(select(CheckResult.check).where(CheckResult.verdict == "fail")).all()
         assert "numerics" in failed
-        results = tmp_path / "sim" / name / "checks.json"
-        wait_for(lambda: not results.exists(), what="the results gone once the machine left its check", timeout=10)
+        results = tmp_path / "sim" / name / gpustate.STATE_FILE
+        wait_for(lambda: not results.exists(), what="the answers gone once the machine left its check", timeout=10)
     finally:
         stop.set()
         thread.join(timeout=60)
