@@ -48,7 +48,7 @@ class LoopEvent:
 def check_machine(cluster: SparePool, machine: int) -> bool:
     """The placeholder check (without `service_checks`), and a person's look at a check nobody answered: healthy
     when the machine carries no fault. With `service_checks` the service decides from the results the machine
-    ships (lab/sim/checks.py)."""
+    ships (its agent's own suite on the simulated GPUs: lab/sim/gpuanswers.py)."""
     return not cluster.faults_on(machine)
 
 
