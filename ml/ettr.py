@@ -24,6 +24,14 @@ Definitions (what the numbers mean, precisely):
   the restart, the checkpoint load) and **redone** (from there to the first productive record: the time the
   job took to get back to the step it had reached). An incident the job is still down from loses until the
   end (`ongoing`). Incidents may overlap, so their losses need not add up to wall - productive time.
+- **Stall**: a maximal stretch of lost time (wall - productive > 0) between step records: from the last record
+  of a fully productive interval to the first record after which the job trains at its pace again; the time
+  before the first record is the **start-up**. Each stall is **charged once**, to the incident that caused it:
+  the first incident that opened during it (a fault stops the job after its last productive step, and is
+  detected after that), else the incident open when it began (the newest of them); other incidents overlapping
+  it are listed, not charged. The lost time sums exactly: charged to incidents + start-up and stalls no
+  incident explains + the time since the last record while the next is not yet due (shorter than a pause) =
+  wall - productive = wall x (1 - ETTR).
 
 No step record at all means the job's progress is unknown: the ratios are None, not 0.
 """
@@ -90,6 +98,38 @@ class IncidentLoss:
 
 
 @dataclass(frozen=True, slots=True)
+class Stall:
+    """Lost time charged once (see the module docstring)."""
+
+    start: datetime  # the last productive step record (the job's start for the start-up)
+    end: datetime  # the first record the job trains at its pace from again (the end, while ongoing)
+    lost_s: float  # wall - productive time within it
+    incident_id: int | None  # the incident charged; None when no incident explains it
+    also: tuple[int, ...]  # the other incidents open during it: not charged
+    startup: bool  # before the first step record
+    step_reached: int | None  # the high-water mark when it began
+    resumed_step: int | None  # the first step logged after it began
+    checkpoint_step: int | None  # the last save at or below step_reached before the job resumed
+    restarts: int  # step records lower than the one before them, within it
+    steps_redone: int  # steps trained again (at or below the high-water mark) within it
+    down_s: float  # to the first step record after it began
+    redone_s: float  # the rest of its lost time: getting back to step_reached
+    ongoing: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LostTime:
+    """wall - productive over the whole span, split by what it went to; the parts add up to `total_s`."""
+
+    total_s: float
+    charged_s: float  # stalls charged to an incident (by_incident sums to it)
+    startup_s: float  # before the first step record, no incident open
+    unexplained_s: float  # stalls and pauses (checkpoint saves, evaluations) no incident explains
+    pending_s: float  # since the last step record, shorter than a pause: the next one is not due yet
+    by_incident: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Point:
     ts: datetime
     cumulative: float | None
@@ -121,6 +161,8 @@ class EttrReport:
     checkpoints: int = 0
     last_checkpoint_step: int | None = None
     series: list[Point] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
+    lost: LostTime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,11 +255,12 @@ def _incident_loss(
     *,
     start: datetime,
     end: datetime,
+    highs: Sequence[int],
 ) -> IncidentLoss:
     opened = incident.opened_at
-    # Index of the last record at or before the opening; the high-water mark then.
+    # Index of the last record at or before the opening; the high-water mark then (highs: the prefix maxima).
     k = bisect.bisect_right(times, opened) - 1
-    reached = max((s.step for s in steps[: k + 1]), default=None)
+    reached = highs[k] if k >= 0 else None
     last_productive: datetime | None = None
     for j in range(k, 0, -1):  # intervals[j - 1] ends at steps[j]
         if intervals[j - 1].new_high:
@@ -255,6 +298,166 @@ def _incident_loss(
     )
 
 
+def cause(
+    incidents: Sequence[IncidentSpan],
+    *,
+    start: datetime,
+    end: datetime,
+    ongoing: bool = False,
+    pause: bool = False,
+) -> tuple[int | None, tuple[int, ...]]:
+    """The incident a stretch of lost time [start, end] is charged to, and the others that overlap it.
+
+    The first to open within it: the fault that stopped the job struck after its last productive step and was
+    detected after that, so an incident already open while the job still trained did not stop it. When none
+    opened within it, the one open when it began (the newest): a fault whose own stall incident was merged into
+    it. Not for a `pause` (one slow interval that still advanced: a checkpoint save, an evaluation), which an
+    incident opened before it did not cause. An ongoing stretch takes incidents opened at its end.
+    """
+
+    def overlaps(i: IncidentSpan) -> bool:
+        opened_in_time = i.opened_at <= end if ongoing else i.opened_at < end
+        return opened_in_time and (i.resolved_at is None or i.resolved_at > start)
+
+    overlapping = sorted((i for i in incidents if overlaps(i)), key=lambda i: (i.opened_at, i.id))
+    opened_within = [i for i in overlapping if i.opened_at >= start]
+    open_before = [] if pause else [i for i in overlapping if i.opened_at < start]
+    chosen = opened_within[0] if opened_within else open_before[-1] if open_before else None
+    if chosen is None:
+        return None, tuple(i.id for i in overlapping)
+    return chosen.id, tuple(i.id for i in overlapping if i.id != chosen.id)
+
+
+_EPS_S = 1e-6  # float noise of pace x steps: an interval losing less than this lost nothing
+
+
+def _stall(
+    steps: Sequence[StepRecord],
+    first: int,
+    last: int,
+    lost: float,
+    *,
+    end: datetime,
+    tail: bool,
+    checkpoints: Sequence[CheckpointSave],
+    incidents: Sequence[IncidentSpan],
+    highs: Sequence[int],
+) -> Stall:
+    """A stall over the intervals steps[first] -> steps[last] (and on to `end` when `tail`); `highs[k]`: the
+    high-water mark at steps[k] (a prefix maximum, so a job with many stalls is not rescanned for each)."""
+    reached = highs[first]
+    within = steps[first : last + 1]
+    resumed = within[1] if len(within) > 1 else None
+    restarts = [b for a, b in itertools.pairwise(within) if b.step < a.step]
+    checkpoint = _last_save(checkpoints, before=restarts[0].ts, at_most=reached) if restarts else None
+    high, redone = reached, 0
+    for a, b in itertools.pairwise(within):
+        if b.step < a.step:  # a restart: from the checkpoint it loaded (else the step before its first) to b
+            base = _last_save(checkpoints, before=b.ts, at_most=b.step)
+            redone += max(0, min(b.step, high) - (base if base is not None else b.step - 1))
+        else:
+            redone += max(0, min(b.step, high) - a.step)
+        high = max(high, b.step)
+    start = steps[first].ts
+    stop = end if tail else steps[last].ts
+    ongoing = tail and max(s.step for s in within) <= reached
+    pause = not tail and len(within) == 2 and within[1].step > reached
+    charged, also = cause(incidents, start=start, end=stop, ongoing=ongoing, pause=pause)
+    down = max(0.0, ((resumed.ts if resumed else stop) - start).total_seconds())
+    return Stall(
+        start=start,
+        end=stop,
+        lost_s=lost,
+        incident_id=charged,
+        also=also,
+        startup=False,
+        step_reached=reached,
+        resumed_step=resumed.step if resumed else None,
+        checkpoint_step=checkpoint,
+        restarts=len(restarts),
+        steps_redone=redone,
+        down_s=min(down, lost),
+        redone_s=max(0.0, lost - down),
+        ongoing=ongoing,
+    )
+
+
+def _stalls(
+    steps: Sequence[StepRecord],
+    productive: _Productive,
+    *,
+    start: datetime,
+    end: datetime,
+    median: float | None,
+    pause_factor: float,
+    incidents: Sequence[IncidentSpan],
+    checkpoints: Sequence[CheckpointSave],
+    highs: Sequence[int],
+) -> tuple[list[Stall], LostTime]:
+    """The job's lost time cut into stalls, each charged once, and the split of the whole (module docstring)."""
+    out: list[Stall] = []
+    wall = max(0.0, (end - start).total_seconds())
+    if not steps:
+        charged, also = cause(incidents, start=start, end=end, ongoing=True)
+        out.append(Stall(start, end, wall, charged, also, True, None, None, None, 0, 0, wall, 0.0, True))
+    else:
+        startup = max(0.0, (steps[0].ts - start).total_seconds())
+        if startup > _EPS_S:
+            charged, also = cause(incidents, start=start, end=steps[0].ts)
+            out.append(
+                Stall(start, steps[0].ts, startup, charged, also, True, None, None, None, 0, 0, startup, 0.0, False)
+            )
+        run: tuple[int, float] | None = None  # (the record the open stall began at, its lost seconds so far)
+        for k, interval in enumerate(productive.intervals):
+            lost = max(0.0, (interval.end - interval.start) - interval.productive)
+            if lost > _EPS_S:
+                run = (run[0], run[1] + lost) if run else (k, lost)
+            elif run:
+                out.append(
+                    _stall(
+                        steps,
+                        run[0],
+                        k,
+                        run[1],
+                        end=end,
+                        tail=False,
+                        checkpoints=checkpoints,
+                        incidents=incidents,
+                        highs=highs,
+                    )
+                )
+                run = None
+        tail = max(0.0, (end - steps[-1].ts).total_seconds())
+        # The next step line is not due yet: the time since the last one is lost only once it is overdue.
+        due = run is None and median is not None and tail <= pause_factor * median
+        if run or (tail > _EPS_S and not due):
+            first, lost = run if run else (len(steps) - 1, 0.0)
+            out.append(
+                _stall(
+                    steps,
+                    first,
+                    len(steps) - 1,
+                    lost + tail,
+                    end=end,
+                    tail=True,
+                    checkpoints=checkpoints,
+                    incidents=incidents,
+                    highs=highs,
+                )
+            )
+    by_incident: dict[int, float] = {}
+    for s in out:
+        if s.incident_id is not None:
+            by_incident[s.incident_id] = by_incident.get(s.incident_id, 0.0) + s.lost_s
+    free = [s for s in out if s.incident_id is None]
+    startup_s = sum(s.lost_s for s in free if s.startup)
+    unexplained = sum(s.lost_s for s in free if not s.startup)
+    charged_s = sum(by_incident.values())
+    total = wall - productive.between(start.timestamp(), end.timestamp()) if wall else 0.0
+    pending = max(0.0, total - charged_s - startup_s - unexplained)
+    return out, LostTime(total, charged_s, startup_s, unexplained, pending, by_incident)
+
+
 def _first_of_repeats(steps: Sequence[StepRecord]) -> list[StepRecord]:
     """A step logged again right after itself (another rank, a repeated line) is the same step: its first record."""
     return [s for i, s in enumerate(steps) if i == 0 or s.step != steps[i - 1].step]
@@ -290,6 +493,18 @@ def compute(
             series.append(Point(t, cumulative, _span(productive, max(start, t - window), t, has_steps).ratio))
     intervals = productive.intervals
     times = [s.ts for s in ordered]
+    highs = list(itertools.accumulate((s.step for s in ordered), max))
+    stalls, lost = _stalls(
+        ordered,
+        productive,
+        start=start,
+        end=end,
+        median=median,
+        pause_factor=pause_factor,
+        incidents=incidents,
+        checkpoints=saves,
+        highs=highs,
+    )
     return EttrReport(
         cumulative=_span(productive, start, end, has_steps),
         window=_span(productive, window_start, end, has_steps),
@@ -300,10 +515,12 @@ def compute(
         steps_seen=len(ordered),
         restarts=_restarts(ordered, saves),
         incidents=[
-            _incident_loss(i, ordered, times, intervals, saves, start=start, end=end)
+            _incident_loss(i, ordered, times, intervals, saves, start=start, end=end, highs=highs)
             for i in sorted(incidents, key=lambda i: (i.opened_at, i.id))
         ],
         checkpoints=len({c.step for c in saves}),
         last_checkpoint_step=saves[-1].step if saves else None,
         series=series,
+        stalls=stalls,
+        lost=lost,
     )

@@ -24,8 +24,9 @@ import pandas as pd
 
 from ml import recurrence, windows
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
-from ml.metrics import WINDOW_S
+from ml.metrics import GPU_TEMP, MEMORY_TEMP, POWER_USAGE, SM_CLOCK, WINDOW_S
 from ml.peer_spans import (
+    BUSY_METRICS,
     DEFAULT_PRIORITY,
     SPAN_S,
     SUPPORT_Z,
@@ -205,11 +206,15 @@ def _findings(
         for rec in supporting:
             confidence *= 1.0 - rec["weight"]
         confidence = round(min(MAX_CONFIDENCE, 1.0 - confidence), 3)
+        # The first flagged span starts before the fault more often than not (a fault 5 s into a 30 s span flags
+        # it): the GPU is known to stand apart only at that span's end, which is when the finding is dated.
         onset = now - timedelta(seconds=(onset_w + 1) * window_s)
-        lead = evidence_metrics[0]
-        names = ", ".join(m["metric"] for m in evidence_metrics)
+        apart_since = onset + timedelta(seconds=window_s)
         # Less busy than its peers: the GPU waits for its input. The machine is worth a look, not an eviction.
         idle = starved((m["metric"], m["direction"]) for m in evidence_metrics)
+        evidence_metrics = most_telling_first(evidence_metrics, idle=idle)
+        lead = evidence_metrics[0]
+        names = ", ".join(m["metric"] for m in evidence_metrics)
         evidence: PeerEvidence = {
             "signals": [
                 {
@@ -242,7 +247,7 @@ def _findings(
                     f"{significant(lead['windows'][0]['peer_median'], 4)}); metrics: {names}"
                     + ("; less busy than its peers: waiting for its input, not slow" if idle else "")
                 ),
-                observed_at=onset,
+                observed_at=apart_since,
                 node=node,
                 blame="unknown" if idle else "infrastructure",
                 role="cause",
@@ -257,6 +262,26 @@ def _findings(
             )
         )
     return out
+
+
+# What tells a person why a GPU lags, first: a lower SM clock says it runs slower (throttled), a temperature or a power
+# draw why. The busy counters (tensor and SM activity, utilization) only say it works longer each step, as any slow
+# GPU does while its peers wait for it, so they follow, although they often stand out the most.
+EXPLAINS_SLOWNESS = (SM_CLOCK, GPU_TEMP, MEMORY_TEMP, POWER_USAGE)
+
+
+def most_telling_first(metrics: list[PeerMetric], *, idle: bool) -> list[PeerMetric]:
+    """The finding's metrics in the order its summary and the incident page's plots show them: for a GPU less busy
+    than its peers (waiting for its input, its clock and power low as any idle GPU's) the busy counters lead; for
+    any other, EXPLAINS_SLOWNESS does. Otherwise the priority order they came in."""
+
+    def rank(m: PeerMetric) -> int:
+        if idle:
+            return 0 if m["metric"] in BUSY_METRICS else 1
+        metric = m["metric"]
+        return EXPLAINS_SLOWNESS.index(metric) if metric in EXPLAINS_SLOWNESS else len(EXPLAINS_SLOWNESS)
+
+    return sorted(metrics, key=rank)
 
 
 def _metric_evidence(rec: dict[str, Any], now: datetime, window_s: float, score: float) -> PeerMetric:

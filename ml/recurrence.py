@@ -253,7 +253,8 @@ def _finding(
             f"({lead_direction} {lead_metric}: {_num(peak.get('value'))} vs peers {_num(peak.get('peer_median'))}), "
             f"normal for ~{_median_s(gaps)} between; metrics: {names}"
         ),
-        observed_at=lead[0].start,
+        # Its first flagged span's end, as the continuity rule dates (ml/peers.py): when it first stood apart.
+        observed_at=lead[0].start + timedelta(seconds=span_s),
         node=node,
         blame="infrastructure",
         role="cause",

@@ -26,7 +26,7 @@ GROUPINGS = ("fleet", "node", "root_cause")
 # Acknowledgements in which a scheduler acted (or tried to); an expiry or a person's rejection is no action.
 ACTED = ("done", "failed")
 # A node is back in service once it reaches one of these.
-BACK = ("returned", "healthy")
+BACK = ("returning", "healthy", "returned")  # returned: the state before returning replaced it (old history)
 
 
 @dataclass(frozen=True)

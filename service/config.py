@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     decision_max_wait_s: float = Field(default=60.0, gt=0)
     # An incident with no new findings and nothing pending for this long resolves itself.
     incident_quiet_resolve_s: float = Field(default=900.0, gt=0)
+    # A running job whose highest step has not moved for this long (or 3x its time between step lines, when it logs
+    # less often) is listed as making no net progress: the overview and GET /api/v1/stalled-jobs.
+    job_no_progress_s: float = Field(default=600.0, gt=0)
+    # An earlier incident of the same root cause on the same node within this long makes a repeat failure: shown on
+    # the incident and the node (service/nodes/history.py).
+    node_repeat_window_s: float = Field(default=86400.0, gt=0)
     # A job-wide incident of a cause that stops the job (a hang, a crash, a user's bug, NaN loss) is over once the
     # job has logged a step this long after the incident's last evidence (relaunched or rolled back, it trains again).
     incident_recovered_after_s: float = Field(default=120.0, gt=0)
@@ -128,6 +134,8 @@ class Settings(BaseSettings):
     ui_trusted_proxies: list[str] = ["127.0.0.1/32", "::1/128"]
     ui_proxy_scope: Literal["operator", "admin"] = "operator"
     ui_proxy_admins: list[str] = []
+    # The overview lists the incidents of this many hours, resolved ones included, with their outcome.
+    ui_recent_hours: float = Field(default=6.0, gt=0, le=168)
 
     @model_validator(mode="after")
     def _require_connections(self) -> Settings:

@@ -30,6 +30,7 @@ def create_celery() -> Celery:
             # No tasks: it registers the diagnose loop (stop-time checks after a diagnose decision) with decisions.
             "service.checks.loop",
             "service.checks.tasks",
+            "service.jobs.tasks",
         ],
     )
     app.conf.update(
@@ -81,6 +82,13 @@ def create_celery() -> Celery:
                 "task": "maintenance.check_idle_spares",
                 "schedule": timedelta(seconds=60),
                 "options": {"expires": 60},
+            },
+            # Each running job's progress mark (service/jobs/progress.py). The "no net progress" list compares the mark
+            # with the clock when it is read, so a stalled job is listed on the first read past its threshold.
+            "track-job-progress": {
+                "task": "maintenance.track_job_progress",
+                "schedule": timedelta(seconds=15),
+                "options": {"expires": 15},
             },
             "detect-active-jobs": {
                 "task": "diagnosis.detect_active_jobs",

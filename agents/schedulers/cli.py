@@ -54,6 +54,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "and the service's verdict comes back as an eviction or a return (the node condition or drain reason says "
         "checks running, failed, passed)",
     )
+    parser.add_argument(
+        "--returns-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how often to look for nodes faultline holds out of service that the scheduler has back in service "
+        "(resumed, uncordoned) and report them, so faultline runs their return gate; 0 never (default 30)",
+    )
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
 
@@ -156,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             strip_domain=args.strip_domain,
             kinds=(*NODE_KINDS, "diagnose") if args.diagnose else NODE_KINDS,
+            returns_every_s=max(0.0, args.returns_every),
         ),
         stop=stop,
     )

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 # reset_gpu names one GPU of the node (the decision's `gpu`).
 NODE_KINDS = ("evict", "cordon", "return", "reset_gpu")
 MAX_MESSAGE = 1000  # an ack message is a summary (stderr can be long)
+# The states in which faultline holds a node out of service: the adapter watches these for a return.
+OUT_OF_SERVICE = ("cordoned", "evicted", "in_repair")
 
 
 class AuthFailed(Exception):
@@ -124,6 +127,33 @@ class FaultlineClient:
         """Acknowledge a decision: `done`, `failed` or `rejected`. Retries while the service is down."""
         body = {"outcome": outcome, "message": message[:MAX_MESSAGE]}
         response = self._request("POST", f"/api/v1/decisions/{decision_id}/ack", json=body)
+        if response.status_code < 300:
+            return AckResult(True, response.status_code, "")
+        return AckResult(False, response.status_code, error_message(response))
+
+    # -- nodes (returns) -----------------------------------------------------------------------------
+
+    def out_of_service(self) -> list[str]:
+        """Names of the nodes faultline holds out of service (cordoned, evicted, in repair), by name."""
+        names: set[str] = set()
+        for state in OUT_OF_SERVICE:
+            params: dict[str, Any] = {"state": state, "limit": 1000}
+            while True:
+                response = self._request("GET", "/api/v1/nodes", params=params)
+                if response.status_code >= 400:
+                    raise Refused(f"listing nodes: HTTP {response.status_code}: {error_message(response)}")
+                page = self._json(response)
+                names.update(str(item["name"]) for item in page.get("items") or [])
+                if not page.get("next_cursor"):
+                    break
+                params = {**params, "cursor": page["next_cursor"]}
+        return sorted(names)
+
+    def report_return(self, node: str, reason: str) -> AckResult:
+        """Tell the service the scheduler has put the node back in service (it runs the node's return gate).
+        Retries while the service is down; a 409 (a take-out decision still waits on us) comes back undelivered."""
+        body = {"reason": reason[:MAX_MESSAGE]}
+        response = self._request("POST", f"/api/v1/nodes/{quote(node, safe='')}/return", json=body)
         if response.status_code < 300:
             return AckResult(True, response.status_code, "")
         return AckResult(False, response.status_code, error_message(response))

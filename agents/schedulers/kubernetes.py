@@ -8,6 +8,8 @@ FaultlineChecksFailed for the eviction their failure made; message = the decisio
 subresource.
 return: `spec.unschedulable = false`, our taint removed (only ours), condition `FaultlineFaulty=False`
 with reason FaultlineReturned (FaultlineChecksPassed when the node's checks passed); the GPU marks below removed.
+in service? (the loop asks this of the nodes faultline holds out, to report the ones someone put back):
+schedulable (`kubectl uncordon`) and without our taint.
 reset_gpu: the node stays schedulable; one GPU is marked on the Node object, by faultline's own convention:
   label      `faultline.io/unhealthy-gpus=3` (indexes joined by "." as label values allow no comma: "3.5"),
   annotation `faultline.io/unhealthy-gpus: "3,5"` (the same list, comma-separated).
@@ -47,6 +49,7 @@ GPU_LABEL = "faultline.io/unhealthy-gpus"
 GPU_ANNOTATION = "faultline.io/unhealthy-gpus"
 _TRANSIENT_STATUS = {409, 429, 500, 502, 503, 504}  # 409: our resourceVersion was stale; re-read and retry
 _ATTEMPTS = 5
+_NO_SUCH_NODE = "no such node in Kubernetes"
 T = TypeVar("T")
 
 
@@ -156,6 +159,17 @@ class KubernetesBackend:
             return f"would patch nothing: GPU {gpu} of {node} is already marked"
         return f"would PATCH /api/v1/nodes/{node} (strategic merge): {json.dumps(patch, sort_keys=True)}"
 
+    def in_service(self, node: str) -> bool | None:
+        """Schedulable and without faultline's taint; None for a node this cluster does not have."""
+        try:
+            current = self._retrying(lambda: self._read(node))
+        except ActionFailed as exc:
+            if str(exc) == _NO_SUCH_NODE:
+                return None
+            raise
+        spec = current.get("spec") or {}
+        return not spec.get("unschedulable") and not any(t.get("key") == TAINT_KEY for t in spec.get("taints") or [])
+
     # -- steps -------------------------------------------------------------------------------------
 
     def _clear_gpu_marks(self, node: str) -> bool:
@@ -236,7 +250,7 @@ class KubernetesBackend:
                     return step()
         except api_exception as exc:
             if exc.status == 404:
-                raise ActionFailed("no such node in Kubernetes") from exc
+                raise ActionFailed(_NO_SUCH_NODE) from exc
             raise ActionFailed(f"Kubernetes API at {self.where}: HTTP {exc.status} {_api_message(exc)}") from exc
         except Exception as exc:
             if transient(exc):

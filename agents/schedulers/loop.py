@@ -1,7 +1,10 @@
 """The poll-act-ack loop every scheduler adapter shares.
 
 Long-poll pending node decisions (evict, cordon, return, reset_gpu), act on each through the backend, then
-acknowledge it: `done`, or `failed` with the error. Actions are idempotent (cordoning a cordoned node
+acknowledge it: `done`, or `failed` with the error. Every `returns_every_s` it also looks at the nodes faultline
+holds out of service and reports each one the scheduler has in service again (someone resumed or uncordoned it
+after its repair) with one call, POST /api/v1/nodes/NAME/return: faultline then runs the node's return gate
+instead of keeping a stale "evicted" on a node that runs work. Actions are idempotent (cordoning a cordoned node
 changes nothing), which is what makes the loop safe to restart at any point: an ack the service never
 received leaves the decision pending, and the next run simply does the action again and acks it.
 While the adapter runs, an ack that fails because the service is down is kept and retried before
@@ -15,7 +18,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -61,6 +64,10 @@ class Backend(Protocol):
         """What reset_gpu would change, exactly (the patch, the command), changing nothing: for --dry-run."""
         ...
 
+    def in_service(self, node: str) -> bool | None:
+        """Whether the scheduler would place work on the node now; None when it does not know the node."""
+        ...
+
 
 @dataclass(frozen=True)
 class LoopOptions:
@@ -70,6 +77,8 @@ class LoopOptions:
     strip_domain: bool = False
     # What to poll for; a backend that can also take a node out for a check adds `diagnose`.
     kinds: tuple[str, ...] = NODE_KINDS
+    # How often to look for nodes faultline holds out of service that the scheduler has back in service (0: never).
+    returns_every_s: float = 30.0
 
 
 def scheduler_node(name: str, *, strip_domain: bool) -> str:
@@ -114,6 +123,9 @@ class AdapterLoop:
         self.unacked: list[tuple[int, str, str]] = []  # (decision id, outcome, message) not yet delivered
         self.finished: OrderedDict[int, None] = OrderedDict()
         self.acted = 0
+        self.returns_reported = 0
+        self._next_sweep = 0.0  # monotonic time of the next look for returns
+        self._watching = False  # the last look found nodes held out: poll no longer than the sweep interval
 
     def run(self) -> int:
         """Until stopped (or one round with --once); returns the process exit code."""
@@ -157,7 +169,14 @@ class AdapterLoop:
         """Deliver held acks, read what is pending (long poll), act on each decision, acknowledge it."""
         started = time.monotonic()
         self.flush_acks()
-        decisions = self.client.pending(self.options.kinds, self.options.wait_s)
+        every = self.options.returns_every_s
+        if every > 0 and started >= self._next_sweep:
+            self._next_sweep = started + every
+            self.sweep_returns()
+        wait = self.options.wait_s
+        if self._watching and every > 0:  # a node is held out: do not sleep through the next look for its return
+            wait = min(wait, max(0.0, self._next_sweep - time.monotonic()))
+        decisions = self.client.pending(self.options.kinds, wait)
         fresh = [d for d in decisions if int(d["id"]) not in self.finished]
         for decision in fresh:
             if self.stop.is_set():
@@ -169,6 +188,46 @@ class AdapterLoop:
             # already finished (dry run, expired ones not yet swept). Slow down rather than spin.
             pause = _MIN_ROUND_S if not decisions else max(_MIN_ROUND_S, min(self.options.wait_s, 10.0))
             self.stop.wait(max(0.0, pause - (time.monotonic() - started)))
+
+    def sweep_returns(self, only: Collection[str] | None = None) -> list[str]:
+        """Report each node faultline holds out of service (of `only`, if given) that the scheduler has in service
+        again; returns those reported. A node the scheduler does not know, or cannot say about, is left alone."""
+        try:
+            held = self.client.out_of_service()
+        except Refused as exc:  # a service without the node API for schedulers: returns stay a person's
+            log.warning("cannot list the nodes faultline holds out of service (%s); not watching for returns", exc)
+            self._watching = False
+            return []
+        self._watching = bool(held)
+        reported = []
+        for name in held:
+            if self.stop.is_set():
+                break
+            if only is not None and name not in only:
+                continue
+            node = scheduler_node(name, strip_domain=self.options.strip_domain)
+            try:
+                back = self.backend.in_service(node)
+            except ActionFailed as exc:
+                log.warning("cannot tell whether %s is in service in %s: %s", node, self.backend.name, exc)
+                continue
+            except Exception:  # a bug or an unexpected library error: the next sweep tries again
+                log.exception("unexpected error reading %s's state in %s", node, self.backend.name)
+                continue
+            if not back:
+                continue
+            reason = f"schedulable again in {self.backend.name}"
+            if self.options.dry_run:
+                log.info("dry run: would report %s back in service (%s)", name, reason)
+                continue
+            result = self.client.report_return(name, reason)
+            if result.delivered:
+                self.returns_reported += 1
+                reported.append(name)
+                log.info("reported %s back in service (%s): faultline runs its return gate", name, reason)
+            else:  # e.g. a take-out decision for it still waits on us: the next sweep looks again
+                log.info("faultline did not take the return of %s (HTTP %d): %s", name, result.status, result.message)
+        return reported
 
     def handle(self, decision: Mapping[str, Any]) -> None:
         """Act on one decision and queue its ack."""
@@ -201,6 +260,7 @@ class AdapterLoop:
             self._queue_ack(decision_id, "failed", f"{type(exc).__name__}: {exc}")
             return
         self.acted += 1
+        self._watching = self._watching or take_out  # the node is held out now: watch for its return
         log.info("%s: %s%s", _describe(decision), summary, checks.note(decision))
         self._queue_ack(decision_id, "done", summary)
 

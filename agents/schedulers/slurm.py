@@ -3,6 +3,8 @@
 evict / cordon: `scontrol update nodename=<node> state=drain reason="faultline: <kind> #<id>: <reason>"`
 return:         `scontrol update nodename=<node> state=resume`
 reset_gpu:      the same drain, its reason naming the GPU ("faultline: reset_gpu #<id>: reset GPU 3 on ...").
+in service?     `scontrol show node -o <node>`: its State= carries no drain, down, fail, maintenance, power or reboot
+                flag (the loop asks this of the nodes faultline holds out, to report the ones someone resumed).
 
 Why reset_gpu drains the whole node: Slurm has no state for one GPU of a node. Drain and resume are node
 states; `scontrol update nodename=X gres=gpu:7` only changes the count (not which device: gres.conf's File=
@@ -31,6 +33,32 @@ from agents.schedulers.loop import ActionFailed, BackendConfigError
 
 MAX_REASON = 200  # Slurm shows the reason in sinfo -R; keep it readable
 _ALREADY_IN_SERVICE = "invalid node state specified"
+_NOT_FOUND = "not found"
+# Base states and flags (slurm.conf's, as scontrol prints them joined by "+") under which Slurm starts no job there.
+_OUT = frozenset(
+    {
+        "DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT", "INVAL", "INVALID", "FUTURE", "UNKNOWN",
+        "NOT_RESPONDING", "NO_RESPOND", "REBOOT", "REBOOT_ISSUED", "REBOOT_REQUESTED", "POWER_DOWN", "POWERED_DOWN",
+        "POWERING_DOWN", "POWERING_UP", "POWER_UP",
+    }
+)  # fmt: skip
+_IN = frozenset({"IDLE", "ALLOCATED", "ALLOC", "MIXED", "MIX", "COMPLETING", "PLANNED", "RESERVED"})
+# Suffixes on a state: * not responding, ~ powered off, # powering up, % powering down, ! power down pending,
+# @ reboot pending, ^ reboot issued, $ in a maintenance reservation. Each means no new job there now.
+_OUT_MARKS = frozenset("*~#%!@^$")
+_STATE = re.compile(r"(?:^|\s)State=(\S+)")
+
+
+def node_in_service(show: str) -> bool | None:
+    """From `scontrol show node -o` output: whether Slurm would start a job on the node; None when unclear."""
+    match = _STATE.search(show)
+    if match is None:
+        return None
+    state = match.group(1)
+    tokens = {t.strip("".join(_OUT_MARKS) + "-") for t in state.upper().split("+")} - {""}
+    if _OUT_MARKS & set(state) or tokens & _OUT:
+        return False
+    return True if tokens & _IN else None
 
 
 def drain_reason(decision: Mapping[str, Any]) -> str:
@@ -84,7 +112,18 @@ class SlurmBackend:
             raise
         return f"resumed {node} in Slurm"
 
-    def _scontrol(self, *args: str) -> None:
+    def in_service(self, node: str) -> bool | None:
+        """Whether Slurm would start a job on the node now (resumed after its repair); None for a node it lacks."""
+        try:
+            shown = self._scontrol("show", "node", "-o", node)
+        except ActionFailed as exc:
+            if _NOT_FOUND in str(exc).lower():
+                return None
+            raise
+        return node_in_service(shown)
+
+    def _scontrol(self, *args: str) -> str:
+        """Run scontrol; its standard output, or ActionFailed with its error."""
         argv = [self.scontrol, *args]
         try:
             done = subprocess.run(
@@ -97,3 +136,4 @@ class SlurmBackend:
         if done.returncode != 0:
             detail = done.stderr.strip() or done.stdout.strip() or "(no output)"
             raise ActionFailed(f"scontrol exited with {done.returncode}: {detail}")
+        return done.stdout

@@ -70,7 +70,7 @@ def seed(
         for j in range(jobs_n)
     ]
     job_ids = list(session.scalars(insert(Job).returning(Job.id, sort_by_parameter_order=True), job_rows))
-    states = ["healthy"] * 40 + ["suspect", "cordoned", "evicted", "in_repair", "returned"]
+    states = ["healthy"] * 40 + ["suspect", "cordoned", "evicted", "in_repair", "returning"]
     node_rows = [
         {
             "name": f"{prefix}-node-{n:05d}",
@@ -247,6 +247,7 @@ def _incidents(
                 "from_state": "healthy",
                 "to_state": "suspect",
                 "actor": "faultline",
+                "source": "diagnosis",
                 "reason": text,
             }
             for iid, (n, _, _, text, _, opened, _) in zip(incident_ids, plans, strict=True)

@@ -222,6 +222,10 @@ class Cluster(SparePool, GpuFaults, NetworkFaults, RealLife):  # each of the fir
             out["spares"] = self.node_names[len(self.slots) :]
             out["job_nodes"] = [self.node_names[m] for m in self.slots]
             out["loop"] = [e.to_json() for e in self.loop_events]
+        # Where each machine is now (the job, a spare, repair, a check, cordoned): what the service's node states
+        # are compared with. `t`: the simulated second this was written at.
+        out["t"] = round(self.t, 1)
+        out["machines"] = self.places()
         return out
 
     # --- time and events ---

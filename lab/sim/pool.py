@@ -34,7 +34,7 @@ class LoopEvent:
 
     t: float
     at: datetime
-    kind: str  # swap_out | swap_in | reset_gpu | to_repair | to_check | to_pool | cordon | restart
+    kind: str  # swap_out | swap_in | reset_gpu | to_repair | to_check | to_pool | cordon | uncordon | restart
     node: str  # the machine, or the job's id for a restart
     detail: str = ""
 
@@ -82,6 +82,8 @@ class SparePool(FaultInjection):
         self.loop_events: list[LoopEvent] = []
         self._restart_at: float | None = None
         self._check_round: dict[int, int] = {}  # machine -> its current check; a later one voids older timers
+        # Cordoned while in the job: it keeps its ranks until it leaves, but the scheduler places nothing new there.
+        self.cordoned: set[int] = set()
 
     # --- reading ---
 
@@ -97,6 +99,26 @@ class SparePool(FaultInjection):
 
     def spares_free(self) -> list[str]:
         return [self.node_names[m] for m in self.pool]
+
+    def schedulable(self, machine: int) -> bool:
+        """Whether the scheduler would place work there now: in the job or the spare pool, and not cordoned (what an
+        adapter reads from the scheduler to report a node back in service)."""
+        return self.place[machine] in (IN_JOB, SPARE) and machine not in self.cordoned
+
+    def places(self) -> dict[str, dict[str, Any]]:
+        """Each machine's place now, whether it runs the job's ranks, and since when (simulated seconds, and the time):
+        the ground truth a node's state in the service is compared with."""
+        last: dict[str, LoopEvent] = {event.node: event for event in self.loop_events}  # the latest per machine
+        return {
+            name: {
+                "place": self.place[m],
+                "ranks": m in self._slot_of,
+                "cordoned": m in self.cordoned,
+                "since": round(last[name].t, 1) if name in last else 0.0,
+                "since_at": last[name].at.isoformat() if name in last else self._ts(-self.t).isoformat(),
+            }
+            for m, name in enumerate(self.node_names)
+        }
 
     # --- what a scheduler does ---
 
@@ -133,8 +155,19 @@ class SparePool(FaultInjection):
         self._send(machine, then)
         self.vacant.append(slot)
         self._fill_vacancies()
-        spare = "waiting for a spare" if slot in self.vacant else f"{self.node_names[self.slots[slot]]} swapped in"
-        return f"{name} out of the job ({then}); node rank {slot}: {spare}; job restarting from its last checkpoint"
+        # What happens now, in order: a job missing a node rank cannot restart, so with no spare free it stays
+        # stopped until one is (the rank map then changes, and the restart follows).
+        checkpoint = f"its checkpoint at step {self.job.last_checkpoint}"
+        if slot in self.vacant:
+            return (
+                f"{name} out of the job ({then}); node rank {slot} is waiting for a spare: no spare is free, so the "
+                f"job stays stopped until one is, then restarts from {checkpoint}"
+            )
+        spare = self.node_names[self.slots[slot]]
+        return (
+            f"{name} out of the job ({then}); {spare} swapped in as node rank {slot}; the job restarts from "
+            + checkpoint
+        )
 
     def reset_gpu(self, machine: int, gpu: int) -> str:
         """Reset one GPU: what a reset clears is cleared; the job's ranks restart if the machine is in the job."""
@@ -170,6 +203,9 @@ class SparePool(FaultInjection):
             self.place[machine] = CORDONED
             self._loop_note("cordon", machine)
             return f"{name} cordoned (out of the spare pool)"
+        if self.place[machine] == IN_JOB and machine not in self.cordoned:
+            self.cordoned.add(machine)
+            self._loop_note("cordon", machine, "keeps its ranks until it leaves the job")
         return f"{name} cordoned ({self.place[machine]})"
 
     def put_back(self, machine: int) -> str:
@@ -178,6 +214,10 @@ class SparePool(FaultInjection):
         if self.place[machine] == CORDONED:
             self._to_pool(machine)
             return f"{name} back in the spare pool"
+        if machine in self.cordoned:
+            self.cordoned.discard(machine)
+            self._loop_note("uncordon", machine)
+            return f"{name} uncordoned ({self._where(machine)})"
         return f"{name} is {self._where(machine)}; nothing to return"
 
     # --- the pool's own fault ---
@@ -229,6 +269,7 @@ class SparePool(FaultInjection):
         self._to_pool(machine)
 
     def _to_pool(self, machine: int) -> None:
+        self.cordoned.discard(machine)  # repaired, or checked: the scheduler offers it again
         self.place[machine] = SPARE
         self.pool.append(machine)
         self._loop_note("to_pool", machine)

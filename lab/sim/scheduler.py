@@ -5,6 +5,11 @@ The loop runs in a thread (long poll with the scheduler token, act, ack `done` o
 handed to the simulator's own loop, which owns the model, and done there with `act` (lab/sim/actions.py).
 When the job's machines change, the new rank map is registered (POST /api/v1/jobs) as a launcher would, with
 the parallelism and hang timeout the service already holds for the job.
+
+Returns are reported as every adapter reports them (the loop's sweep: a node faultline holds out of service that
+the simulated scheduler has back in its pool or its job, POST /api/v1/nodes/NAME/return), and before a rank map that
+names a machine back from repair is registered: a scheduler that knows the node is back says so before it runs work
+there, so faultline runs the node's gate rather than finding work on a quarantined node.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from lab.sim.model import Cluster
 
 log = logging.getLogger(__name__)
 ACT_TIMEOUT_S = 30.0  # the simulator's loop acts within a tick; longer means it is stopping
+RETURNS_EVERY_S = 5.0  # a repaired machine waits in the spare pool this long at most before faultline hears of it
 
 
 class ClusterBackend:
@@ -33,6 +39,9 @@ class ClusterBackend:
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self.requests: queue.Queue[tuple[Mapping[str, Any], Future[Outcome]]] = queue.Queue()
+        # Which machines the scheduler would place work on, as of the simulator's last tick (None before the first):
+        # the loop's thread reads it without waiting for the simulator's.
+        self._schedulable: dict[str, bool] | None = None
 
     def _act(self, decision: Mapping[str, Any]) -> str:
         done: Future[Outcome] = Future()
@@ -57,6 +66,10 @@ class ClusterBackend:
     def preview_reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
         return f"would reset GPU {gpu} of {node} and restart the job's ranks"
 
+    def in_service(self, node: str) -> bool | None:
+        schedulable = self._schedulable
+        return None if schedulable is None else schedulable.get(node)
+
     def serve(self, cluster: Cluster) -> list[tuple[Mapping[str, Any], Outcome]]:
         """Act on what the loop asked since the last call (the simulator's thread, between two ticks)."""
         served = []
@@ -64,10 +77,12 @@ class ClusterBackend:
             try:
                 decision, done = self.requests.get_nowait()
             except queue.Empty:
-                return served
+                break
             outcome = act(cluster, decision)
             done.set_result(outcome)
             served.append((decision, outcome))
+        self._schedulable = {name: cluster.schedulable(m) for m, name in enumerate(cluster.node_names)}
+        return served
 
 
 class ClusterLoop(AdapterLoop):
@@ -93,7 +108,7 @@ class SchedulerStandIn:
         self.stop = threading.Event()
         self.client = FaultlineClient(url, token, stop=self.stop)
         self.backend = ClusterBackend(self.stop)
-        options = LoopOptions(wait_s=20.0, kinds=LOOP_KINDS)
+        options = LoopOptions(wait_s=20.0, kinds=LOOP_KINDS, returns_every_s=RETURNS_EVERY_S)
         self.loop = ClusterLoop(self.client, self.backend, options, stop=self.stop, nodes=set(nodes))
         self._thread = threading.Thread(target=self.loop.run, name="sim-scheduler", daemon=True)
         self._registrar = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-register")
@@ -113,6 +128,10 @@ class SchedulerStandIn:
 
     def _register(self, rank_map: list[dict[str, Any]], world_size: int) -> None:
         try:
+            # A machine back from repair that takes a node rank: report it back first, as the scheduler knows it is.
+            returned = self.loop.sweep_returns(only={r["node"] for r in rank_map})
+            if returned:
+                self.say(f"scheduler: reported {', '.join(returned)} back in service")
             current = self.client.job(self.job_id) or {}
             body: dict[str, Any] = {"job_id": self.job_id, "world_size": world_size, "ranks": rank_map}
             for key in ("parallelism", "hang_timeout_s"):

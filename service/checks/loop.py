@@ -2,8 +2,11 @@
 stop-time checks; their results turn into a remedy (evict, or reset the one GPU a check names where the driver
 state calls for a reset) or, on a clean pass, return the node to service and resolve the incident.
 
-The same gate serves a node back from repair: checks asked with `return_on_pass` return it on a clean pass, and
-on a failure leave it out of service with the findings.
+The same checks are a node's return gate: every way into `returning` (a scheduler reporting the node back, work
+placed on it before its gate, a person's return without diagnostics: service/nodes/lifecycle.py) sends them with
+`return_on_pass`, through the `on_gate` hook registered here. A clean pass makes the node healthy; a failure takes it
+out again (service/nodes/returns.py). Checks a person asks for with `return_on_pass` on a node still out of service
+return it on a clean pass and on a failure leave it out with the findings.
 
 A clean pass is no failing verdict, no refusal and at least one passing check: a node whose agent lacks PyTorch
 or DCGM returns on what it could check (the results it shipped list what was not available). A suite that was
@@ -28,6 +31,8 @@ from service.decisions import lifecycle as decision_lifecycle
 from service.errors import Conflict
 from service.incidents import service as incidents
 from service.models import CheckResult, Decision, Directive, Finding, Incident, Node
+from service.nodes import lifecycle as node_lifecycle
+from service.nodes import returns
 from service.nodes import service as nodes
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,25 @@ def _checks_after_diagnose(session: Session, decision: Decision, now: datetime) 
         ttl_s=DIRECTIVE_TTL_S,
         decision_id=decision.id,
     )
+
+
+@node_lifecycle.on_gate
+def _send_gate(session: Session, node: Node, gate: node_lifecycle.Gate, now: datetime) -> None:
+    """A node entered `returning`: its agent runs the stop-time checks, whose clean pass returns it."""
+    [directive] = request_checks(
+        session,
+        node=node,
+        level=gate.level,
+        force=gate.force,
+        peer=None,
+        requested_by=ACTOR,
+        reason=f"return gate: {gate.reason}"[:1000],
+        ttl_s=DIRECTIVE_TTL_S,
+        return_on_pass=True,
+    )
+    # Whether the scheduler still holds the node out: then a pass must also tell it to take the node back.
+    directive.params = {**(directive.params or {}), "undrain": gate.undrain}
+    session.flush()
 
 
 def accept(
@@ -101,7 +125,16 @@ def conclude(session: Session, *, directive_ids: set[str], now: datetime, settin
         if node is None or (decision is None and not params.get("return_on_pass")):
             continue  # asked by a person only to look: nothing waits on the answer
         rows = list(session.scalars(select(CheckResult).where(CheckResult.directive_id == raw)))
-        outcome = _act(session, decision=decision, node=node, rows=rows, directive=raw, now=now, settings=settings)
+        outcome = _act(
+            session,
+            decision=decision,
+            node=node,
+            rows=rows,
+            directive=raw,
+            undrain=bool(params.get("undrain")),
+            now=now,
+            settings=settings,
+        )
         directive.params = {**params, "concluded": outcome}
         directive.expires_at = min(directive.expires_at, now)  # answered: no longer delivered
         done[raw] = outcome
@@ -116,10 +149,13 @@ def _act(
     node: Node,
     rows: list[CheckResult],
     directive: str,
+    undrain: bool,
     now: datetime,
     settings: Settings,
 ) -> str:
     failed = [r for r in rows if r.verdict == "fail"]
+    if decision is None and node.state == "returning":
+        return _gate(session, node=node, rows=rows, directive=directive, undrain=undrain, now=now, settings=settings)
     if failed and decision is None:
         return f"checks failed ({', '.join(sorted({r.check for r in failed}))}): the node stays out of service"
     if failed:
@@ -148,6 +184,7 @@ def _act(
                 actor=ACTOR,
                 now=now,
                 settings=settings,
+                source="checks",
             )
     except Conflict as exc:
         return f"checks passed, but the node cannot return: {exc}"
@@ -168,6 +205,52 @@ def _act(
             + ("; its GPUs waited for the job's own input" if input_bound else ""),
         )
     return "passed: node returned" + (", incident resolved" if incident is not None else "")
+
+
+def _gate(
+    session: Session,
+    *,
+    node: Node,
+    rows: list[CheckResult],
+    directive: str,
+    undrain: bool,
+    now: datetime,
+    settings: Settings,
+) -> str:
+    """The verdict of a returning node's gate, on its locked row (a scheduler's ack may move it meanwhile)."""
+    session.refresh(node, with_for_update=True)
+    failed = [r for r in rows if r.verdict == "fail"]
+    if failed:
+        return returns.gate_failed(
+            session,
+            node=node,
+            failed=[(r.id, r.check, r.subject) for r in failed],
+            undrain=undrain,
+            directive=directive,
+            actor=ACTOR,
+            now=now,
+            settings=settings,
+        )
+    if any(r.verdict == "refused" for r in rows) or not any(r.verdict == "pass" for r in rows):
+        return "no verdict (refused, or nothing could be checked): left to a person"
+    passed = sorted({r.check for r in rows if r.verdict == "pass"})
+    diagnostics = {
+        "passed": True,
+        "source": "stop-time checks",
+        "directive_id": directive,
+        "passed_checks": passed,
+        "not_available": sorted({r.check for r in rows if r.verdict == "not_available"}),
+    }
+    return returns.gate_passed(
+        session,
+        node=node,
+        diagnostics=diagnostics,
+        undrain=undrain,
+        actor=ACTOR,
+        reason=f"return gate passed ({len(passed)} checks)",
+        now=now,
+        settings=settings,
+    )
 
 
 def _waited_for_input(session: Session, incident: Incident) -> bool:

@@ -2,7 +2,7 @@
 swapped in for a failing node is not itself broken).
 
 A beat task (service/checks/tasks.py) sends the level-1 checks (seconds: driver state, host, ports, dcgmi -r 1)
-to idle spares: nodes in service (healthy or returned), with no rank of a running job, whose agent reported within
+to idle spares: healthy nodes, with no rank of a running job, whose agent reported within
 AGENT_FRESH_S (nobody else would answer), and whose last check result is older than
 `checks_spare_interval_s`; the longest unchecked first, at most `checks_spare_max_concurrent` suites in flight
 (sent, unexpired, no result yet). Their results are stored and judged like any others: a failure is a finding on
@@ -24,7 +24,7 @@ ACTOR = "faultline spare checks"
 LEVEL = 1
 TTL_S = 600  # an idle agent reports every few seconds and level 1 takes seconds: longer means it is gone
 AGENT_FRESH_S = 120.0
-IN_SERVICE = ("healthy", "returned")
+IN_SERVICE = ("healthy",)  # a returning node is already being checked: its gate
 
 
 def in_flight(session: Session, *, now: datetime) -> int:

@@ -162,7 +162,7 @@ def _for_suspect(
         # A person said this evidence does not condemn the machine; only different evidence reopens the question.
         return _skip(notes, node, "rejected", ctx.overruled[node])
     if suspect.action == "evict" and suspect.confidence >= settings.policy_evict_min_confidence:
-        rails["confidence"] = f"{suspect.confidence:.2f} >= {settings.policy_evict_min_confidence:.2f}"
+        rails["confidence"] = _compared(suspect.confidence, ">=", settings.policy_evict_min_confidence)
         if proposal.root_cause == "network":
             times = _recent(ctx.network_events.get(suspect.node, ()), ctx.now, settings.policy_network_flap_window_s)
             needed = settings.policy_network_flap_count
@@ -193,9 +193,9 @@ def _for_suspect(
         return DecisionPlan("evict", suspect.node, "pending", suspect.confidence, reason, ids, rails)
     if suspect.action in ("evict", "diagnose") and suspect.confidence >= settings.policy_diagnose_min_confidence:
         rails["confidence"] = (
-            f"{suspect.confidence:.2f} below the eviction threshold {settings.policy_evict_min_confidence:.2f}"
+            _compared(suspect.confidence, "below the eviction threshold", settings.policy_evict_min_confidence)
             if suspect.action == "evict"
-            else f"{suspect.confidence:.2f} >= {settings.policy_diagnose_min_confidence:.2f}"
+            else _compared(suspect.confidence, ">=", settings.policy_diagnose_min_confidence)
         )
         if suspect.node in ctx.nodes_in_cooldown:
             return _skip(notes, node, "cooldown", f"evicted within {settings.policy_node_cooldown_s:.0f} s")
@@ -207,7 +207,7 @@ def _for_suspect(
         notes,
         node,
         "confidence",
-        f"{suspect.confidence:.2f} below the diagnose threshold {settings.policy_diagnose_min_confidence:.2f}",
+        _compared(suspect.confidence, "below the diagnose threshold", settings.policy_diagnose_min_confidence),
     )
 
 
@@ -240,6 +240,13 @@ def _reset_gpu(suspect: Suspect, ctx: PolicyContext, settings: Settings, rails: 
     )
 
 
+def _compared(confidence: float, relation: str, threshold: float) -> str:
+    """ "62% below the eviction threshold 90%": confidences as whole percentages, as every page shows them; with a
+    decimal where whole ones would read alike (79.5% below 80%, not 80% below 80%)."""
+    digits = 0 if round(confidence * 100) != round(threshold * 100) or confidence == threshold else 1
+    return f"{confidence * 100:.{digits}f}% {relation} {threshold * 100:.{digits}f}%"
+
+
 def _duration(seconds: float) -> str:
     if seconds % 3600 == 0:
         return f"{seconds / 3600:g} h"
@@ -257,7 +264,7 @@ def _for_job(
         return None  # diagnose at job level means "dump stacks", which the service does itself
     threshold = getattr(settings, _JOB_ACTIONS[kind])
     if proposal.confidence < threshold:
-        why = f"{kind}: {proposal.confidence:.2f} below the threshold {threshold:.2f}"
+        why = f"{kind}: {_compared(proposal.confidence, 'below the threshold', threshold)}"
         return _skip(notes, None, "confidence", why)
     if kind in ctx.job_in_cooldown:
         return _skip(notes, None, "cooldown", f"{kind} decided within {settings.policy_job_cooldown_s:.0f} s")
@@ -265,7 +272,7 @@ def _for_job(
         "rollback": "the failure is in the job's own code or data: roll back to the last good code or checkpoint",
         "restart": "no machine is to blame: restart the job",
     }[kind]
-    rails = {"confidence": f"{proposal.confidence:.2f} >= {threshold:.2f}", "blame": proposal.blame}
+    rails = {"confidence": _compared(proposal.confidence, ">=", threshold), "blame": proposal.blame}
     return DecisionPlan(
         kind, None, "pending", proposal.confidence, f"{why} ({proposal.summary})", list(proposal.finding_ids), rails
     )

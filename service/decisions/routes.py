@@ -55,8 +55,11 @@ async def list_decisions(
     kind: Annotated[
         list[Kind] | None, Query(description="e.g. `evict`; repeat for several: `kind=evict&kind=cordon`")
     ] = None,
-    job: Annotated[str | None, Query(description="The job's external id")] = None,
-    node: Annotated[str | None, Query(description="Node name")] = None,
+    job: Annotated[
+        str | None,
+        Query(description="The job's external id (exact: a scheduler acts on what it lists)"),
+    ] = None,
+    node: Annotated[str | None, Query(description="Node name (exact)")] = None,
     after: Annotated[
         int | None, Query(ge=0, le=BIGINT_MAX, description="Only decisions with a greater id (newer)")
     ] = None,

@@ -290,8 +290,11 @@ def list_decisions(
     limit: int = 100,
     cursor: str | None = None,
     after: int | None = None,
+    partial: bool = False,
 ) -> DecisionPage:
-    """Newest first, filtered, keyset-paginated on id; `after` keeps only decisions newer than that id."""
+    """Newest first, filtered, keyset-paginated on id; `after` keeps only decisions newer than that id. `job` and
+    `node` are exact names, as a scheduler acting on what it lists needs them; `partial` matches a part of the name
+    instead, as the web UI's list filters do."""
     query = _select_out().order_by(Decision.id.desc())
     if after is not None:
         query = query.where(Decision.id > after)
@@ -300,9 +303,9 @@ def list_decisions(
     if kind:
         query = query.where(Decision.kind.in_([kind] if isinstance(kind, str) else kind))
     if job:
-        query = query.where(Job.external_id == job)
+        query = query.where(Job.external_id.icontains(job, autoescape=True) if partial else Job.external_id == job)
     if node:
-        query = query.where(Node.name == node)
+        query = query.where(Node.name.icontains(node, autoescape=True) if partial else Node.name == node)
     if cursor:
         query = query.where(Decision.id < decode_cursor(cursor))
     rows = session.execute(query.limit(limit + 1)).all()

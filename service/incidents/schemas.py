@@ -39,6 +39,13 @@ class FindingOut(BaseModel):
     created_at: datetime
 
 
+class AcknowledgementOut(BaseModel):
+    # Read from the incident's JSON list of dicts, not from a row.
+    actor: str = Field(description="Who said they are on it: `operator:<token name>`, or the proxy's user.")
+    at: datetime
+    note: str | None = None
+
+
 class IncidentOut(BaseModel):
     model_config = ConfigDict(
         from_attributes=True,
@@ -68,6 +75,11 @@ class IncidentOut(BaseModel):
                     "resolved_at": None,
                     "resolution": None,
                     "resolved_by": None,
+                    "acknowledged_by": "operator:oncall-ana",
+                    "acknowledged_at": "2026-11-22T10:01:12Z",
+                    "acknowledgements": [
+                        {"actor": "operator:oncall-ana", "at": "2026-11-22T10:01:12Z", "note": "looking at node 017"}
+                    ],
                     "silence_id": None,
                     "findings": [],
                     "decisions": [],
@@ -93,6 +105,13 @@ class IncidentOut(BaseModel):
     resolved_at: datetime | None
     resolution: str | None = Field(default=None, description="Why it resolved: mitigated, quiet, merged, by hand.")
     resolved_by: str | None = Field(default=None, description="Who resolved it by hand; null when it resolved itself.")
+    acknowledged_by: str | None = Field(
+        default=None, description="Who said they are on it (the latest to); null while nobody has."
+    )
+    acknowledged_at: datetime | None = Field(default=None, description="When they said so.")
+    acknowledgements: list[AcknowledgementOut] = Field(
+        default_factory=list, description="Every acknowledgement, oldest first: who took it, and when."
+    )
     silence_id: int | None = Field(default=None, description="The maintenance window that kept it quiet.")
     findings: list[FindingOut] = Field(default_factory=list)
     decisions: list[DecisionOut] = Field(default_factory=list)
@@ -112,4 +131,12 @@ class ResolveIn(BaseModel):
 
     reason: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=400)] = Field(
         description="Why a person closes it (kept with their name and the time)."
+    )
+
+
+class AcknowledgeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"note": "looking at node 017"}]})
+
+    note: Annotated[str | None, StringConstraints(strip_whitespace=True, max_length=400)] = Field(
+        default=None, description="What they are doing about it (optional), kept with the acknowledgement."
     )

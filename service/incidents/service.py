@@ -36,6 +36,12 @@ def open_incident(session: Session, *, job: Job, root_cause: str, anchor: str = 
     """The job's open incident for this root cause and machine ("" for a job-wide one), created if there is none
     (race-free: partial unique index). The flag says whether this call created it."""
     for _ in range(3):
+        found = _open_one(session, job=job, root_cause=root_cause, anchor=anchor)
+        if found is not None:
+            return found, False
+        # Only when none is open: an INSERT that runs into the open incident still draws a number from the id
+        # sequence, and every diagnosis pass asking for its open incidents made the numbers people see jump
+        # (#3, then #69). The insert below now loses a number only in a race between two workers.
         created = session.scalar(
             insert(Incident)
             .values(job_id=job.id, root_cause=root_cause, anchor=anchor)
@@ -44,21 +50,26 @@ def open_incident(session: Session, *, job: Job, root_cause: str, anchor: str = 
             )
             .returning(Incident.id)
         )
-        incident = session.scalar(
-            select(Incident)
-            .where(
-                Incident.job_id == job.id,
-                Incident.root_cause == root_cause,
-                Incident.anchor == anchor,
-                Incident.state != "resolved",
-            )
-            .with_for_update()
-        )
+        incident = _open_one(session, job=job, root_cause=root_cause, anchor=anchor)
         if incident is not None:
             return incident, created is not None
         # The open incident the insert ran into was resolved in between (the beat's quiet resolution committed
         # after the insert looked and before this read): insert again.
     raise RuntimeError(f"no open {root_cause} incident for job {job.external_id} after three tries")
+
+
+def _open_one(session: Session, *, job: Job, root_cause: str, anchor: str) -> Incident | None:
+    """The job's open incident for this root cause and machine, locked; None when there is none."""
+    return session.scalar(
+        select(Incident)
+        .where(
+            Incident.job_id == job.id,
+            Incident.root_cause == root_cause,
+            Incident.anchor == anchor,
+            Incident.state != "resolved",
+        )
+        .with_for_update()
+    )
 
 
 @dataclass
@@ -154,6 +165,24 @@ def resolve_by_hand(
             settings=settings,
         )
     session.flush()
+    return get(session, incident_id=incident.id)
+
+
+def acknowledge(session: Session, *, incident_id: int, actor: str, note: str | None, now: datetime) -> IncidentOut:
+    """A person says "I'm on it": who and when, kept on the incident and in its record of acknowledgements. Its
+    state and decisions stay as they are; the same person again changes nothing, another takes it over."""
+    incident = session.scalar(select(Incident).where(Incident.id == incident_id).with_for_update())
+    if incident is None:
+        raise NotFound(f"no incident {incident_id}")
+    if incident.state == "resolved":
+        when = f" ({incident.resolved_at:%Y-%m-%d %H:%M:%S} UTC)" if incident.resolved_at else ""
+        raise Conflict(f"incident {incident_id} is already resolved{when}: there is nothing left to be on")
+    if incident.acknowledged_by != actor:
+        incident.acknowledged_by = actor
+        incident.acknowledged_at = now
+        entry = {"actor": actor, "at": now.isoformat(), "note": note or None}
+        incident.acknowledgements = [*(incident.acknowledgements or []), entry]
+        session.flush()
     return get(session, incident_id=incident.id)
 
 
@@ -284,6 +313,14 @@ def get(session: Session, *, incident_id: int) -> IncidentOut:
     )
 
 
+def neighbours(session: Session, *, incident_id: int) -> tuple[int | None, int | None]:
+    """The nearest incident numbers below and above one that does not exist (None where there is none)."""
+    before = select(func.max(Incident.id)).where(Incident.id < incident_id).scalar_subquery()
+    after = select(func.min(Incident.id)).where(Incident.id > incident_id).scalar_subquery()
+    row = session.execute(select(before, after)).one()
+    return row[0], row[1]
+
+
 def suspect_names(session: Session, *, incident_id: int) -> list[str]:
     """The names of the machines the incident accuses, most suspect first; none for an unknown id."""
     return [s["node"] for s in session.scalar(select(Incident.suspects).where(Incident.id == incident_id)) or []]
@@ -309,11 +346,22 @@ def list_incidents(
     cursor: str | None,
     severity: str | None = None,
     root_cause: str | None = None,
+    node: str | None = None,
 ) -> IncidentPage:
-    """Newest first, keyset-paginated on id. `state="unresolved"` means open or mitigating."""
+    """Newest first, keyset-paginated on id. `state="unresolved"` means open or mitigating. `job` and `node` match
+    a part of the name, as every list's name filters do: "demo" finds demo-job, "005" node-005."""
     query = select(Incident, Job.external_id).join(Job, Job.id == Incident.job_id).order_by(Incident.id.desc())
     if job:
-        query = query.where(Job.external_id == job)
+        query = query.where(Job.external_id.icontains(job, autoescape=True))
+    if node:
+        suspect = func.jsonb_array_elements(Incident.suspects).table_valued("value").alias("suspect")
+        named = (
+            select(true())
+            .select_from(suspect)
+            .where(suspect.c.value.op("->>")("node").icontains(node, autoescape=True))
+            .exists()
+        )
+        query = query.where(or_(Incident.anchor.icontains(node, autoescape=True), named))
     if state == "unresolved":
         query = query.where(Incident.state != "resolved")
     elif state:
@@ -378,6 +426,17 @@ def anomaly_scores(session: Session, *, now: datetime, window_s: float) -> dict[
 def of_job(session: Session, *, job: Job) -> Sequence[Incident]:
     """Every incident of the job, resolved ones included, oldest first."""
     return session.scalars(select(Incident).where(Incident.job_id == job.id).order_by(Incident.id)).all()
+
+
+def machines_named(session: Session, *, job_id: str) -> list[str]:
+    """The machines the job's incidents are about (their anchors and suspects), in one query: a page naming their
+    GPUs needs their inventory, and an evicted machine is no longer among the job's ranks."""
+    job = select(Job.id).where(Job.external_id == job_id).scalar_subquery()
+    suspect = func.jsonb_array_elements(Incident.suspects).table_valued("value").alias("suspect")
+    suspects = select(suspect.c.value.op("->>")("node")).select_from(Incident).join(suspect, true())
+    anchors = select(Incident.anchor).where(Incident.job_id == job, Incident.anchor != "")
+    named = anchors.union(suspects.where(Incident.job_id == job))
+    return sorted(n for n in session.scalars(named) if n)
 
 
 def naming_node(session: Session, *, name: str, limit: int) -> Sequence[Row[Incident, str]]:

@@ -88,14 +88,16 @@ class NodeMetricSample(_In):
 
 
 CHECKPOINT_SAVED = "checkpoint_saved"
+CHECKPOINT_LOADED = "checkpoint_loaded"
 MAX_STEP = 2**62
 
 
 class LogEventIn(_In):
-    """A parsed log line or event. Kind `step` (fields.step: the training step) and kind `checkpoint_saved`
-    (fields.step: the step a checkpoint was saved at, when known) feed the job's ETTR: a job may send its
-    checkpoint saves as explicit events too, e.g. `{"ts": ..., "source": "trainer", "kind": "checkpoint_saved",
-    "line": "saved /ckpt/step-2000", "job_id": "llm-42", "fields": {"step": 2000}}`."""
+    """A parsed log line or event. Kind `step` (fields.step: the training step), kind `checkpoint_saved`
+    (fields.step: the step a checkpoint was saved at, when known) and kind `checkpoint_loaded` (fields.step: the
+    step of the checkpoint a restarted job resumed from) feed the job's ETTR: a job may send them as explicit events
+    too, e.g. `{"ts": ..., "source": "trainer", "kind": "checkpoint_saved", "line": "saved /ckpt/step-2000",
+    "job_id": "llm-42", "fields": {"step": 2000}}`."""
 
     ts: PlausibleTime
     source: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,31}$", examples=["kmsg", "training"])]
@@ -110,10 +112,10 @@ class LogEventIn(_In):
 
     @model_validator(mode="after")
     def _checkpoint_step(self) -> LogEventIn:
-        if self.kind == CHECKPOINT_SAVED and self.fields and "step" in self.fields:
+        if self.kind in (CHECKPOINT_SAVED, CHECKPOINT_LOADED) and self.fields and "step" in self.fields:
             step = self.fields["step"]
             if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
-                raise ValueError(f"a checkpoint_saved event's fields.step must be an integer >= 0, got {step!r}")
+                raise ValueError(f"a {self.kind} event's fields.step must be an integer >= 0, got {step!r}")
         return self
 
 

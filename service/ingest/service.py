@@ -24,6 +24,7 @@ from service.ingest import attribution
 from service.ingest.attribution import Attribution
 from service.ingest.schemas import IngestBatch, MetricSample, Workload
 from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS, NODE_COPY_TYPES, NODE_SAMPLE_COLUMNS
+from service.nodes import returns as node_returns
 from service.nodes.lifecycle import OUT_OF_SERVICE
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
     job_ids = _ensure_jobs(conn, batches)
     attributed = attribution.lookup(conn, batches, unnamed={b.node for b in batches if not _batch_job(b)})
     _seen_jobs(conn, attributed.jobs())
-    node_ids, current_job = _upsert_nodes(conn, batches, job_ids, attributed)
+    node_ids, current_job, held_out = _upsert_nodes(conn, batches, job_ids, attributed)
     keys = _Keys(node_ids, job_ids, current_job, attributed)
     new_ids = _claim_batches(conn, batches, node_ids)
     outcomes: list[BatchOutcome] = []
@@ -139,7 +140,27 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
         _upsert_gpus(conn, fresh, keys, cache)
         _record_columns(conn, fresh, keys, cache)  # last, in key order: the lock order above holds
         _record_checks(session, fresh, keys)
+        _placements(session, fresh, keys, held_out)
     return outcomes
+
+
+def _placements(session: Session, batches: list[IngestBatch], keys: _Keys, held_out: set[str]) -> None:
+    """Nodes faultline holds out of service whose agents report ranks of a job (rare: a few batches after an
+    eviction, then only when a scheduler puts work there): new work is placed before their gate
+    (service/nodes/returns.py)."""
+    reports: dict[int, tuple[int, str, list[tuple[int, datetime]]]] = {}
+    for b in batches:
+        if b.node not in held_out:
+            continue
+        for proc in b.processes:
+            name = proc.job_id or _batch_job(b)
+            job = keys.jobs.get(name) if name else None
+            if job is None or proc.rank is None:
+                continue
+            _, _, seen = reports.setdefault(keys.nodes[b.node], (job, name or "", []))
+            seen.append((proc.pid, proc.ts))
+    if reports:
+        node_returns.placed_by_agents(session, reports=reports, now=datetime.now(UTC))
 
 
 def _record_checks(session: Session, batches: list[IngestBatch], keys: _Keys) -> None:
@@ -237,7 +258,8 @@ def _seen_jobs(conn: psycopg.Connection[Any], job_ids: set[int]) -> None:
 
 def _upsert_nodes(
     conn: psycopg.Connection[Any], batches: list[IngestBatch], job_ids: dict[str, int], attributed: Attribution
-) -> tuple[dict[str, int], dict[str, int]]:
+) -> tuple[dict[str, int], dict[str, int], set[str]]:
+    """name -> id of every node, name -> the job it runs, and the names of those out of service."""
     latest: dict[str, IngestBatch] = {}
     for batch in batches:
         seen = latest.get(batch.node)
@@ -258,13 +280,14 @@ def _upsert_nodes(
                 -- evicted node kept the job through its repair and its dead GPU's counters accused it again).
                 current_job_id = CASE WHEN nodes.state = ANY(%s::text[]) THEN NULL
                                       ELSE COALESCE(excluded.current_job_id, nodes.current_job_id) END
-            RETURNING name, id, current_job_id
+            RETURNING name, id, current_job_id, state = ANY(%s::text[])
             """,
-            (names, versions, jobs, list(OUT_OF_SERVICE)),
+            (names, versions, jobs, list(OUT_OF_SERVICE), list(OUT_OF_SERVICE)),
         )
         rows = cur.fetchall()
-    nodes = {name: node_id for name, node_id, _ in rows}
-    return nodes, {name: current for name, _, current in rows if current is not None}
+    nodes = {name: node_id for name, node_id, _, _ in rows}
+    held_out = {name for name, _, _, out in rows if out}
+    return nodes, {name: current for name, _, current, _ in rows if current is not None}, held_out
 
 
 def _claim_batches(conn: psycopg.Connection[Any], batches: list[IngestBatch], node_ids: dict[str, int]) -> set[str]:

@@ -15,7 +15,15 @@ from sqlalchemy.orm import Session
 
 from ml import ettr
 from service.errors import InvalidInput
-from service.jobs.schemas import EttrOut, EttrPointOut, EttrSpanOut, IncidentLossOut, RestartOut
+from service.jobs.schemas import (
+    EttrOut,
+    EttrPointOut,
+    EttrSpanOut,
+    IncidentLossOut,
+    LostOut,
+    RestartOut,
+    StallOut,
+)
 from service.models import Incident, Job, LogEvent
 from service.observability import JOB_ETTR
 
@@ -87,16 +95,28 @@ def step_records(session: Session, *, job: Job) -> list[ettr.StepRecord]:
     return records[::-1]
 
 
-def checkpoint_saves(session: Session, *, job: Job) -> list[ettr.CheckpointSave]:
-    """The job's checkpoint_saved events that name a step (parsed save lines, or explicit events in a batch)."""
+def checkpoint_saves(session: Session, *, job: Job, steps: Sequence[ettr.StepRecord] = ()) -> list[ettr.CheckpointSave]:
+    """The job's checkpoint saves that name a step, oldest first: its checkpoint_saved events (parsed save lines,
+    or explicit events in a batch), and the saves its checkpoint_loaded events imply. A job that resumed from step
+    N's checkpoint saved it when it first reached N (`steps`: the job's step records, which date it), so a log that
+    shows loads but no save lines still says which checkpoint a restart went back to."""
     rows = session.execute(
-        select(LogEvent.ts, LogEvent.fields["step"])
-        .where(LogEvent.job_id == job.id, LogEvent.kind == "checkpoint_saved")
+        select(LogEvent.kind, LogEvent.ts, LogEvent.fields["step"])
+        .where(LogEvent.job_id == job.id, LogEvent.kind.in_(("checkpoint_saved", "checkpoint_loaded")))
         .order_by(LogEvent.ts.desc())
         .limit(MAX_CHECKPOINTS)
     ).all()
-    saves = [ettr.CheckpointSave(ts, step) for ts, value in rows if (step := _step_number(value)) is not None]
-    return saves[::-1]
+    read = [(kind, ts, step) for kind, ts, value in rows[::-1] if (step := _step_number(value)) is not None]
+    saves = [ettr.CheckpointSave(ts, step) for kind, ts, step in read if kind == "checkpoint_saved"]
+    known = {c.step for c in saves}
+    for kind, loaded_at, step in read:
+        if kind == "checkpoint_loaded" and step not in known:
+            reached = next((s.ts for s in steps if s.step >= step and s.ts <= loaded_at), None)
+            # Without a step line that reached it (cut off, or no step lines), the load itself dates it: late,
+            # but never after the restart it explains.
+            saves.append(ettr.CheckpointSave(reached or loaded_at, step))
+            known.add(step)
+    return sorted(saves, key=lambda c: (c.ts, c.step))
 
 
 def incident_spans(session: Session, *, job: Job) -> list[ettr.IncidentSpan]:
@@ -146,7 +166,7 @@ def job_ettr(
         start=start,
         end=end,
         incidents=incident_spans(session, job=job) if incidents is None else incidents,
-        checkpoints=checkpoint_saves(session, job=job),
+        checkpoints=checkpoint_saves(session, job=job, steps=steps),
         window=window,
         points=points,
     )
@@ -191,4 +211,6 @@ def describe(job_id: str, window: str, report: ettr.EttrReport) -> EttrOut:
         restarts=[RestartOut.model_validate(r) for r in report.restarts],
         incidents=[IncidentLossOut.model_validate(i) for i in report.incidents],
         series=[EttrPointOut.model_validate(p) for p in report.series],
+        stalls=[StallOut.model_validate(st) for st in report.stalls],
+        lost=LostOut.model_validate(report.lost) if report.lost is not None else None,
     )

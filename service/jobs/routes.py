@@ -5,25 +5,27 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from service.deps import DbSession
-from service.jobs import ettr, service
-from service.jobs.schemas import EttrOut, JobEndIn, JobIn, JobOut
+from service.jobs import ettr, progress, service
+from service.jobs.schemas import EttrOut, JobEndIn, JobIn, JobOut, StalledJobsOut
 from service.security import Principal, require_scope
 
-router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+router = APIRouter(tags=["jobs"])
+# Every route of a job under /api/v1/jobs/{job_id}; the stalled list apart, so no job id can shadow it.
+_jobs = APIRouter(prefix="/api/v1/jobs")
 Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "admin"))]
 
 
-@router.post("", response_model=JobOut, responses={422: {"description": "Invalid job, e.g. tp*pp*dp != world_size"}})
+@_jobs.post("", response_model=JobOut, responses={422: {"description": "Invalid job, e.g. tp*pp*dp != world_size"}})
 def register_job(job_in: JobIn, session: DbSession, _: Reader) -> JobOut:
     """Register a job, or update it: world size, parallelism, hang timeout, optional rank placement."""
     job = service.register(session, job_in=job_in)
     return service.describe(session, job=job)
 
 
-@router.post(
+@_jobs.post(
     "/{job_id}/end",
     response_model=JobOut,
     responses={404: {"description": "Unknown job"}, 422: {"description": "Bad state"}},
@@ -34,13 +36,13 @@ def end_job(job_id: str, job_end: JobEndIn, session: DbSession, _: Reader) -> Jo
     return service.describe(session, job=job)
 
 
-@router.get("/{job_id}", response_model=JobOut, responses={404: {"description": "Unknown job"}})
+@_jobs.get("/{job_id}", response_model=JobOut, responses={404: {"description": "Unknown job"}})
 def get_job(job_id: str, session: DbSession, _: Reader) -> JobOut:
     """A job with its parallelism and rank-to-node map."""
     return service.describe(session, job=service.get_by_external_id(session, job_id=job_id))
 
 
-@router.get(
+@_jobs.get(
     "/{job_id}/ettr",
     response_model=EttrOut,
     responses={404: {"description": "Unknown job"}, 422: {"description": "A window that is not 1m to 30d"}},
@@ -57,3 +59,26 @@ def get_job_ettr(
     job = service.get_by_external_id(session, job_id=job_id)
     report = ettr.job_ettr(session, job=job, now=datetime.now(UTC), window=span)
     return ettr.describe(job.external_id, window, report)
+
+
+@router.get("/api/v1/stalled-jobs", response_model=StalledJobsOut)
+def list_stalled_jobs(
+    request: Request,
+    session: DbSession,
+    _: Reader,
+    after_s: Annotated[
+        float | None,
+        Query(
+            gt=0, le=30 * 86400, description="No net progress for longer than this; default FAULTLINE_JOB_NO_PROGRESS_S"
+        ),
+    ] = None,
+) -> StalledJobsOut:
+    """Running jobs that have made no net progress (no step past the highest one reached) for longer than the
+    threshold, longest first, each with why: waiting for an action or a spare, hung, down, or restarting from the
+    same checkpoint again and again."""
+    threshold = after_s if after_s is not None else request.app.state.settings.job_no_progress_s
+    now = datetime.now(UTC)
+    return progress.describe(progress.stalled(session, now=now, after_s=threshold), after_s=threshold, now=now)
+
+
+router.include_router(_jobs)

@@ -212,6 +212,36 @@ class IncidentLossOut(BaseModel):
     redone_s: float = Field(description="resumed_at -> productive_again_at: getting back to step_reached")
 
 
+class StallOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    start: datetime = Field(description="The last productive step line (the job's start for the start-up)")
+    end: datetime = Field(description="The step line the job trains at its pace from again (the end, while ongoing)")
+    lost_s: float = Field(description="Wall minus productive time within it")
+    incident_id: int | None = Field(description="The incident charged: the first to open in it, else the one open")
+    also: list[int] = Field(description="The other incidents open during it: not charged")
+    startup: bool = Field(description="Before the first step line")
+    step_reached: int | None
+    resumed_step: int | None
+    checkpoint_step: int | None
+    restarts: int
+    steps_redone: int
+    down_s: float
+    redone_s: float
+    ongoing: bool
+
+
+class LostOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    total_s: float = Field(description="cumulative.wall_s - cumulative.productive_s = wall x (1 - ETTR)")
+    charged_s: float = Field(description="Stalls charged to incidents (by_incident sums to it)")
+    startup_s: float = Field(description="Before the first step line, no incident explaining it")
+    unexplained_s: float = Field(description="Stalls and pauses (checkpoint saves) no incident explains")
+    pending_s: float = Field(description="Since the last step line, the next one not yet due")
+    by_incident: dict[int, float] = Field(description="Incident id -> the stalls charged to it, each stall once")
+
+
 class EttrOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -261,6 +291,32 @@ class EttrOut(BaseModel):
                         }
                     ],
                     "series": [{"ts": "2026-11-22T11:00:00Z", "cumulative": 0.9, "window": 0.95}],
+                    "stalls": [
+                        {
+                            "start": "2026-11-22T09:58:00Z",
+                            "end": "2026-11-22T10:12:46Z",
+                            "lost_s": 886.0,
+                            "incident_id": 17,
+                            "also": [18],
+                            "startup": False,
+                            "step_reached": 2380,
+                            "resumed_step": 2001,
+                            "checkpoint_step": 2000,
+                            "restarts": 1,
+                            "steps_redone": 380,
+                            "down_s": 430.0,
+                            "redone_s": 456.0,
+                            "ongoing": False,
+                        }
+                    ],
+                    "lost": {
+                        "total_s": 720.0,
+                        "charged_s": 686.0,
+                        "startup_s": 20.0,
+                        "unexplained_s": 12.0,
+                        "pending_s": 2.0,
+                        "by_incident": {"17": 686.0},
+                    },
                 }
             ]
         }
@@ -278,5 +334,95 @@ class EttrOut(BaseModel):
     checkpoints: int = Field(description="Distinct checkpoint steps saved")
     last_checkpoint_step: int | None
     restarts: list[RestartOut]
-    incidents: list[IncidentLossOut]
+    incidents: list[IncidentLossOut] = Field(
+        description="Each incident's own view of the time lost around it: overlapping incidents share it, so these "
+        "need not add up; `stalls` and `lost` charge each stretch once"
+    )
     series: list[EttrPointOut]
+    stalls: list[StallOut] = Field(default_factory=list, description="The lost time cut into stalls, oldest first")
+    lost: LostOut | None = Field(default=None, description="The lost time split by what it went to; the parts add up")
+
+
+# --- jobs not getting anywhere (service/jobs/progress.py, ml/stalls.py) -----------------------------------------
+
+
+class StalledIncidentOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    root_cause: str
+    severity: str
+    state: str
+
+
+class StalledJobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    job_id: str
+    step_reached: int = Field(description="The highest step the job logged")
+    since: datetime = Field(description="When step_reached was first logged: no net progress since")
+    stalled_s: float = Field(description="Seconds since `since`")
+    threshold_s: float = Field(
+        description="Listed past this: FAULTLINE_JOB_NO_PROGRESS_S, or 3x the job's time between step lines"
+    )
+    reason: Literal[
+        "waiting_for_action", "waiting_for_spare", "hung", "down", "restart_loop", "catching_up", "no_progress"
+    ] = Field(
+        description="What the job is in now: a remedy waiting for a scheduler or a person; a machine taken out and no "
+        "step since; no step with processes alive (hung) or none (down); restarted twice or more without getting past "
+        "step_reached; restarted once and redoing steps; logging steps, none past step_reached"
+    )
+    summary: str = Field(description="The reason in a line")
+    details: list[str] = Field(description="The facts behind it")
+    restarts: int = Field(description="Restarts (a step lower than the one before) since `since`, in one stream")
+    restart_steps: list[int] = Field(description="The first step logged after each restart")
+    checkpoint_step: int | None = Field(description="The last checkpoint saved at or below step_reached")
+    last_step: int | None
+    last_step_at: datetime | None
+    decision_id: int | None = Field(description="The decision the reason is about (waiting_for_*)")
+    processes_alive: int | None = Field(description="Live training processes in the latest snapshots; null: unknown")
+    world_size: int | None
+    last_seen_at: datetime | None
+    incidents: list[StalledIncidentOut] = Field(description="The job's open incidents, and those opened since `since`")
+
+
+class StalledJobsOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "after_s": 600.0,
+                    "checked_at": "2026-11-22T03:14:00Z",
+                    "items": [
+                        {
+                            "job_id": "llm-pretrain-42",
+                            "step_reached": 33400,
+                            "since": "2026-11-22T02:59:31Z",
+                            "stalled_s": 869.0,
+                            "threshold_s": 600.0,
+                            "reason": "restart_loop",
+                            "summary": "restarting again and again: restarted 3 times since 02:59:31 UTC, each back "
+                            "to step 33217, never past step 33400",
+                            "details": ["last checkpoint saved: step 33216"],
+                            "restarts": 3,
+                            "restart_steps": [33217, 33217, 33217],
+                            "checkpoint_step": 33216,
+                            "last_step": 33290,
+                            "last_step_at": "2026-11-22T03:13:58Z",
+                            "decision_id": None,
+                            "processes_alive": 64,
+                            "world_size": 64,
+                            "last_seen_at": "2026-11-22T03:13:59Z",
+                            "incidents": [
+                                {"id": 69, "root_cause": "gpu_hardware", "severity": "critical", "state": "resolved"}
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
+    after_s: float = Field(description="The threshold asked for (or FAULTLINE_JOB_NO_PROGRESS_S)")
+    checked_at: datetime
+    items: list[StalledJobOut] = Field(description="Longest without progress first")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import ColumnElement, CompoundSelect, Row, func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -12,13 +12,15 @@ from sqlalchemy.orm import Session
 from service.errors import NotFound
 from service.jobs.schemas import JobIn, JobOut, Parallelism, PodSelector, RankOut
 from service.models import Incident, Job, LogEvent, Node, Rank
+from service.nodes import returns as node_returns
 from service.nodes.service import ensure_nodes
 from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
 
 
-def register(session: Session, *, job_in: JobIn) -> Job:
-    """Create the job or update it (a job first seen in agent data becomes registered)."""
+def register(session: Session, *, job_in: JobIn, now: datetime | None = None) -> Job:
+    """Create the job or update it (a job first seen in agent data becomes registered). A rank map that puts ranks on
+    a node faultline holds out of service places it before its return gate (service/nodes/returns.py), at `now`."""
     p = job_in.parallelism
     values = {
         "world_size": job_in.world_size,
@@ -40,6 +42,11 @@ def register(session: Session, *, job_in: JobIn) -> Job:
     job_id = session.execute(stmt).scalar_one()
     if job_in.ranks:
         node_ids = ensure_nodes(session, names={r.node for r in job_in.ranks})
+        # Where these ranks ran before: a node given ranks it did not hold is placed in the job now.
+        wanted = [r.rank for r in job_in.ranks]
+        before = dict(
+            session.execute(select(Rank.rank, Rank.node_id).where(Rank.job_id == job_id, Rank.rank.in_(wanted))).all()
+        )
         rows = [
             {
                 "job_id": job_id,
@@ -61,6 +68,10 @@ def register(session: Session, *, job_in: JobIn) -> Job:
                     "updated_at": func.now(),
                 },
             )
+        )
+        placed = {node_ids[r.node] for r in job_in.ranks if before.get(r.rank) != node_ids[r.node]}
+        node_returns.placed_by_registration(
+            session, job_id=job_id, job=job_in.job_id, placed=placed, now=now or datetime.now(UTC)
         )
     session.flush()
     return session.get_one(Job, job_id, populate_existing=True)

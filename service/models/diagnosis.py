@@ -123,6 +123,11 @@ class Incident(Base):
     resolution: Mapped[str | None] = mapped_column(Text)
     # Who resolved it by hand (the token's actor); null when it resolved by itself.
     resolved_by: Mapped[str | None] = mapped_column(Text)
+    # Who said "I'm on it" last, and when; every acknowledgement ({"actor", "at", "note"}, oldest first) stays in
+    # `acknowledgements`, the incident's record of who took it. None of it changes the state or the decisions.
+    acknowledged_by: Mapped[str | None] = mapped_column(Text)
+    acknowledged_at: Mapped[datetime | None]
+    acknowledgements: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
     # The maintenance window that covered it: its findings are kept, but it decides and alerts nothing.
     silence_id: Mapped[int | None] = mapped_column(ForeignKey("silences.id", ondelete="SET NULL"))
 

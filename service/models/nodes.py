@@ -11,7 +11,12 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, created_at_column, in_check
 
-NODE_STATES = ("healthy", "suspect", "cordoned", "evicted", "in_repair", "returned")
+# returning: back in a scheduler's service (or on its way there) and running its return gate, the stop-time checks.
+NODE_STATES = ("healthy", "suspect", "cordoned", "evicted", "in_repair", "returning")
+# What moved a node (service/nodes/lifecycle.py): faultline's diagnosis, a scheduler's acknowledgement of a decision,
+# a scheduler reporting the node schedulable again, a job placing work on it (a rank map, its agent's ranks), a
+# person, the stop-time checks' verdict.
+NODE_EVENT_SOURCES = ("diagnosis", "decision_ack", "scheduler", "placement", "person", "checks")
 
 
 class Node(Base):
@@ -35,6 +40,9 @@ class Node(Base):
     lemon: Mapped[bool] = mapped_column(server_default=false())
     # Taken out of service until then; a return before it is refused.
     quarantined_until: Mapped[datetime | None]
+    # A scheduler placed work on it while faultline held it out of service, before its return gate passed: shown
+    # loudly until the gate answers or the node leaves service again.
+    work_before_gate_at: Mapped[datetime | None]
 
 
 class Gpu(Base):
@@ -54,7 +62,10 @@ class NodeEvent(Base):
     """One entry of a node's history: a state change, and who or what caused it."""
 
     __tablename__ = "node_events"
-    __table_args__ = (Index("ix_node_events_node_id_at", "node_id", "at"),)
+    __table_args__ = (
+        Index("ix_node_events_node_id_at", "node_id", "at"),
+        CheckConstraint(in_check("source", NODE_EVENT_SOURCES), name="source"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
@@ -66,6 +77,7 @@ class NodeEvent(Base):
     from_state: Mapped[str | None] = mapped_column(Text)
     to_state: Mapped[str | None] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(Text)
     reason: Mapped[str | None] = mapped_column(Text)
     # E.g. the diagnostics report a return to service passed.
     details: Mapped[dict[str, Any] | None] = mapped_column(JSONB)

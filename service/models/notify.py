@@ -13,6 +13,9 @@ from service.models.base import Base, created_at_column, in_check
 
 CHANNEL_KINDS = ("slack", "lark", "json")
 INCIDENT_EVENTS = ("opened", "decided", "resolved")
+# About a machine rather than an incident: a scheduler put work on a node faultline held out of service, before its
+# return gate passed (service/nodes/returns.py).
+NODE_EVENTS = ("node_before_gate",)
 # sending: claimed by a worker and committed before the POST, so a worker that dies mid-send never
 # leaves a row another worker would post again.
 DELIVERY_STATES = ("pending", "sending", "sent", "failed")

@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from service.deps import DbSession
-from service.errors import ErrorBody
+from service.errors import ErrorBody, InvalidInput
 from service.models.nodes import NODE_STATES
-from service.nodes import service
+from service.nodes import returns, service
 from service.nodes.schemas import CordonIn, NodeDetail, NodePage, ReturnIn
 from service.params import Cursor
 from service.security import Principal, require_scope
@@ -30,11 +30,14 @@ def list_nodes(
     _: Reader,
     state: Annotated[State | None, Query(description="e.g. `suspect`")] = None,
     lemon: Annotated[bool | None, Query(description="Only lemons (true) or only others (false)")] = None,
+    name: Annotated[str | None, Query(description="A part of the node's name: `005` matches `node-005`")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     cursor: Cursor = None,
 ) -> NodePage:
-    """Nodes with their state, filtered by state."""
-    return service.list_nodes(session, state=state, lemon=lemon, limit=limit, cursor=cursor)
+    """Nodes with their state, filtered by state, lemon flag and a part of the name (as the web UI's list)."""
+    return service.list_nodes(
+        session, state=state, lemon=lemon, name=name.strip() if name else None, limit=limit, cursor=cursor
+    )
 
 
 @router.get("/{name}", response_model=NodeDetail, responses=_NOT_FOUND)
@@ -62,10 +65,28 @@ def repair_node(name: str, body: CordonIn, session: DbSession, principal: Operat
     return service.repair(session, name=name, reason=body.reason, actor=principal.actor, now=datetime.now(UTC))
 
 
-@router.post("/{name}/return", response_model=NodeDetail, responses={**_NOT_FOUND, **_CONFLICT})
-def return_node(name: str, body: ReturnIn, request: Request, session: DbSession, principal: Operator) -> NodeDetail:
-    """Back to service; schedulers receive a `return` decision. A lemon needs passing diagnostics, and a node
-    still in quarantine needs `force`."""
+@router.post(
+    "/{name}/return",
+    response_model=NodeDetail,
+    responses={
+        **_NOT_FOUND,
+        **_CONFLICT,
+        422: {"model": ErrorBody, "description": "Bad body, or a field a scheduler may not send (force, diagnostics)"},
+    },
+)
+def return_node(name: str, body: ReturnIn, request: Request, session: DbSession, principal: Reader) -> NodeDetail:
+    """Back to service. A person (operator): with passing diagnostics or `force` the node is healthy and schedulers
+    receive a `return` decision; without, it is `returning` while its agent runs the stop-time checks, whose pass
+    sends that decision. A node still in quarantine needs `force`. A scheduler (its adapter) reports a node
+    it has put back in service: the node is `returning` and its checks run; 409 while a take-out decision for it
+    waits on that scheduler."""
+    now = datetime.now(UTC)
+    if principal.scope == "scheduler":
+        for field in ("force", "diagnostics"):
+            if getattr(body, field):
+                message = "a scheduler reports a return it made; only a person forces one or vouches with diagnostics"
+                raise InvalidInput(f"{field}: {message}", details=[{"field": f"body.{field}", "message": message}])
+        return returns.report_return(session, name=name, reason=body.reason, actor=principal.actor, now=now)
     return service.return_to_service(
         session,
         name=name,
@@ -73,6 +94,6 @@ def return_node(name: str, body: ReturnIn, request: Request, session: DbSession,
         diagnostics=body.diagnostics.model_dump(mode="json") if body.diagnostics else None,
         force=body.force,
         actor=principal.actor,
-        now=datetime.now(UTC),
+        now=now,
         settings=request.app.state.settings,
     )

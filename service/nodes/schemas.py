@@ -22,6 +22,7 @@ class NodeOut(BaseModel):
                     "state_changed_at": "2026-11-22T10:00:04Z",
                     "lemon": False,
                     "quarantined_until": "2026-11-22T11:00:04Z",
+                    "work_before_gate_at": None,
                     "last_seen_at": "2026-11-22T10:00:02Z",
                     "current_job": "llm-pretrain-42",
                     "gpus": 8,
@@ -31,11 +32,19 @@ class NodeOut(BaseModel):
     )
 
     name: str
-    state: str = Field(description="healthy, suspect, cordoned, evicted, in_repair or returned")
+    state: str = Field(
+        description="healthy, suspect, cordoned, evicted, in_repair, or returning (back in service, its return gate "
+        "running: the stop-time checks)"
+    )
     state_reason: str | None
     state_changed_at: datetime
     lemon: bool = Field(description="A suspect in several different jobs: quarantined longer, needs diagnostics.")
     quarantined_until: datetime | None = Field(description="A return to service before this is refused.")
+    work_before_gate_at: datetime | None = Field(
+        default=None,
+        description="A scheduler placed work on it while it was out of service, before its return gate passed "
+        "(null otherwise): it is `returning`, its gate running.",
+    )
     last_seen_at: datetime | None
     current_job: str | None
     gpus: int
@@ -74,10 +83,17 @@ class NodeEventOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     at: datetime
-    kind: str = Field(description="e.g. suspect, lemon, cordon, evict_done, evict_failed, repair, return, cleared")
+    kind: str = Field(
+        description="e.g. suspect, lemon, cordon, evict_done, evict_failed, repair, return, return_reported, "
+        "placed_before_gate, gate_passed, gate_failed, cleared"
+    )
     from_state: str | None
     to_state: str | None
     actor: str
+    source: str = Field(
+        description="What moved it: diagnosis, decision_ack (a scheduler's acknowledgement), scheduler (it reported "
+        "the node schedulable again), placement (a job put work on it), person, checks (its return gate)"
+    )
     reason: str | None
     job_id: str | None
     incident_id: int | None
@@ -85,7 +101,21 @@ class NodeEventOut(BaseModel):
     details: dict[str, Any] | None
 
 
+class EvictionOut(BaseModel):
+    """The node's latest eviction: what the state shows while it is out."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    at: datetime
+    reason: str | None
+    gpus: list[int] = Field(description="The GPUs the eviction was about (empty when it named none).")
+    job_id: str | None
+    incident_id: int | None
+    decision_id: int | None
+
+
 class NodeDetail(NodeOut):
+    last_eviction: EvictionOut | None = Field(description="Its latest eviction carried out, if any.")
     gpu_list: list[GpuOut]
     open_incidents: list[NodeIncidentOut]
     history: list[NodeEventOut] = Field(description="Newest first, across jobs.")

@@ -17,7 +17,7 @@ from service.errors import NotFound
 from service.models import Decision, Gpu, Incident, Job, LogEvent, Node, NodeEvent, Rank
 from service.models.signals import metric_samples, node_samples
 from service.nodes import lifecycle
-from service.nodes.schemas import NodeDetail, NodeEventOut, NodeIncidentOut, NodeOut, NodePage
+from service.nodes.schemas import EvictionOut, NodeDetail, NodeEventOut, NodeIncidentOut, NodeOut, NodePage
 from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
 
@@ -88,6 +88,13 @@ def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDe
         .order_by(NodeEvent.at.desc(), NodeEvent.id.desc())
         .limit(history_limit)
     ).all()
+    eviction = session.execute(
+        select(NodeEvent, Job.external_id)
+        .outerjoin(Job, Job.id == NodeEvent.job_id)
+        .where(NodeEvent.node_id == node.id, NodeEvent.kind == "evict_done")
+        .order_by(NodeEvent.at.desc(), NodeEvent.id.desc())
+        .limit(1)
+    ).first()
     jobs = session.scalars(
         select(Job.external_id)
         .join(Rank, Rank.job_id == Job.id)
@@ -113,8 +120,21 @@ def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDe
                 for i, job in incidents
             ],
             history=[NodeEventOut.model_validate(Joined(e, job_id=job)) for e, job in events],
+            last_eviction=_eviction(*eviction) if eviction else None,
             jobs=list(jobs),
         )
+    )
+
+
+def _eviction(event: NodeEvent, job: str | None) -> EvictionOut:
+    gpus = (event.details or {}).get("gpus") or []
+    return EvictionOut(
+        at=event.at,
+        reason=event.reason,
+        gpus=[int(g) for g in gpus if isinstance(g, int)],
+        job_id=job,
+        incident_id=event.incident_id,
+        decision_id=event.decision_id,
     )
 
 
@@ -188,7 +208,7 @@ def log_events_by_id(
     ).all()
 
 
-def _node_decision(
+def tell_schedulers(
     session: Session, *, node: Node, kind: str, reason: str, actor: str, now: datetime, ttl_s: float
 ) -> None:
     """Tell schedulers (a cordon or a return), superseding what they were still told to do with the node."""
@@ -229,7 +249,7 @@ def cordon(session: Session, *, name: str, reason: str, actor: str, now: datetim
     """A person takes the node out of service; schedulers get a `cordon` decision. Idempotent."""
     node = get_by_name(session, name=name, lock=True)
     if lifecycle.cordon(session, node=node, reason=reason, actor=actor, now=now):
-        _node_decision(
+        tell_schedulers(
             session, node=node, kind="cordon", reason=reason, actor=actor, now=now, ttl_s=settings.decision_ttl_s
         )
     session.flush()
@@ -254,13 +274,25 @@ def return_to_service(
     actor: str,
     now: datetime,
     settings: Settings,
+    source: str = "person",
 ) -> NodeDetail:
-    """Back to service if quarantine and diagnostics allow; schedulers get a `return` decision. Idempotent."""
+    """Back to service if quarantine and diagnostics allow. With passing diagnostics (or force) it is healthy and
+    schedulers get a `return` decision; without, it is `returning` and its agent runs the return gate, whose pass
+    sends that decision (service/checks/loop.py). Idempotent."""
     node = get_by_name(session, name=name, lock=True)
-    if lifecycle.return_to_service(
-        session, node=node, reason=reason, actor=actor, diagnostics=diagnostics, force=force, now=now, settings=settings
-    ):
-        _node_decision(
+    went = lifecycle.return_to_service(
+        session,
+        node=node,
+        reason=reason,
+        actor=actor,
+        diagnostics=diagnostics,
+        force=force,
+        now=now,
+        settings=settings,
+        source=source,
+    )
+    if went == "healthy":
+        tell_schedulers(
             session, node=node, kind="return", reason=reason, actor=actor, now=now, ttl_s=settings.decision_ttl_s
         )
     session.flush()

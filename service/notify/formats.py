@@ -9,6 +9,10 @@ from ml.demarcation import localizing
 
 Payload = dict[str, Any]
 
+# Events about an incident carry its job, root cause, blame and decisions; the others (a channel's test, a node
+# placed in a job before its return gate) carry a title and a summary of their own.
+_INCIDENT_EVENTS = frozenset({"opened", "decided", "resolved"})
+
 # Slack's documented limits (api.slack.com/reference/block-kit): blocks per message, characters per field.
 SLACK_MAX_BLOCKS = 50
 SLACK_MAX_TEXT = 3000
@@ -63,6 +67,8 @@ def title(p: Payload) -> str:
     event = p.get("event")
     if event == "test":
         return "faultline test message"
+    if event not in _INCIDENT_EVENTS:
+        return str(p.get("title") or event)
     seen = [e for i, e in enumerate(p.get("events_seen") or [event]) if e not in (p.get("events_seen") or [])[:i]]
     head = f"Incident #{p.get('incident_id')} {' and '.join(str(e) for e in seen)}"
     cause = p.get("root_cause") or "unknown"
@@ -98,7 +104,7 @@ def percent(value: Any) -> str:
 
 def compact_line(p: Payload) -> str:
     """One event of a digest: title, job, blame, confidence and the decisions."""
-    if p.get("event") == "test":
+    if p.get("event") not in _INCIDENT_EVENTS:
         return title(p)
     return (
         f"{title(p)} · job {p.get('job') or '?'} · {p.get('blame') or 'unknown'} · "
@@ -111,6 +117,8 @@ def color(payloads: Sequence[Payload]) -> str:
     events = {p.get("event") for p in payloads}
     if events == {"test"}:
         return "blue"
+    if events - _INCIDENT_EVENTS - {"test"}:
+        return "red"  # a node at work before its gate: someone should look now
     if events == {"resolved"}:
         return "green"
     opened = [p for p in payloads if p.get("event") == "opened"]
@@ -155,6 +163,8 @@ def slack_message(payloads: Sequence[Payload]) -> dict[str, Any]:
         p = payloads[0]
         blocks = _slack_single(p)
         fallback = f"{title(p)} · job {p.get('job') or '?'} · {p.get('url') or ''}"
+        if p.get("event") not in _INCIDENT_EVENTS:
+            fallback = f"{title(p)} · {p.get('url') or ''}"
     else:
         blocks = _slack_digest(payloads)
         fallback = f"faultline: {len(payloads)} incident events · " + "; ".join(title(p) for p in payloads)
@@ -167,7 +177,7 @@ def _slack_single(p: Payload) -> list[dict[str, Any]]:
     ]
     if p.get("summary"):
         blocks.append({"type": "section", "text": _mrkdwn(_esc(p["summary"]))})
-    if p.get("event") != "test":
+    if p.get("event") in _INCIDENT_EVENTS:
         fields = [
             ("Job", f"`{p.get('job') or '?'}`"),
             ("Root cause", p.get("root_cause") or "unknown"),
@@ -183,14 +193,12 @@ def _slack_single(p: Payload) -> list[dict[str, Any]]:
             }
         )
     context = f"faultline · {p.get('event')} · {p.get('time') or ''}"
-    if p.get("severity") and p.get("event") != "test":
+    if p.get("severity") and p.get("event") in _INCIDENT_EVENTS:
         context += f" · severity {p['severity']}"
     blocks.append({"type": "context", "elements": [_mrkdwn(_esc(context))]})
     if p.get("url"):
-        label = "Open incident" if p.get("event") != "test" else "Open faultline"
-        blocks.append(
-            {"type": "actions", "elements": [_button(label, p["url"], f"open_incident_{p.get('incident_id')}")]}
-        )
+        label, action = _link(p)
+        blocks.append({"type": "actions", "elements": [_button(label, p["url"], action)]})
     return blocks
 
 
@@ -250,7 +258,7 @@ def _lark_single(p: Payload) -> list[dict[str, Any]]:
     elements: list[dict[str, Any]] = []
     if p.get("summary"):
         elements.append({"tag": "div", "text": _lark_md(clip(str(p["summary"]), SLACK_MAX_TEXT))})
-    if p.get("event") != "test":
+    if p.get("event") in _INCIDENT_EVENTS:
         fields = [
             ("Job", p.get("job") or "?"),
             ("Root cause", p.get("root_cause") or "unknown"),
@@ -269,7 +277,7 @@ def _lark_single(p: Payload) -> list[dict[str, Any]]:
             }
         )
     if p.get("url"):
-        label = "Open incident" if p.get("event") != "test" else "Open faultline"
+        label, _ = _link(p)
         elements.append(
             {
                 "tag": "action",
@@ -292,8 +300,17 @@ def _lark_digest(payloads: Sequence[Payload]) -> list[dict[str, Any]]:
     return elements
 
 
+def _link(p: Payload) -> tuple[str, str]:
+    """The button's label and Slack action id: to the incident, the node, or faultline itself."""
+    if p.get("event") in _INCIDENT_EVENTS:
+        return "Open incident", f"open_incident_{p.get('incident_id')}"
+    if p.get("node"):
+        return "Open node", f"open_node_{p.get('node')}"
+    return "Open faultline", "open_incident_None"
+
+
 def _note(p: Payload) -> str:
     parts = ["faultline", str(p.get("event")), str(p.get("time") or "")]
-    if p.get("severity") and p.get("event") != "test":
+    if p.get("severity") and p.get("event") in _INCIDENT_EVENTS:
         parts.append(f"severity {p['severity']}")
     return " · ".join(parts)

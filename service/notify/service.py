@@ -15,7 +15,7 @@ from service.config import Settings, get_settings
 from service.db import enqueue_after_commit
 from service.errors import Conflict, InvalidInput, NotFound
 from service.models import Decision, Incident, Job, Node, NotificationChannel, NotificationDelivery
-from service.models.notify import INCIDENT_EVENTS
+from service.models.notify import INCIDENT_EVENTS, NODE_EVENTS
 from service.notify import formats, outbound, sender
 from service.notify.schemas import (
     ChannelIn,
@@ -76,6 +76,50 @@ def record_incident_event(
                     "incident_id": incident.id,
                     "decision_id": decision_id,
                     "payload": payload,
+                    "next_attempt_at": now + timedelta(seconds=group_wait_s),
+                }
+                for channel_id, group_wait_s in channels
+            ]
+        )
+        .on_conflict_do_nothing(index_elements=["channel_id", "event_key"])
+        .returning(NotificationDelivery.id)
+    ).all()
+    if written:
+        _enqueue_send(session, countdown=min(group_wait_s for _, group_wait_s in channels) + _SEND_SLACK_S)
+    return len(written)
+
+
+def record_node_event(
+    session: Session, *, node: Node, event: str, key: str, payload: dict[str, Any], now: datetime
+) -> int:
+    """Queue a chat message about a node on every enabled channel, once per (event, key, channel): `key` names the
+    occurrence (its node_events row), so the same occurrence never alerts twice and a later one alerts again.
+    Returns the rows written."""
+    if event not in NODE_EVENTS:
+        raise ValueError(f"unknown node event {event!r}; expected one of {', '.join(NODE_EVENTS)}")
+    channels = session.execute(
+        select(NotificationChannel.id, NotificationChannel.group_wait_s).where(NotificationChannel.enabled)
+    ).all()
+    if not channels:
+        return 0
+    event_key = f"node:{node.id}:{event}:{key}"
+    body = {
+        **payload,
+        "event": event,
+        "event_key": event_key,
+        "time": now.isoformat(),
+        "node": node.name,
+        "url": f"{get_settings().public_url.rstrip('/')}/nodes/{node.name}",
+    }
+    written = session.scalars(
+        insert(NotificationDelivery)
+        .values(
+            [
+                {
+                    "channel_id": channel_id,
+                    "event_key": event_key,
+                    "event": event,
+                    "payload": body,
                     "next_attempt_at": now + timedelta(seconds=group_wait_s),
                 }
                 for channel_id, group_wait_s in channels

@@ -10,7 +10,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from ml.quantities import iec, quantity, significant
-from service.decisions.gpu_names import by_address, kernel_pci, name_gpus
+from service.decisions.gpu_names import GPU_IN_TEXT, by_address, kernel_pci, name_gpus
 from service.ui import plots
 
 
@@ -95,9 +95,16 @@ class GpuNames:
         """A sentence with each GPU the inventory knows as "GPU 7 (PCI ...)": for plain text (a title, a CSV)."""
         return name_gpus(text, node, self._index)
 
-    def html(self, node: str | None, text: str | None) -> Markup:
-        """A sentence for a page: each known GPU as "GPU 7" with its PCI address on hover, the rest escaped."""
-        return Markup(name_gpus(str(escape(text or "")), node, self._index, _gpu_span))
+    def html(self, node: str | None, text: str | None, limit: int | None = None) -> Markup:
+        """A sentence for a page: each known GPU as "GPU 7" with its PCI address on hover, the rest escaped.
+
+        `limit`: at most about that many characters, cut after a GPU's address rather than inside it (an address cut
+        short is no address the inventory knows, and showed as "GPU 0000:d1:0")."""
+        text = text or ""
+        if limit is not None and len(text) > limit:
+            cut = next((m.end() for m in GPU_IN_TEXT.finditer(text) if m.start() < limit < m.end()), limit)
+            text = text[:cut].rstrip() + "…"
+        return Markup(name_gpus(str(escape(text)), node, self._index, _gpu_span))
 
 
 def _gpu_span(index: int, pci: str) -> str:

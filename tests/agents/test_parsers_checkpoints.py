@@ -101,3 +101,50 @@ def test_lines_that_mention_checkpoints_without_saving_one() -> None:
         "resuming from checkpoint at step=2000\n"
     )
     assert _saves(text) == []
+
+
+# --- loads: the checkpoint a restarted job resumed from (issue 40) ---
+
+
+def _loads(text: str) -> list[tuple[int | None, dict]]:  # type: ignore[type-arg]
+    events = parse_text(TrainingLogParser(path="/logs/train.log"), text, now=NOW)
+    for e in events:
+        check_event(e)
+    return [(e.rank, e.fields) for e in events if e.kind == "checkpoint_loaded"]
+
+
+@pytest.mark.parametrize(
+    ("line", "fields"),
+    [
+        (
+            "  successfully loaded checkpoint from /ckpt [ t 1/1, p 1/1 ] at iteration 2000",
+            {"framework": "megatron", "step": 2000, "path": "/ckpt"},
+        ),
+        (  # Megatron-LM before the parallel ranks were printed
+            "  successfully loaded checkpoint from /data/ckpt at iteration 2000",
+            {"framework": "megatron", "step": 2000, "path": "/data/ckpt"},
+        ),
+        (
+            "[INFO|trainer.py:2188] 2024-05-01 12:00:00,123 >>   Continuing training from global step 500",
+            {"framework": "hf_trainer", "step": 500},
+        ),
+        (
+            "[rank0]:[titan] 2025-01-01 10:00:00,000 - root - INFO - Loading the checkpoint at step 1000.",
+            {"framework": "dcp", "step": 1000},
+        ),
+        (
+            "2026-11-28 18:00:42,000 INFO train.py:141 rank=0 resuming from checkpoint at step=34355",
+            {"framework": "generic", "step": 34355},
+        ),
+    ],
+)
+def test_each_framework_s_load_line(line: str, fields: dict) -> None:  # type: ignore[type-arg]
+    assert [f for _, f in _loads(line + "\n")] == [fields]
+
+
+def test_the_start_of_a_load_and_a_shard_progress_bar_are_no_load() -> None:
+    # The simulator prints Megatron's lines: "loading ..." before, "successfully loaded ..." after: one load.
+    text = "\n".join(logformat.megatron_loading(3000)) + "\n"
+    text += "Loading checkpoint shards: 100%|██████████| 4/4 [00:02<00:00,  1.71it/s]\n"
+    assert [f for _, f in _loads(text)] == [{"framework": "megatron", "step": 3000, "path": logformat.CHECKPOINT_DIR}]
+    assert _saves(text) == []

@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from faultline.cli import main
 from service.embedded import free_port
 from service.processes import healthy
-from tests.fakes.decisions import decision_state, make_decision, read_decision, scheduler_token
+from tests.fakes.decisions import decision_state, make_decision, read_decision, read_node, scheduler_token
 from tests.fakes.kube import FakeKube, fake_kube
 from tests.procs import api_server, running, wait_for
 
@@ -252,3 +252,26 @@ def test_adapter_killed_before_its_ack_redoes_the_action_harmlessly(
     assert (len(spec_patches), len(status_patches)) == (1, 2)  # redone: the spec was already right
     node = kube.node("gpu-07")
     assert node["spec"]["taints"] == [GPU_TAINT, {"key": TAINT, "value": str(decision), "effect": "NoSchedule"}]
+
+
+def test_a_node_uncordoned_after_its_repair_is_reported_back_once_our_taint_is_gone(
+    api: str, committed: Engine, kube: FakeKube, tmp_path: Path
+) -> None:
+    token = scheduler_token(committed, tmp_path)
+    kube.add_node("gpu-06", taints=[GPU_TAINT])
+    make_decision(committed, node="gpu-06", reason="Xid 79 on GPU 3")
+    assert _once(api, token, kube) == 0
+    assert read_node(api, token, "gpu-06")["state"] == "evicted"
+
+    with kube.lock:  # `kubectl uncordon gpu-06`: schedulable, but our NoSchedule taint still keeps pods off
+        kube.nodes["gpu-06"]["spec"]["unschedulable"] = False
+    assert _once(api, token, kube) == 0
+    assert read_node(api, token, "gpu-06")["state"] == "evicted"
+
+    with kube.lock:  # `kubectl taint nodes gpu-06 faultline.io/faulty-`
+        kube.nodes["gpu-06"]["spec"]["taints"] = [GPU_TAINT]
+    assert _once(api, token, kube) == 0
+    node = read_node(api, token, "gpu-06")
+    assert node["state"] == "returning"
+    assert (node["history"][0]["kind"], node["history"][0]["source"]) == ("return_reported", "scheduler")
+    assert node["history"][0]["reason"].startswith("schedulable again in Kubernetes")

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from agents.schedulers.slurm import MAX_REASON, drain_reason
 from faultline.cli import main
-from tests.fakes.decisions import decision_state, make_decision, read_decision, scheduler_token
+from tests.fakes.decisions import decision_state, make_decision, read_decision, read_node, scheduler_token
 from tests.fakes.scontrol import FakeScontrol, fake_scontrol
 from tests.procs import api_server, running, wait_for
 
@@ -134,3 +134,24 @@ def test_drain_reason_is_one_line_truncated_and_quote_safe() -> None:
     assert len(reason) == MAX_REASON and reason.endswith("...")
     assert '"' not in reason and "\n" not in reason and "\t" not in reason
     assert drain_reason({"id": 8, "kind": "cordon", "reason": ""}) == "faultline: cordon #8"
+
+
+def test_a_node_resumed_after_its_repair_is_reported_back_and_its_gate_runs(
+    api: str, committed: Engine, scontrol: FakeScontrol, tmp_path: Path
+) -> None:
+    token = scheduler_token(committed, tmp_path)
+    decision = make_decision(committed, node="gpu-05", reason="Xid 79 on GPU 3")
+    assert _once(api, token, scontrol) == 0  # drained; the ack makes it evicted
+    assert read_node(api, token, "gpu-05")["state"] == "evicted"
+    assert _once(api, token, scontrol) == 0  # still drained: nothing to report
+    assert read_node(api, token, "gpu-05")["state"] == "evicted"
+
+    scontrol.set_state("gpu-05", "IDLE")  # repaired, and an admin ran `scontrol update nodename=gpu-05 state=resume`
+    assert _once(api, token, scontrol) == 0
+    node = read_node(api, token, "gpu-05")
+    assert node["state"] == "returning"
+    assert (node["history"][0]["kind"], node["history"][0]["source"]) == ("return_reported", "scheduler")
+    assert node["history"][0]["reason"].startswith("schedulable again in Slurm")
+    assert scontrol.updates() == [
+        ["update", "nodename=gpu-05", "state=drain", f"reason=faultline: evict #{decision}: Xid 79 on GPU 3"]
+    ]

@@ -73,6 +73,15 @@ def read_decision(url: str, token_file: Path, decision_id: int) -> dict[str, Any
     return response.json()
 
 
+def read_node(url: str, token_file: Path, name: str) -> dict[str, Any]:
+    """The node as the API shows it (its state and history)."""
+    response = httpx.get(
+        f"{url}/api/v1/nodes/{name}", headers={"Authorization": f"Bearer {token_file.read_text().strip()}"}, timeout=10
+    )
+    response.raise_for_status()
+    return response.json()
+
+
 def decision_state(engine: Engine, decision_id: int) -> str:
     """Straight from the database, for when the API is down."""
     with Session(engine) as session:

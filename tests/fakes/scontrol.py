@@ -1,4 +1,7 @@
-"""A fake `scontrol`: a small program written into a test folder that records its argv and can be told to fail."""
+"""A fake `scontrol`: a small program written into a test folder that records its argv and can be told to fail.
+
+It keeps each node's State= as `scontrol show node -o NODE` prints it (nodes.json): `update ... state=drain` makes it
+IDLE+DRAIN, `state=resume` IDLE; a node it was never told of is "not found", as Slurm says of a node it lacks."""
 
 from __future__ import annotations
 
@@ -18,6 +21,22 @@ if failure.exists():
     spec = json.loads(failure.read_text())
     sys.stderr.write(spec["stderr"])
     sys.exit(spec["code"])
+states = here / "nodes.json"
+nodes = json.loads(states.read_text()) if states.exists() else {{}}
+args = sys.argv[1:]
+if args[:2] == ["show", "node"]:
+    name = args[-1]
+    if name not in nodes:
+        sys.stderr.write(f"Node {{name}} not found\\n")
+        sys.exit(1)
+    print(f"NodeName={{name}} Arch=x86_64 CoresPerSocket=48 CPUAlloc=0 State={{nodes[name]}} ThreadsPerCore=2")
+elif args[:1] == ["update"]:
+    fields = dict(a.split("=", 1) for a in args[1:] if "=" in a)
+    if fields.get("state") == "drain":
+        nodes[fields["nodename"]] = "IDLE+DRAIN"
+    elif fields.get("state") == "resume":
+        nodes[fields["nodename"]] = "IDLE"
+    states.write_text(json.dumps(nodes))
 """
 
 
@@ -34,6 +53,16 @@ class FakeScontrol:
 
     def succeed(self) -> None:
         (self.path.parent / "fail.json").unlink(missing_ok=True)
+
+    def set_state(self, node: str, state: str) -> None:
+        """What `scontrol show node` prints as the node's State= (someone resumed it by hand, say)."""
+        states = self.path.parent / "nodes.json"
+        nodes = json.loads(states.read_text()) if states.exists() else {}
+        states.write_text(json.dumps({**nodes, node: state}))
+
+    def updates(self) -> list[list[str]]:
+        """The calls that changed something (the loop also reads node states)."""
+        return [call for call in self.calls() if call[:1] != ["show"]]
 
 
 def fake_scontrol(folder: Path) -> FakeScontrol:

@@ -34,12 +34,14 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/api/v1/jobs/{job_id}"): READ,
     ("POST", "/api/v1/jobs/{job_id}/end"): READ,
     ("GET", "/api/v1/jobs/{job_id}/ettr"): READ,
+    ("GET", "/api/v1/stalled-jobs"): READ,
     ("POST", "/api/v1/jobs/{job_id}/stack-dumps"): OPERATOR,
     ("GET", "/api/v1/jobs/{job_id}/stack-dumps/{directive_id}"): READ,
     ("GET", "/api/v1/incidents"): READ,
     ("GET", "/api/v1/incidents/{incident_id}"): READ,
     ("GET", "/api/v1/incidents/{incident_id}/repair-times"): READ,
     ("POST", "/api/v1/incidents/{incident_id}/resolve"): OPERATOR,
+    ("POST", "/api/v1/incidents/{incident_id}/acknowledge"): OPERATOR,
     ("GET", "/api/v1/repair-times"): READ,
     ("GET", "/api/v1/spares"): READ,
     ("GET", "/api/v1/jobs/{job_id}/spares"): READ,
@@ -55,7 +57,8 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/api/v1/nodes/{name}/checks"): OPERATOR,
     ("GET", "/api/v1/nodes/{name}/checks"): READ,
     ("POST", "/api/v1/nodes/{name}/repair"): OPERATOR,
-    ("POST", "/api/v1/nodes/{name}/return"): OPERATOR,
+    # A person returns a node; a scheduler reports one it put back in service (service/nodes/returns.py).
+    ("POST", "/api/v1/nodes/{name}/return"): READ,
     ("GET", "/api/v1/silences"): READ,
     ("GET", "/api/v1/silences/{silence_id}"): READ,
     ("POST", "/api/v1/silences"): OPERATOR,
@@ -87,6 +90,7 @@ SCHEDULER_WRITES = {
     ("POST", "/api/v1/jobs"),
     ("POST", "/api/v1/jobs/{job_id}/end"),
     ("POST", "/api/v1/decisions/{decision_id}/ack"),
+    ("POST", "/api/v1/nodes/{name}/return"),
 }
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 # The API's docs: the schema, Swagger UI and ReDoc pages and their files (fastapi-offline): no data behind them.

@@ -1,5 +1,6 @@
 """Checkpoint saves: the "saved checkpoint" lines of Megatron-LM, DeepSpeed, PyTorch DCP (torchtitan) and the
-Hugging Face Trainer, as `checkpoint_saved` events with the step when it is known.
+Hugging Face Trainer, as `checkpoint_saved` events with the step when it is known; and the loads a restarted job
+resumes from, as `checkpoint_loaded` events (below).
 
 A restart resumes from the last save, so the service measures the steps a failure made the job redo (ETTR).
 The lines, as each framework prints them:
@@ -63,3 +64,37 @@ def read_checkpoint(body: str, low: str, last_step: int | None) -> dict[str, Any
         fields["step"] = last_step
         fields["step_from"] = "last_step"
     return fields
+
+
+# --- loads: the checkpoint a restarted job resumed from ---
+
+CHECKPOINT_LOADED = "checkpoint_loaded"
+
+# (framework, pattern with a `step`), each the framework's own line once it has loaded a checkpoint:
+# - Megatron-LM: `  successfully loaded checkpoint from /ckpt [ t 1/1, p 1/1 ] at iteration 2000` (older releases
+#   without the bracket); its "loading ... checkpoint from ... at iteration" line before it is not counted twice.
+# - Hugging Face Trainer: `  Continuing training from global step 500`.
+# - torchtitan (PyTorch DCP): `Loading the checkpoint at step 1000.`
+# - A trainer's own line: `resuming from checkpoint at step=2000` (or `resumed ... iteration 2000`).
+_LOADS = (
+    ("megatron", re.compile(r"successfully loaded checkpoint from (?P<path>\S+).*? at iteration\s+(?P<step>\d+)")),
+    ("hf_trainer", re.compile(r"Continuing training from global step (?P<step>\d+)")),
+    ("dcp", re.compile(r"Loading the checkpoint at step (?P<step>\d+)")),
+    (
+        "generic",
+        re.compile(r"\bresum(?:ing|ed) from (?:the )?checkpoint\b.*?\b(?:step|iteration)[= :]\s*(?P<step>\d+)"),
+    ),
+)
+
+
+def read_checkpoint_load(body: str, low: str) -> dict[str, Any] | None:
+    """The fields of a `checkpoint_loaded` event (framework, step, path when the line names it), or None."""
+    if "checkpoint" not in low and "continuing training" not in low:
+        return None
+    for framework, pattern in _LOADS:
+        if m := pattern.search(body):
+            fields: dict[str, Any] = {"framework": framework, "step": int(m["step"])}
+            if "path" in m.groupdict():
+                fields["path"] = m["path"]
+            return fields
+    return None

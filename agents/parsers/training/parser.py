@@ -10,7 +10,12 @@ from typing import Any
 from agents.events import Event
 from agents.parsers import LineParser, match_window
 from agents.parsers.training.blocks import REJECT, TAKE_DONE, Block
-from agents.parsers.training.checkpoints import CHECKPOINT_SAVED, read_checkpoint
+from agents.parsers.training.checkpoints import (
+    CHECKPOINT_LOADED,
+    CHECKPOINT_SAVED,
+    read_checkpoint,
+    read_checkpoint_load,
+)
 from agents.parsers.training.child_failed import ChildFailed
 from agents.parsers.training.classify import classify
 from agents.parsers.training.common import make_event, rank_in
@@ -141,6 +146,10 @@ class TrainingLogParser(LineParser):
             self._ib = (ts, rank, raw, body)
             return []
         low = body.lower()
+        # Before the step lines: "Continuing training from global step 500" names the step it resumes from, not one
+        # it trained.
+        if (loaded := read_checkpoint_load(body, low)) is not None:
+            return [make_event(ts, CHECKPOINT_LOADED, raw, "info", loaded, rank_in(body, rank), path=self.path)]
         events = self.progress.read(raw, body, low, ts, rank)
         if not events and (saved := read_checkpoint(body, low, self.progress.last_step)) is not None:
             if local_rank is not None:

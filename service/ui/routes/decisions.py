@@ -38,6 +38,12 @@ def decision_list(
     cursor: str = "",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> Response:
+    # A typo in a hand-edited URL says so rather than showing an empty list that looks like calm.
+    if state and state not in DECISION_STATES:
+        raise InvalidInput(f"state: {state!r} is not one of {', '.join(DECISION_STATES)}")
+    if kind and kind not in DECISION_KINDS:
+        raise InvalidInput(f"kind: {kind!r} is not one of {', '.join(DECISION_KINDS)}")
+    job, node = job.strip(), node.strip()
     params = {k: v for k, v in {"state": state, "kind": kind, "job": job, "node": node, "cursor": cursor}.items() if v}
     result = decisions.list_decisions(
         session,
@@ -47,6 +53,7 @@ def decision_list(
         node=node or None,
         limit=limit,
         cursor=cursor or None,
+        partial=True,
     )
     return page(
         request,

@@ -35,6 +35,7 @@ def incident_list(
     state: str = "",
     severity: str = "",
     job: str = "",
+    node: str = "",
     root_cause: str = "",
     cursor: str = "",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -43,14 +44,22 @@ def incident_list(
     _check("state", state, STATE_CHOICES)
     _check("severity", severity, incidents.SEVERITIES)
     _check("root_cause", root_cause, CATEGORIES)
-    job = job.strip()
-    filters = {"state": state, "severity": severity, "job": job, "root_cause": root_cause, "cursor": cursor}
+    job, node = job.strip(), node.strip()
+    filters = {
+        "state": state,
+        "severity": severity,
+        "job": job,
+        "node": node,
+        "root_cause": root_cause,
+        "cursor": cursor,
+    }
     params: dict[str, str | int] = {k: v for k, v in filters.items() if v}
     if limit != 50:
         params["limit"] = limit
     result = incidents.list_incidents(
         session,
         job=job or None,
+        node=node or None,
         state=state or None,
         severity=severity or None,
         root_cause=root_cause or None,

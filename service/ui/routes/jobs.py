@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from service.deps import DbSession
 from service.errors import InvalidInput
+from service.incidents import service as incidents
 from service.models.jobs import JOB_STATES
 from service.ui.auth import ViewerDep
 from service.ui.render import page
@@ -49,6 +50,7 @@ def job_detail(request: Request, job_id: str, session: DbSession, _: ViewerDep) 
     now = datetime.now(UTC)
     v = view.job_view(session, job_id=job_id, now=now)
     spares = fleet_view.job_spares(session, job_id=job_id, now=now)
-    return page(
-        request, "job.html", {"v": v, "spares": spares, "gpus": gpus.for_nodes(session, [p.node for p in v.placements])}
-    )
+    # The machines its incidents are about too: an evicted one has left the ranks, and its incident's summary still
+    # names its GPU, by index only if the page knows that machine's inventory.
+    named = [p.node for p in v.placements] + incidents.machines_named(session, job_id=job_id)
+    return page(request, "job.html", {"v": v, "spares": spares, "gpus": gpus.for_nodes(session, named)})

@@ -14,12 +14,13 @@ from starlette.responses import Response
 
 from service.db import session_scope
 from service.deps import DbSession
-from service.errors import FaultlineError, InvalidInput
+from service.errors import Conflict, FaultlineError, InvalidInput
 from service.models.nodes import NODE_STATES
+from service.nodes import history
 from service.nodes import service as nodes
 from service.nodes.schemas import CordonIn, NodeDetail, ReturnIn
 from service.ui.auth import FormViewer, ViewerDep
-from service.ui.render import page, redirect
+from service.ui.render import ago, page, redirect
 from service.ui.views import checks as checks_view
 from service.ui.views import gpus, machine
 from service.ui.views import nodes as view
@@ -66,7 +67,14 @@ def node_detail(request: Request, name: str, session: DbSession, _: ViewerDep) -
     subjects = machine.machine_rows(session, name=name, now=now, window_s=view.COUNTERS_WINDOW_S)
     checks = checks_view.node_checks(session, name=name, now=now)
     context = {"v": v, "cells": [h for h, _ in view.COUNTER_CELLS], "subjects": subjects, "checks": checks}
-    return page(request, "node.html", {**context, "gpus": gpus.for_nodes(session, [name])})
+    window_s = request.app.state.settings.node_repeat_window_s
+    context |= {
+        "repeats": history.repeat_failures(session, name=name, now=now, window_s=window_s),
+        "repeat_window_s": window_s,
+    }
+    # The incidents' summaries may name other machines' GPUs (a victim's page lists its culprit's incident).
+    named = [name, *(n for i in v.incidents for n in i.named)]
+    return page(request, "node.html", {**context, "gpus": gpus.for_nodes(session, named)})
 
 
 def _body(model: type[M], **fields: Any) -> M:
@@ -130,15 +138,39 @@ def return_to_service(
 
     def run(session: Session) -> NodeDetail:
         body = _body(ReturnIn, reason=reason.strip(), diagnostics=diagnostics, force=force)
-        return nodes.return_to_service(
-            session,
-            name=name,
-            reason=body.reason,
-            diagnostics=body.diagnostics.model_dump(mode="json") if body.diagnostics else None,
-            force=body.force,
-            actor=viewer.actor,
-            now=datetime.now(UTC),
-            settings=settings,
-        )
+        now = datetime.now(UTC)
+        try:
+            return nodes.return_to_service(
+                session,
+                name=name,
+                reason=body.reason,
+                diagnostics=body.diagnostics.model_dump(mode="json") if body.diagnostics else None,
+                force=body.force,
+                actor=viewer.actor,
+                now=now,
+                settings=settings,
+            )
+        except Conflict as exc:
+            raise _in_page_terms(session, name=name, refusal=exc, now=now) from None
 
     return _act(request, name, "returned to service" + (" (forced)" if force else ""), run)
+
+
+def _in_page_terms(session: Session, *, name: str, refusal: Conflict, now: datetime) -> Conflict:
+    """A return refused for the quarantine or for want of diagnostics, said with this form's controls: the API's
+    "pass force=true ... until 2026-11-28T17:58:05.140740+00:00" names a parameter the page does not have."""
+    if "quarantined until" in refusal.message:
+        until = nodes.get_by_name(session, name=name).quarantined_until
+        if until is not None and until > now:
+            until = until.astimezone(UTC)
+            when = f"{until:%H:%M} UTC" if until.date() == now.date() else f"{until:%Y-%m-%d %H:%M} UTC"
+            return Conflict(
+                f"{name} is quarantined until {when} ({ago(until, now)}). Tick “force” to return it now (its "
+                f"history records that), or wait until {when}."
+            )
+    if "diagnostics report" in refusal.message:
+        return Conflict(
+            f"{name} returns only with passing diagnostics: run them, tick “diagnostics passed” and paste the "
+            "report under “diagnostics report” (or tick “force” to return it without)."
+        )
+    return refusal

@@ -22,14 +22,27 @@ def overview(
     request: Request, session: DbSession, _: ViewerDep, group: Literal["job", "rack", "switch"] = "job"
 ) -> Response:
     settings = request.app.state.settings
-    o = view.overview(session, now=datetime.now(UTC), window_s=settings.diagnosis_window_s, group_by=group)
+    o = view.overview(
+        session,
+        now=datetime.now(UTC),
+        window_s=settings.diagnosis_window_s,
+        recent_hours=settings.ui_recent_hours,
+        no_progress_s=settings.job_no_progress_s,
+        group_by=group,
+    )
     return page(
         request,
         "overview.html",
         {
             "o": o,
             "gpus": gpus.for_nodes(
-                session, [*(d.node for d in o.waiting), *(n for i in o.incidents for n in i.suspects)]
+                session,
+                [
+                    *(d.node for d in o.waiting),
+                    *(n for i in o.recent for n in i.suspects),
+                    *(x.node for i in o.recent for x in i.outcomes),
+                    *(n.name for n in o.needs),
+                ],
             ),
         },
     )

@@ -43,7 +43,7 @@ def whatif(request: Request, session: DbSession, _: ViewerDep) -> Response:
     form = policy_form.from_query(query)
     context["fields"] = policy_form.fields(form)
     try:
-        candidate = overrides.candidate(settings, form)
+        candidate = overrides.candidate(settings, policy_form.as_settings(form))
         try:
             span = timedelta(seconds=duration_s(window["since"]))
         except argparse.ArgumentTypeError as exc:
@@ -58,4 +58,9 @@ def whatif(request: Request, session: DbSession, _: ViewerDep) -> Response:
         context["errors"] = admin.error_lines(exc) or [exc.message]
         return page(request, "whatif.html", context, status_code=exc.status_code)
     context["result"] = backtest_report.as_dict(result)
+    # Shares as percentages, as the form shows them.
+    context["changed"] = {
+        name: (policy_form.shown(name, v["current"]), policy_form.shown(name, v["candidate"]))
+        for name, v in context["result"]["changed_settings"].items()
+    }
     return page(request, "whatif.html", context)

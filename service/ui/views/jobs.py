@@ -1,16 +1,17 @@
 """Jobs: the list, and one job's ranks on nodes, its parallel groups, and the training time incidents cost it.
 
-ETTR (effective training time ratio) = productive time / wall time over a window: the job's life (from its
-creation to now while it runs, to its last report once it ended), or the last hour of it. The time lost is
-the union of the job's incident intervals [opened_at, resolved_at or now] clipped to the window: two
-incidents open at once lose that time once. Merged-away incidents (resolution "merged...") are duplicates
-of another and do not count.
+ETTR (effective training time ratio) = productive time / wall time: from the job's step lines when it logs them
+(ml/ettr.py), else estimated from its incidents' open time (the union of their intervals, opened -> resolved or now,
+clipped to the job's life or its last hour: two incidents open at once lose that time once). Either way the cost
+table (service/jobs/costs.py) charges each stall once, to the incident that caused it, and its total is the job's
+lost time, wall x (1 - ETTR). Merged-away incidents (resolution "merged...") are duplicates of another and do not
+count.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -18,86 +19,24 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from ml import parallel
-from ml.ettr import EttrReport, IncidentLoss, IncidentSpan
+from ml.ettr import EttrReport, IncidentSpan
 from ml.findings import JobInfo
-from service.incidents import service as incidents
+from service.jobs import costs as job_costs
 from service.jobs import ettr as step_ettr
 from service.jobs import service as jobs
+from service.jobs.costs import Ettr, ettr, incident_interval, job_window
 from service.jobs.schemas import JobOut
 from service.jobs.signal_sources import SignalSource, job_signal_sources
-from service.models import Incident
+from service.nodes import returns
+from service.nodes.returns import BeforeGate
 from service.ui import plots
 
-Interval = tuple[datetime, datetime]
 RECENT = timedelta(hours=1)
 # A grid taller than this is cut: past a few hundred DP replicas nobody reads cells, they filter by node.
 GRID_MAX_REPLICAS = 512
-COSTLY_LIMIT = 50
 # Worst first: the colour of a grid cell is its worst node's state.
-_STATE_RANK = {s: i for i, s in enumerate(("evicted", "in_repair", "cordoned", "suspect", "returned", "healthy"))}
-
-
-# --- ETTR: pure functions over intervals -------------------------------------------------------------------
-
-
-def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
-    """The union of intervals as disjoint, sorted intervals (touching ones joined); empty ones dropped."""
-    merged: list[Interval] = []
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def covered_seconds(intervals: Iterable[Interval], *, start: datetime, end: datetime) -> float:
-    """Seconds of [start, end] that at least one interval covers."""
-    clipped = ((max(a, start), min(b, end)) for a, b in intervals)
-    return sum((b - a).total_seconds() for a, b in merge_intervals(clipped))
-
-
-@dataclass(frozen=True)
-class Ettr:
-    start: datetime
-    end: datetime
-    lost_s: float
-
-    @property
-    def wall_s(self) -> float:
-        return max(0.0, (self.end - self.start).total_seconds())
-
-    @property
-    def productive_s(self) -> float:
-        return max(0.0, self.wall_s - self.lost_s)
-
-    @property
-    def ratio(self) -> float | None:
-        """Productive / wall time; None for an empty window."""
-        return self.productive_s / self.wall_s if self.wall_s > 0 else None
-
-
-def ettr(lost: Iterable[Interval], *, start: datetime, end: datetime) -> Ettr:
-    """The effective training time ratio over [start, end], given the intervals the job lost."""
-    return Ettr(start=start, end=end, lost_s=covered_seconds(lost, start=start, end=end) if end > start else 0.0)
-
-
-def incident_interval(opened_at: datetime, resolved_at: datetime | None, *, now: datetime) -> Interval:
-    """The time an incident cost: from its opening to its resolution, or to now while it is open."""
-    return opened_at, resolved_at or now
-
-
+_STATE_RANK = {s: i for i, s in enumerate(("evicted", "in_repair", "cordoned", "suspect", "returning", "healthy"))}
 counts_against_ettr = step_ettr.counts_against_ettr
-
-
-def job_window(created_at: datetime, last_seen_at: datetime | None, *, running: bool, now: datetime) -> Interval:
-    """The job's life: from its creation to now while it runs, else to the last time an agent reported it.
-
-    A running job whose agents went quiet (a GPU fell off the bus, the job hangs) is still losing time: its
-    window runs to now, or a dead job would look healthier the longer it stays dead.
-    """
-    end = now if running else last_seen_at or now
-    return created_at, max(created_at, end)
 
 
 # --- the list ----------------------------------------------------------------------------------------------
@@ -214,32 +153,11 @@ class ParallelGrid:
 
 
 @dataclass
-class CostlyIncident:
-    id: int
-    state: str
-    severity: str
-    root_cause: str
-    blame: str
-    summary: str | None
-    opened_at: datetime
-    resolved_at: datetime | None
-    lost_s: float
-    lost_recent_s: float
-
-
-@dataclass
 class ProgressView:
-    """ETTR from the job's step lines (ml/ettr.py): the numbers, the plot, and the time each incident lost."""
+    """ETTR from the job's step lines (ml/ettr.py): the numbers and the plot."""
 
     report: EttrReport
     plot: plots.RatioPlot | None
-    losses: list[tuple[IncidentLoss, Incident]]  # most costly first, at most COSTLY_LIMIT
-    more_losses: int
-
-    @property
-    def lost_by_incident(self) -> dict[int, float]:
-        """Each incident's lost time from step progress: the one figure both of the page's tables show."""
-        return {loss.id: loss.lost_s for loss in self.report.incidents}
 
 
 @dataclass
@@ -247,14 +165,14 @@ class JobView:
     job: JobOut
     placements: list[Placement]
     grid: ParallelGrid | None
-    total: Ettr
+    total: Ettr  # estimated from incidents' open time: the ETTR before any step line
     recent: Ettr
-    incidents: list[CostlyIncident]
-    more_incidents: int
+    costs: job_costs.CostTable  # what each incident cost, each stall charged once; its total is the ETTR's lost time
     merged: int
     unplaced_ranks: int
     progress: ProgressView
     sources: list[SignalSource] = field(default_factory=list)
+    before_gate: list[BeforeGate] = field(default_factory=list)  # its nodes a scheduler placed before their gate
 
 
 def _layout(job: JobOut) -> tuple[JobInfo, parallel.Layout] | None:
@@ -319,66 +237,31 @@ def placements(job: JobOut, *, states: dict[str, tuple[str, bool]]) -> tuple[lis
     return list(by_node.values()), grid
 
 
-def _costs(
-    job_incidents: Sequence[Incident], *, total: Interval, recent: Interval, now: datetime
-) -> tuple[list[Interval], list[CostlyIncident], int]:
-    lost: list[Interval] = []
-    costly: list[CostlyIncident] = []
-    merged = 0
-    for i in job_incidents:
-        if not counts_against_ettr(i.resolution):
-            merged += 1
-            continue
-        interval = incident_interval(i.opened_at, i.resolved_at, now=now)
-        lost.append(interval)
-        costly.append(
-            CostlyIncident(
-                id=i.id,
-                state=i.state,
-                severity=i.severity,
-                root_cause=i.root_cause,
-                blame=i.blame,
-                summary=i.summary,
-                opened_at=i.opened_at,
-                resolved_at=i.resolved_at,
-                lost_s=covered_seconds([interval], start=total[0], end=total[1]),
-                lost_recent_s=covered_seconds([interval], start=recent[0], end=recent[1]),
-            )
-        )
-    costly.sort(key=lambda c: (-c.lost_s, -c.id))
-    return lost, costly, merged
-
-
 def job_view(session: Session, *, job_id: str, now: datetime) -> JobView:
-    """Everything the job page shows, in eight queries whatever the number of ranks, nodes and incidents."""
+    """Everything the job page shows, in a fixed number of queries whatever the number of ranks, nodes and incidents."""
     job = jobs.get_by_external_id(session, job_id=job_id)
     out = jobs.describe(session, job=job)
     places, grid = placements(out, states=jobs.node_states(session, job=job))
-    job_incidents = incidents.of_job(session, job=job)
+    job_incidents = job_costs.job_incidents(session, job=job)
     total = job_window(job.created_at, job.last_seen_at, running=job.state == "running", now=now)
     recent = (max(total[0], total[1] - RECENT), total[1])
-    lost, costly, merged = _costs(job_incidents, total=total, recent=recent, now=now)
-    shown = [c for c in costly if c.lost_s > 0][:COSTLY_LIMIT]
-    counted = {i.id: i for i in job_incidents if counts_against_ettr(i.resolution)}
-    spans = [IncidentSpan(i.id, i.opened_at, i.resolved_at) for i in counted.values()]
+    counted = [i for i in job_incidents if counts_against_ettr(i.resolution)]
+    lost = [incident_interval(i.opened_at, i.resolved_at, now=now) for i in counted]
+    spans = [IncidentSpan(i.id, i.opened_at, i.resolved_at) for i in counted]
     report = step_ettr.job_ettr(session, job=job, now=now, incidents=spans)
-    losses = sorted(report.incidents, key=lambda loss: (-loss.lost_s, -loss.id))
-    progress = ProgressView(
-        report=report,
-        plot=plots.ratio_plot([(p.ts, p.cumulative, p.window) for p in report.series]),
-        losses=[(loss, counted[loss.id]) for loss in losses[:COSTLY_LIMIT]],
-        more_losses=max(0, len(losses) - COSTLY_LIMIT),
-    )
+    estimate = ettr(lost, start=total[0], end=total[1])
     return JobView(
         job=out,
         placements=places,
         grid=grid,
-        total=ettr(lost, start=total[0], end=total[1]),
+        total=estimate,
         recent=ettr(lost, start=recent[0], end=recent[1]),
-        incidents=shown,
-        more_incidents=sum(c.lost_s > 0 for c in costly) - len(shown),
-        merged=merged,
+        costs=job_costs.cost_table(job_incidents, report=report, estimate=estimate),
+        merged=len(job_incidents) - len(counted),
         unplaced_ranks=max(0, (out.world_size or 0) - len(out.ranks)),
-        progress=progress,
+        progress=ProgressView(
+            report=report, plot=plots.ratio_plot([(p.ts, p.cumulative, p.window) for p in report.series])
+        ),
         sources=job_signal_sources(session, job=job),
+        before_gate=returns.before_gate(session, job_id=job.id),
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -123,6 +123,8 @@ class NodeIncident:
     opened_at: datetime
     resolved_at: datetime | None
     resolution: str | None
+    # The machines it is about (its anchor and suspects): the page names their GPUs in the summary by index.
+    named: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -158,6 +160,22 @@ def _errors(*values: float | None, level: str = "bad", title: str | None = None)
         return Cell("")
     text = " / ".join(_num(v) if v is not None else "?" for v in values)
     return Cell(text, level if any((v or 0) > 0 for v in values) else None, title)
+
+
+def _remapped_rows(v: dict[str, float | None]) -> Cell:
+    """Rows remapped for correctable errors are the memory's normal upkeep (the GPU swaps a weak row for a spare
+    and runs on): neutral. Uncorrectable remaps and a failed remap (no spare row left) are the alarming ones."""
+    correctable, uncorrectable, failed = (
+        v["remapped_rows_correctable"],
+        v["remapped_rows_uncorrectable"],
+        v["row_remap_failure"],
+    )
+    cell = _errors(uncorrectable, failed)
+    if all(x is None for x in (correctable, uncorrectable, failed)):
+        return Cell("")
+    text = " / ".join(_num(x) if x is not None else "?" for x in (correctable, uncorrectable, failed))
+    title = "correctable (normal upkeep) / uncorrectable / remap failure"
+    return Cell(text, cell.level, title)
 
 
 def _memory(v: dict[str, float | None]) -> Cell:
@@ -206,15 +224,7 @@ COUNTER_CELLS: tuple[tuple[str, Callable[[dict[str, float | None]], Cell]], ...]
         "ECC errors (single / double bit)",
         lambda v: _errors(v["ecc_sbe_volatile"], v["ecc_dbe_volatile"], title="volatile single / double-bit errors"),
     ),
-    (
-        "remapped rows (correctable / uncorrectable / failed)",
-        lambda v: _errors(
-            v["remapped_rows_correctable"],
-            v["remapped_rows_uncorrectable"],
-            v["row_remap_failure"],
-            title="correctable / uncorrectable / remap failure",
-        ),
-    ),
+    ("remapped rows (correctable / uncorrectable / failed)", _remapped_rows),
     ("last Xid", lambda v: _errors(v["xid_last"], title="DCGM_FI_DEV_XID_ERRORS: the last Xid seen")),
     ("NVLink errors", _nvlink),
     ("PCIe replays", lambda v: _errors(v["pcie_replay"], level="warn", title="cumulative PCIe replay counter")),
@@ -309,6 +319,7 @@ def incidents_of(session: Session, *, name: str, limit: int = INCIDENT_LIMIT) ->
             opened_at=i.opened_at,
             resolved_at=i.resolved_at,
             resolution=i.resolution,
+            named=[n for n in (i.anchor, *(s.get("node") for s in i.suspects or [])) if n],
         )
         for i, job in rows
     ]

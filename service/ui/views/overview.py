@@ -1,18 +1,23 @@
-"""The overview: open incidents by severity, decisions waiting on someone, and the cluster map."""
+"""The overview, for someone woken at 3 a.m.: what happened lately (incidents of the last hours, resolved ones
+included, with their outcome), jobs not getting anywhere, nodes waiting on a person, decisions waiting on someone,
+and the cluster map. Everything comes from the domains' service functions; this only arranges it."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from service.decisions import service as decisions
 from service.decisions.schemas import DecisionOut
+from service.incidents import recent as recent_incidents
 from service.incidents import service as incidents
+from service.jobs import progress
+from service.nodes import attention
 from service.nodes import service as nodes
 
 # The ring on a tile: none below 0.3, then three steps up to a confident suspect.
@@ -20,21 +25,7 @@ _SCORE_STEPS = (0.3, 0.6, 0.85)
 
 
 # The order nodes needing attention are listed in: the ones a person acts on first.
-_STATE_ORDER = {"suspect": 0, "evicted": 1, "cordoned": 2, "in_repair": 3, "returned": 4, "healthy": 5}
-
-
-@dataclass
-class OpenIncident:
-    id: int
-    job_id: str
-    severity: str
-    root_cause: str
-    blame: str
-    confidence: float
-    summary: str | None
-    suspects: list[str]
-    opened_at: datetime
-    updated_at: datetime
+_STATE_ORDER = {"suspect": 0, "evicted": 1, "cordoned": 2, "in_repair": 3, "returning": 4, "healthy": 5}
 
 
 @dataclass
@@ -73,9 +64,15 @@ class TileGroup:
 
 @dataclass
 class Overview:
-    incidents: list[OpenIncident]
-    incident_counts: dict[str, int]
-    more_incidents: int
+    incident_counts: dict[str, int]  # open incidents by severity
+    recent: list[recent_incidents.RecentIncident]  # open now, or opened or resolved within recent_hours
+    more_recent: int
+    recent_hours: float
+    stalled: list[progress.StalledJob]  # no net progress for longer than no_progress_s
+    no_progress_s: float
+    needs: list[attention.NodeNeed]  # nodes waiting on a person
+    more_needs: int
+    state_counts: dict[str, int]  # every node state's count: the node list's own filter
     waiting: list[DecisionOut]
     groups: list[TileGroup]
     node_states: Counter[str]
@@ -83,29 +80,6 @@ class Overview:
     attention: list[Tile]  # ringed (accused) nodes first, then every node not healthy: findable at a glance
     group_by: str  # job, rack or switch
     groupings: list[str]  # those the inventory allows: job always; rack, switch where some node is labelled
-
-
-def open_incidents(session: Session, *, limit: int) -> tuple[list[OpenIncident], dict[str, int], int]:
-    """The most severe, then newest, open incidents; counts per severity over all of them."""
-    counts = incidents.open_counts(session)
-    rows = incidents.most_severe_open(session, limit=limit)
-    items = [
-        OpenIncident(
-            id=i.id,
-            job_id=job_id,
-            severity=i.severity,
-            root_cause=i.root_cause,
-            blame=i.blame,
-            confidence=i.confidence,
-            summary=i.summary,
-            suspects=[s["node"] for s in (i.suspects or [])[:3]],
-            opened_at=i.opened_at,
-            updated_at=i.updated_at,
-        )
-        for i, job_id in rows
-    ]
-    total = sum(counts.values())
-    return items, {s: counts.get(s, 0) for s in incidents.SEVERITIES}, max(0, total - len(items))
 
 
 # Node labels that name where a machine sits, by the grouping they serve.
@@ -142,22 +116,39 @@ def cluster_map(
 
 
 def overview(
-    session: Session, *, now: datetime, window_s: float, incident_limit: int = 50, group_by: str = "job"
+    session: Session,
+    *,
+    now: datetime,
+    window_s: float,
+    recent_hours: float = 6.0,
+    no_progress_s: float = 600.0,
+    incident_limit: int = 50,
+    group_by: str = "job",
 ) -> Overview:
-    incidents, counts, more = open_incidents(session, limit=incident_limit)
+    counts = incidents.open_counts(session)
+    recent, more_recent = recent_incidents.recent(
+        session, since=now - timedelta(hours=recent_hours), limit=incident_limit
+    )
+    needs, needs_total = attention.needing_a_person(session)
     waiting = decisions.list_decisions(session, state=["awaiting_approval", "pending"], limit=50).items
     groups, groupings = cluster_map(session, now=now, window_s=window_s, by=group_by)
-    states: Counter[str] = Counter()
-    for group in groups:
-        states.update(group.states)
+    # The node list's own counts (its state filter), not the map's: the two pages agree by construction.
+    counted = attention.state_counts(session)
+    state_counts = {s: counted[s] for s in sorted(counted, key=lambda s: (_STATE_ORDER.get(s, 9), s))}
     return Overview(
-        incidents=incidents,
-        incident_counts=counts,
-        more_incidents=more,
+        incident_counts={s: counts.get(s, 0) for s in incidents.SEVERITIES},
+        recent=recent,
+        more_recent=more_recent,
+        recent_hours=recent_hours,
+        stalled=progress.stalled(session, now=now, after_s=no_progress_s),
+        no_progress_s=no_progress_s,
+        needs=needs,
+        more_needs=max(0, needs_total - len(needs)),
+        state_counts=state_counts,
         waiting=waiting,
         groups=groups,
-        node_states=states,
-        node_count=sum(states.values()),
+        node_states=Counter(state_counts),
+        node_count=sum(state_counts.values()),
         attention=sorted(
             (t for g in groups for t in g.tiles if t.state != "healthy" or t.ring),
             key=lambda t: (-t.ring, _STATE_ORDER.get(t.state, 9), -t.score, t.name),

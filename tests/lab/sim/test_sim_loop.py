@@ -48,6 +48,9 @@ def test_evict_swaps_a_spare_in_and_restarts_from_the_checkpoint_with_new_proces
     outcome = act(c, {"kind": "evict", "node": name})
 
     assert outcome.ack == "done" and outcome.rank_map_changed and "node-003 swapped in" in outcome.message
+    # What happens, in the order it happens, and which checkpoint it goes back to (issue 40).
+    assert outcome.message.endswith(f"node-003 swapped in as node rank {slot}; the job restarts from its checkpoint "
+                                    f"at step {checkpoint}")  # fmt: skip
     assert c.slots[slot] == 3 and c.place[machine] == "repair" and c.pool == []
     assert c.ranks_on(machine) == [] and c.ranks_on(3) == list(range(slot * 4, slot * 4 + 4))
     assert {r["node"] for r in c.rank_map() if r["rank"] // 4 == slot} == {"node-003"}
@@ -94,6 +97,9 @@ def test_without_a_spare_the_job_waits_for_the_repaired_node() -> None:
     name, machine = faulty(c)
     outcome = act(c, {"kind": "evict", "node": name})
     assert "waiting for a spare" in outcome.message and not outcome.rank_map_changed
+    # Not "restarting": without a spare the job cannot restart, and the message says it stays stopped until one is.
+    assert "restarting" not in outcome.message
+    assert "the job stays stopped until one is, then restarts from its checkpoint at step" in outcome.message
     c.advance(140.0)
     assert c.job.pause == "restart" and c.generation == 0  # nobody to run its node rank
     version = c.slots_version

@@ -61,7 +61,7 @@ def test_a_clean_pass_returns_the_node_and_resolves_the_incident(client, session
         ],
     )
     session.expire_all()
-    assert session.get(Node, setup["node"].id).state == "returned"
+    assert session.get(Node, setup["node"].id).state == "healthy"
     incident = session.get(Incident, setup["incident"].id)
     assert incident.state == "resolved" and "stop-time checks passed on suspect" in incident.resolution
     returned = session.scalar(select(Decision).where(Decision.node_id == setup["node"].id, Decision.kind == "return"))
@@ -167,7 +167,7 @@ def test_results_of_checks_run_by_hand_act_on_nothing(client, session, setup):
     assert session.scalars(select(Decision).where(Decision.kind == "evict")).all() == []
 
 
-@pytest.mark.parametrize(("status", "state"), [("pass", "returned"), ("fail", "in_repair")])
+@pytest.mark.parametrize(("status", "state"), [("pass", "healthy"), ("fail", "in_repair")])
 def test_the_repair_gate_returns_a_node_only_on_a_clean_pass(client, session, make_token, status, state):
     client.app.state.directives.max_age = 0.0
     agent, operator = bearer(make_token("agent")), bearer(make_token("operator"))

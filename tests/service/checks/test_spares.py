@@ -63,7 +63,8 @@ def test_only_idle_spares_in_service_that_report_and_are_due_get_level_1_checks(
     _node(session, "sp-silent", seen_s=3600)  # its agent is gone: nobody would answer
     _node(session, "sp-suspect", state="suspect")
     _node(session, "sp-evicted", state="evicted")
-    old = _node(session, "sp-old", state="returned")
+    _node(session, "sp-returning", state="returning")  # its return gate is its check
+    old = _node(session, "sp-old", state="healthy")
     _checked(session, old, ago_s=7200)
     session.flush()
     sent = spares.check_idle_spares(session, now=NOW, settings=_settings(checks_spare_max_concurrent=5))

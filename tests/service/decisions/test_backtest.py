@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -32,6 +33,7 @@ from service.decisions.service import _context
 from service.diagnosis import service as diagnosis
 from service.errors import InvalidInput
 from service.models import Decision, Finding, Incident, Job, Node
+from service.ui.views import policy_form
 from tests.conftest import count
 
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -142,8 +144,8 @@ def test_a_stricter_policy_removes_evictions_and_says_which_threshold(session) -
     ]
     removed = result.incidents[0].differences[1]
     assert "current policy: evict a-1 (pending) [blast_radius: 0 evicted in the last hour" in removed.why
-    assert "confidence: 0.90 >= 0.80" in removed.why
-    assert "candidate: diagnose a-1 (pending) [confidence: 0.90 below the eviction threshold 0.95]" in removed.why
+    assert "confidence: 90% >= 80%" in removed.why
+    assert "candidate: diagnose a-1 (pending) [confidence: 90% below the eviction threshold 95%]" in removed.why
     t = result.totals
     assert (t.evictions, t.evictions_added, t.evictions_removed) == ((2, 0), 0, 2)
     assert (t.diagnoses, t.approvals, t.changed_incidents) == ((1, 3), (0, 0), 2)
@@ -164,7 +166,7 @@ def test_a_looser_policy_adds_an_eviction_and_decides_sooner(session) -> None:
         ("gpu_hardware", ["evict c-3 +30"], ["diagnose c-3 +0", "evict c-3 +30"], [("diagnose", "c-3", "added")]),
     ]
     added = result.incidents[1].differences[1]
-    assert "current policy: diagnose a-2 (pending) [confidence: 0.70 below the eviction threshold 0.80]" in added.why
+    assert "current policy: diagnose a-2 (pending) [confidence: 70% below the eviction threshold 80%]" in added.why
     assert "candidate: evict a-2 (pending) [blast_radius: 1 evicted in the last hour, within the limit" in added.why
     t = result.totals
     assert (t.evictions, t.evictions_added, t.evictions_removed) == ((2, 3), 1, 0)
@@ -251,7 +253,7 @@ def test_the_command_prints_explained_differences_writes_nothing_and_refuses_a_b
     assert first.stdout == second.stdout
     assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
     assert "evict a-1: removed. why: current policy: evict a-1 (pending)" in first.stdout
-    assert "candidate: diagnose a-1 (pending) [confidence: 0.90 below the eviction threshold 0.95]" in first.stdout
+    assert "candidate: diagnose a-1 (pending) [confidence: 90% below the eviction threshold 95%]" in first.stdout
     totals = json.loads((tmp_path / "a.json").read_text())["totals"]
     assert totals["evictions"] == {"decided": 2, "candidate": 0} and totals["evictions_removed"] == 2
 
@@ -277,23 +279,26 @@ def test_the_command_prints_explained_differences_writes_nothing_and_refuses_a_b
 def test_the_what_if_page_is_prefilled_and_renders_results(session, ui) -> None:
     _history(session)
     blank = ui.get("/whatif")
-    assert blank.status_code == 200 and 'name="policy_evict_min_confidence" value="0.8"' in blank.text
+    # Shares as percentages, as every other page shows them (issue 40): 80 for the 0.8 in effect.
+    assert blank.status_code == 200 and 'name="policy_evict_min_confidence" value="80"' in blank.text
     assert '<a href="/whatif" class="active"' in blank.text
     params = {
         "run": "1",
-        **{name: str(value) for name, value in overrides.current(_settings()).items() if not isinstance(value, list)},
-        "policy_evict_min_confidence": "0.95",
+        **{f.name: str(f.value) for f in policy_form.fields(overrides.current(_settings())) if f.kind != "checkboxes"},
+        "policy_evict_min_confidence": "95",
         "since": "2d",
         "until": UNTIL.strftime("%Y-%m-%dT%H:%M"),
     }
     shown = ui.get("/whatif", params=params)
     assert shown.status_code == 200
     assert "+0 added, \N{MINUS SIGN}2 removed" in shown.text
-    assert "confidence: 0.90 below the eviction threshold 0.95" in shown.text
-    assert 'name="policy_evict_min_confidence" value="0.95"' in shown.text
+    assert "confidence: 90% below the eviction threshold 95%" in shown.text
+    assert 'name="policy_evict_min_confidence" value="95"' in shown.text
+    assert "<code>policy_evict_min_confidence</code> 80% → 95%" in shown.text
+    assert not re.search(r"\b0\.\d+\b", shown.text.split('class="card"', 2)[-1]), "no fraction in the results"
     decisions_before = count(session, "decisions")
-    refused = ui.get("/whatif", params={**params, "policy_evict_min_confidence": "2"})
-    assert refused.status_code == 422 and "less than or equal to 1" in refused.text
+    refused = ui.get("/whatif", params={**params, "policy_evict_min_confidence": "200"})
+    assert refused.status_code == 422 and "200% is not a percentage between 0 and 100" in refused.text
     assert count(session, "decisions") == decisions_before
 
 

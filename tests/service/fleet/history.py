@@ -87,6 +87,7 @@ def build(session: Session, *, now: datetime | None = None) -> History:
                 from_state=from_state,
                 to_state=to_state,
                 actor="test",
+                source="decision_ack" if kind.endswith("_done") else "diagnosis" if kind == "suspect" else "person",
             )
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import uuid
+from datetime import UTC, datetime
 
 import orjson
 import pytest
@@ -271,7 +272,9 @@ def test_a_node_out_of_service_keeps_no_job_whatever_its_dying_processes_say(cli
     assert client.post("/api/v1/ingest", json=batch(name, job_id="job-ooo"), headers=agent).status_code == 200
     job_of = "SELECT current_job_id, state FROM nodes WHERE name = :n"
     assert session.execute(text(job_of), {"n": name}).one().current_job_id is not None
-    session.execute(text("UPDATE nodes SET state = 'evicted', current_job_id = NULL WHERE name = :n"), {"n": name})
+    # Evicted after it reported those processes: the same pids afterwards are its dying ranks, not new work.
+    evict = "UPDATE nodes SET state = 'evicted', current_job_id = NULL, state_changed_at = :at WHERE name = :n"
+    session.execute(text(evict), {"n": name, "at": datetime.now(UTC)})
     session.flush()
     assert client.post("/api/v1/ingest", json=batch(name, job_id="job-ooo"), headers=agent).status_code == 200
     assert session.execute(text(job_of), {"n": name}).one() == (None, "evicted")

@@ -165,9 +165,9 @@ def test_a_node_evicted_after_its_placement_or_a_finished_job_attributes_nothing
     job = _register(session, nodes)
     evicted = session.scalar(select(Node).where(Node.name == nodes[1]))
     assert evicted is not None
-    evicted.state = "returned"  # evicted, repaired, back: out of the job until a registration names it again
+    evicted.state = "healthy"  # evicted, repaired, back: out of the job until a registration names it again
     session.add(NodeEvent(node_id=evicted.id, kind="state", from_state="healthy", to_state="evicted", actor="test",
-                          at=datetime.now(UTC) + timedelta(seconds=1)))  # fmt: skip
+                          source="decision_ack", at=datetime.now(UTC) + timedelta(seconds=1)))  # fmt: skip
     session.flush()
     now = datetime.now(UTC)
     _store(session, _batches(nodes, now - timedelta(seconds=5), 5))

@@ -104,6 +104,15 @@ def test_the_endpoint_agrees_with_a_hand_computation(client, stored, scheduler) 
     assert loss["last_productive_at"].startswith(_t(100).isoformat()[:19])
     assert loss["productive_again_at"].startswith(_t(250).isoformat()[:19]) and not loss["ongoing"]
     assert len(body["series"]) == 119 and body["series"][-1]["cumulative"] == pytest.approx(120 / 330)
+    # The same lost time cut into stalls, each charged once: the parts add up to 330 - 120 = 210 s.
+    lost = body["lost"]
+    assert lost["total_s"] == pytest.approx(210) and lost["by_incident"] == {str(loss["incident_id"]): 140.0}
+    assert (lost["startup_s"], lost["unexplained_s"], lost["pending_s"]) == (10, 50, 10)
+    assert [(st["lost_s"], st["incident_id"]) for st in body["stalls"]] == [
+        (10, None),
+        (140, loss["incident_id"]),
+        (50, None),
+    ]
 
 
 def test_the_gauges_follow_the_last_computation(client, stored, scheduler) -> None:  # type: ignore[no-untyped-def]
@@ -162,12 +171,26 @@ def test_the_job_page_shows_the_ettr_plot_and_the_time_lost_per_incident(ui, sto
     )
     assert "step 13" in card and "1 restart " in card and "last checkpoint 5" in card
     assert '<svg class="plot"' in card and re.search(r'class="suspect ettr-total" d="M[\d.,L]+"', card)
-    (row,) = re.findall(r"<tr>(.*?)</tr>", card.split("<tbody>", 1)[1], flags=re.S)
-    cells = [" ".join(re.sub(r"<[^>]+>", " ", c).split()) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
-    assert cells[3:] == ["10", "6", "5", "5", "1.7 min", "50 s", "2.5 min"]
-    # The incidents table's lost time is the same computation's.
+    # The stalls, each once: the start-up (10 s), the outage and the redone steps 6-10 (100 s down to step 6 at
+    # 200 s, 40 s redoing to step 10 at 240 s), charged to the incident that opened in it; the 60 s pause before
+    # step 12 (50 s beyond the median step) charged to nobody: the incident was open when it began, not its cause.
+    body = card.split('class="stalls"', 1)[1].split("</table>", 1)[0]
+    rows_ = re.findall(r"<tr(?: data-incident=\"(\d+)\")?>(.*?)</tr>", body.split("<tbody>", 1)[1], flags=re.S)
+    cells = [
+        [" ".join(re.sub(r"<[^>]+>", " ", c).split()) for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)]
+        for _, r in rows_
+    ]
+    assert [r[1] for r in cells] == ["10 s", "2.3 min", "50 s"]
+    assert [bool(i) for i, _ in rows_] == [False, True, False] and "start-up" in cells[0][0]
+    assert cells[1][3:] == ["10", "6", "5", "1", "5", "1.7 min", "40 s"]
+    assert "no incident" in cells[2][2] and f"#{rows_[1][0]}" in cells[2][2]  # also open, not charged
+    # The cost table: that incident, charged once, and a total that is the ETTR's: 330 s x (1 - 36.4%) = 210 s.
     costly = page.text.split('id="job-incidents"', 1)[1].split("</section>", 1)[0]
-    assert "lost (step progress)" in costly and "2.5 min" in costly
+    (incident_row,) = re.findall(r'<tr data-incident="(\d+)">(.*?)</tr>', costly, flags=re.S)
+    assert incident_row[0] == rows_[1][0] and "2.3 min" in incident_row[1]
+    totals = dict(re.findall(r'id="(cost-\w+)">([^<]+)<', costly))
+    assert totals == {"cost-charged": "2.3 min", "cost-free": "70 s", "cost-total": "3.5 min"}
+    assert "ETTR 36.4%" in costly and "wall time 5.5 min" in costly
 
 
 def test_gauges_keep_at_most_max_gauge_jobs(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ from service.models import Decision, Node, NodeEvent
 from service.nodes import lifecycle
 from tests import rows
 from tests.conftest import bearer
+from tests.factories import batch
 
 
 def _events(session, node: Node) -> list[tuple[str, str | None, str | None]]:  # type: ignore[no-untyped-def]
@@ -84,7 +85,7 @@ def test_manual_cordon_tells_schedulers_and_is_idempotent(client, session, make_
     assert missing.status_code == 404
 
 
-def test_return_respects_quarantine_and_a_lemon_needs_passing_diagnostics(client, session, make_token) -> None:
+def test_return_respects_quarantine_and_passing_diagnostics_make_the_node_healthy(client, session, make_token) -> None:
     operator = make_token("operator")
     now = datetime.now(UTC)
     node = rows.node(session, state="evicted", lemon=True, quarantined_until=now + timedelta(days=7))
@@ -94,8 +95,6 @@ def test_return_respects_quarantine_and_a_lemon_needs_passing_diagnostics(client
     assert early.status_code == 409 and "quarantined until" in early.json()["message"]
     node.quarantined_until = now - timedelta(seconds=1)
     session.flush()
-    no_diag = client.post(url, json={"reason": "fixed"}, headers=bearer(operator))
-    assert no_diag.status_code == 409 and "diagnostics" in no_diag.json()["message"]
     failed = {"reason": "fixed", "diagnostics": {"passed": False, "tool": "dcgmi diag -r 3"}}
     assert client.post(url, json=failed, headers=bearer(operator)).status_code == 409
     session.expire_all()
@@ -105,10 +104,18 @@ def test_return_respects_quarantine_and_a_lemon_needs_passing_diagnostics(client
     response = client.post(url, json=passed, headers=bearer(operator))
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["state"] == "returned" and body["lemon"] and body["quarantined_until"] is None
+    assert body["state"] == "healthy" and body["lemon"] and body["quarantined_until"] is None
     assert body["history"][0]["details"]["diagnostics"]["tool"] == "dcgmi diag -r 3"
+    assert (body["history"][0]["kind"], body["history"][0]["source"]) == ("return", "person")
     decision = session.scalars(select(Decision).where(Decision.node_id == node.id)).one()
     assert (decision.kind, decision.state) == ("return", "pending")
+
+
+def test_a_lemon_suspect_returns_only_with_passing_diagnostics(client, session, make_token) -> None:
+    operator = make_token("operator")
+    node = rows.node(session, state="suspect", lemon=True)
+    refused = client.post(f"/api/v1/nodes/{node.name}/return", json={"reason": "fine"}, headers=bearer(operator))
+    assert refused.status_code == 409 and "needs a passing diagnostics report" in refused.json()["message"]
 
 
 def test_force_returns_a_quarantined_node_and_says_so_in_its_history(client, session, make_token) -> None:
@@ -118,26 +125,59 @@ def test_force_returns_a_quarantined_node_and_says_so_in_its_history(client, ses
         f"/api/v1/nodes/{node.name}/return", json={"reason": "spare needed", "force": True}, headers=bearer(operator)
     )
     assert response.status_code == 200
+    assert response.json()["state"] == "healthy"
     assert response.json()["history"][0]["kind"] == "return_forced"
 
 
-def test_repair_then_return_supersedes_the_pending_cordon(client, session, make_token) -> None:
-    operator = make_token("operator")
-    node = rows.node(session)
-    client.post(f"/api/v1/nodes/{node.name}/cordon", json={"reason": "flaky"}, headers=bearer(operator))
-    repair = client.post(f"/api/v1/nodes/{node.name}/repair", json={"reason": "RMA 881"}, headers=bearer(operator))
+def test_repair_then_return_runs_the_gate_and_its_pass_supersedes_the_pending_cordon(
+    client, session, make_token
+) -> None:
+    client.app.state.directives.max_age = 0.0
+    operator, agent = bearer(make_token("operator")), bearer(make_token("agent"))
+    client.post("/api/v1/ingest", json=batch("repaired", job_id=None), headers=agent)
+    node = session.scalar(select(Node).where(Node.name == "repaired"))
+    client.post(f"/api/v1/nodes/{node.name}/cordon", json={"reason": "flaky"}, headers=operator)
+    repair = client.post(f"/api/v1/nodes/{node.name}/repair", json={"reason": "RMA 881"}, headers=operator)
     assert repair.json()["state"] == "in_repair"
-    back = client.post(f"/api/v1/nodes/{node.name}/return", json={"reason": "repaired"}, headers=bearer(operator))
-    assert back.json()["state"] == "returned"
+    back = client.post(f"/api/v1/nodes/{node.name}/return", json={"reason": "repaired"}, headers=operator)
+    assert back.json()["state"] == "returning"
+    # The scheduler still holds it out: its agent runs the full suite first, and only a pass gives it back.
+    [directive] = client.post("/api/v1/ingest", json=batch("repaired", job_id=None), headers=agent).json()["directives"]
+    assert (directive["kind"], directive["level"], directive["force"]) == ("run_checks", 2, False)
+    assert directive["return_on_pass"] is True and directive["undrain"] is True
+    assert session.scalars(select(Decision).where(Decision.node_id == node.id, Decision.kind == "return")).all() == []
+
+    payload = batch("repaired", job_id=None, metrics=[], logs=[], processes=[])
+    payload["checks"] = [
+        {"ts": datetime.now(UTC).isoformat(), "directive_id": directive["id"], "check": c, "subject": "gpu:0",
+         "status": "pass"}
+        for c in ("nvml_state", "gemm_bf16")
+    ]  # fmt: skip
+    assert client.post("/api/v1/ingest", json=payload, headers=agent).status_code == 200
+    session.expire_all()
+    assert session.get_one(Node, node.id).state == "healthy"
     decisions = {
         d.kind: (d.state, d.outcome_message)
         for d in session.scalars(select(Decision).where(Decision.node_id == node.id))
     }
     assert decisions["cordon"][0] == "rejected" and decisions["cordon"][1].startswith("superseded")
     assert decisions["return"] == ("pending", None)
-    assert [k for k, *_ in _events(session, node)] == ["cordon", "repair", "return"]
-    healthy = client.post(f"/api/v1/nodes/{node.name}/repair", json={"reason": "x"}, headers=bearer(operator))
+    assert [(k, s) for k, _, s, _ in _sourced(session, node)] == [
+        ("cordon", "person"),
+        ("repair", "person"),
+        ("return", "person"),
+        ("gate_passed", "checks"),
+    ]
+    healthy = client.post(f"/api/v1/nodes/{node.name}/repair", json={"reason": "x"}, headers=operator)
     assert healthy.status_code == 409
+
+
+def _sourced(session, node: Node) -> list[tuple[str, str | None, str, str | None]]:  # type: ignore[no-untyped-def]
+    """(kind, from state, source, to state) of the node's history, oldest first."""
+    return [
+        (e.kind, e.from_state, e.source, e.to_state)
+        for e in session.scalars(select(NodeEvent).where(NodeEvent.node_id == node.id).order_by(NodeEvent.id))
+    ]
 
 
 def test_list_and_describe_nodes(client, session, make_token) -> None:
@@ -176,7 +216,8 @@ def test_a_return_supersedes_a_pending_gpu_reset(client, session, make_token) ->
     client.post(f"/api/v1/nodes/{node.name}/cordon", json={"reason": "checking GPU 3"}, headers=bearer(operator))
     session.refresh(reset)
     assert reset.state == "pending"  # a cordon leaves the reset to be done on the cordoned node
-    back = client.post(f"/api/v1/nodes/{node.name}/return", json={"reason": "GPU 3 reset"}, headers=bearer(operator))
+    body = {"reason": "GPU 3 reset", "diagnostics": {"passed": True, "tool": "nvidia-smi -q"}}
+    back = client.post(f"/api/v1/nodes/{node.name}/return", json=body, headers=bearer(operator))
     assert back.status_code == 200, back.text
     session.refresh(reset)
     assert (reset.state, reset.outcome_message) == ("rejected", "superseded: return by operator:oncall")

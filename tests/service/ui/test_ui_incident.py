@@ -474,7 +474,7 @@ def test_approving_from_the_page_sends_the_eviction_to_schedulers(ui, session) -
 def test_an_unknown_incident_is_a_404_page(ui) -> None:
     response = ui.get("/incidents/987654321")
     assert response.status_code == 404
-    assert "no incident 987654321" in response.text and "<html" in response.text
+    assert "There is no incident #987654321 yet" in response.text and "<html" in response.text
 
 
 def test_strangers_are_sent_to_sign_in(client, session) -> None:
@@ -540,8 +540,9 @@ def test_the_page_costs_the_same_queries_for_3_or_30_findings_and_log_lines(ui, 
         counts.append(q.count)
     assert "extra line 29" in response.text and "extra symptom 29" in response.text
     assert counts[0] == counts[1], counts
-    # sign-in lookup + incident, job, findings, decisions, logs, stacks, nodes, GPUs, signals
-    assert counts[0] <= 14, counts
+    # sign-in lookup + incident, job, findings, decisions, logs, stacks, nodes, GPUs, signals, earlier incidents of
+    # the same root cause on its nodes (repeat failures: one query when there are none)
+    assert counts[0] <= 15, counts
 
 
 def test_the_culprit_path_is_found_from_the_leaf_even_through_a_cut() -> None:

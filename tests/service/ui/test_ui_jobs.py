@@ -8,16 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
+from service.jobs.costs import covered_seconds, ettr, incident_interval, job_window, merge_intervals
 from service.models import Job, Node, Rank
-from service.ui.views.jobs import (
-    counts_against_ettr,
-    covered_seconds,
-    ettr,
-    incident_interval,
-    job_window,
-    merge_intervals,
-    ranges,
-)
+from service.ui.views.jobs import counts_against_ettr, ranges
 from tests import rows
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
@@ -242,11 +235,15 @@ def test_the_job_page_shows_ettr_and_the_incidents_that_cost_it(ui, session) -> 
     assert re.findall(r'<b class="ettr [^"]+">([\d.]+%)</b>', ettr_card) == ["58.3%", "66.7%"]
     assert "The share of wall time no incident of the job was open" in ettr_card
     assert "1 merged incident not counted" in ettr_card
-    costly = _rows(_section(page.text, "job-incidents"))
-    linked = [re.search(r'href="/incidents/(\d+)"', r).group(1) for r in costly]
-    assert linked == [str(old.id), str(current.id)]  # most costly first; the merged one is not there
-    assert str(merged.id) not in linked
-    assert "30.0 min" in costly[0] and "20.0 min" in costly[1]
+    section = _section(page.text, "job-incidents")
+    costly = re.findall(r'<tr data-incident="(\d+)">(.*?)</tr>', section, flags=re.S)
+    assert [i for i, _ in costly] == [str(old.id), str(current.id)]  # most costly first; the merged one is not there
+    assert str(merged.id) not in section
+    assert "30.0 min" in costly[0][1] and "20.0 min" in costly[1][1] and "ongoing" in costly[1][1]
+    # Estimated from open time (no step lines): the total is the union of the intervals, 50 min of 120.
+    assert "estimated from the incidents' open time" in section
+    assert 'id="cost-total">50.0 min<' in section and 'id="cost-charged">50.0 min<' in section
+    assert "ETTR 58.3%" in section and 'id="cost-free"' not in section
 
 
 def test_the_job_page_sends_the_same_queries_for_16_or_256_ranks(ui, session, count_queries) -> None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, text
 
-from service.models import Decision, Finding, Gpu, LogEvent, Node, NodeEvent, Rank
+from service.models import Decision, Directive, Finding, Gpu, LogEvent, Node, NodeEvent, Rank
 from service.models.signals import metric_samples, node_samples
 from tests import rows
 
@@ -73,7 +73,9 @@ def _seed_node(session, *, gpus: int, logs: int, incidents: int, name: str | Non
         incident = rows.incident(session, job=job, suspects=[node.name] if i % 2 else [])
         if i % 2 == 0:
             _finding(session, incident=incident, node=node)
-        session.add(NodeEvent(node_id=node.id, job_id=job.id, kind="suspect", actor="faultline", at=now))
+        session.add(
+            NodeEvent(node_id=node.id, job_id=job.id, kind="suspect", actor="faultline", source="diagnosis", at=now)
+        )
     session.flush()
     return node
 
@@ -218,6 +220,7 @@ def test_the_node_page_shows_state_gpus_with_their_latest_counters_logs_incident
             from_state="healthy",
             to_state="suspect",
             actor="faultline",
+            source="diagnosis",
             reason="suspect in incident: Xid 79",
             at=now - timedelta(seconds=30),
         )
@@ -307,7 +310,9 @@ def test_a_return_refused_by_the_quarantine_says_why_and_changes_nothing(ui, ses
     response = ui.post("/nodes/gpu-node-017/return", {"reason": "GPU 3 replaced"})
     assert response.status_code == 303
     page = ui.get(response.headers["location"])
-    assert "Not done: node gpu-node-017 is evicted and quarantined until" in page.text
+    # In the form's terms (issue 40), not the API's "pass force=true ... until 2026-...T...+00:00".
+    assert "Not done: gpu-node-017 is quarantined until" in page.text and re.search(r"UTC \(in \d+ min\)", page.text)
+    assert "Tick “force” to return it now" in page.text and "force=true" not in page.text
     session.refresh(node)
     assert node.state == "evicted" and node.quarantined_until == until
     assert session.scalar(select(func.count()).select_from(NodeEvent).where(NodeEvent.node_id == node.id)) == 0
@@ -330,7 +335,7 @@ def test_a_forced_return_with_passing_diagnostics_is_recorded_with_them(ui, sess
     )
     assert "returned to service (forced)" in ui.get(response.headers["location"]).text
     session.refresh(node)
-    assert node.state == "returned" and node.quarantined_until is None
+    assert node.state == "healthy" and node.quarantined_until is None
     event = session.scalars(
         select(NodeEvent).where(NodeEvent.node_id == node.id).order_by(NodeEvent.id.desc()).limit(1)
     ).one()
@@ -341,9 +346,13 @@ def test_a_forced_return_with_passing_diagnostics_is_recorded_with_them(ui, sess
 
 
 def test_a_lemon_without_diagnostics_and_a_missing_reason_are_refused_with_the_reason(ui, session) -> None:
+    suspect = rows.node(session, "gpu-node-032", state="suspect", lemon=True)
+    no_diag = ui.post("/nodes/gpu-node-032/return", {"reason": "looks fine"})
+    refused = ui.get(no_diag.headers["location"]).text
+    assert "Not done" in refused and "passing diagnostics" in refused
+    session.refresh(suspect)
+    assert suspect.state == "suspect"
     node = rows.node(session, "gpu-node-033", state="cordoned", lemon=True)
-    no_diag = ui.post("/nodes/gpu-node-033/return", {"reason": "looks fine"})
-    assert "needs a passing diagnostics report to return (it is a lemon)" in ui.get(no_diag.headers["location"]).text
     no_reason = ui.post("/nodes/gpu-node-033/repair", {"reason": "  "})
     assert "give a reason" in ui.get(no_reason.headers["location"]).text
     wrong_state = ui.post("/nodes/gpu-node-033/cordon", {"reason": "again"})
@@ -351,6 +360,18 @@ def test_a_lemon_without_diagnostics_and_a_missing_reason_are_refused_with_the_r
     session.refresh(node)
     assert node.state == "cordoned"
     assert session.scalar(select(func.count()).select_from(NodeEvent).where(NodeEvent.node_id == node.id)) == 0
+
+
+def test_a_return_without_diagnostics_runs_the_gate_first(ui, session) -> None:
+    """Out of service, a lemon too: the node is returning while its agent runs the checks; a pass gives it back."""
+    node = rows.node(session, "gpu-node-034", state="cordoned", lemon=True)
+    response = ui.post("/nodes/gpu-node-034/return", {"reason": "fans replaced"})
+    page = ui.get(response.headers["location"]).text
+    assert "it is now returning" in page and "return gate" in page
+    session.refresh(node)
+    assert node.state == "returning"
+    gate = session.scalars(select(Directive).where(Directive.node_id == node.id)).one()
+    assert gate.params["return_on_pass"] is True and gate.params["level"] == 2 and gate.params["undrain"] is True
 
 
 def test_repair_of_a_healthy_node_is_refused_and_an_unknown_node_says_so(ui, session) -> None:
@@ -415,3 +436,55 @@ def test_the_node_page_shows_its_ports_host_and_volumes(ui, session) -> None:  #
     assert "39.1 GiB of 1,953 GiB" in machine and "35.0% / 9.0%" in machine and "2,048.0 GiB (40%)" in machine
     gpus = html[html.index('id="node-gpus"') : html.index('id="node-machine"')]
     assert re.search(r'c-bad"[^>]*>gen 5 x8<', gpus)  # a link narrower than it can be
+
+
+def _acked_eviction(session, node: Node, *, reason: str, at: datetime) -> None:  # type: ignore[no-untyped-def]
+    from service.config import get_settings
+    from service.decisions.lifecycle import acknowledge
+
+    incident = rows.incident(session, job=rows.job(session), suspects=[node.name], root_cause=f"c{at.timestamp()}")
+    decision = rows.decision(session, incident=incident, node=node, reason=reason)
+    acknowledge(
+        session, decision_id=decision.id, outcome="done", message="drained", actor="scheduler:s", now=at,
+        settings=get_settings(),
+    )  # fmt: skip
+
+
+def test_the_state_box_shows_the_latest_eviction(ui, session) -> None:
+    """node-005 of the demo, evicted for NVLink errors, then again for a double-bit ECC error on another GPU while
+    nobody had told faultline it came back: the state box showed the first eviction."""
+    node = rows.node(session, "gpu-node-005")
+    now = datetime.now(UTC)
+    _acked_eviction(session, node, reason="evict gpu-node-005: NVLink errors on GPU 2", at=now - timedelta(minutes=22))
+    _acked_eviction(session, node, reason="evict gpu-node-005: double-bit ECC error on GPU 6", at=now)
+    html = ui.get("/nodes/gpu-node-005").text
+    state = html[html.index('id="node-state"') : html.index('id="node-actions"')]
+    assert "double-bit ECC error" in state and "NVLink" not in state
+    assert "22 min" not in state  # since the second eviction, not the first
+    last = state[state.index('id="last-eviction"') :]
+    assert "<b>GPU 6</b>" in last and "double-bit ECC error" in last
+
+
+def test_a_node_at_work_before_its_gate_says_so_loudly(ui, session) -> None:
+    from service.nodes import returns
+
+    job = rows.job(session, "job-early")
+    node = rows.node(session, "gpu-node-009", state="evicted")
+    returns.placed_before_gate(
+        session, node=node, job_id=job.id, job="job-early", how="a rank map", now=datetime.now(UTC)
+    )
+    session.flush()
+    html = ui.get("/nodes/gpu-node-009").text
+    assert 'class="pill before-gate"' in html
+    banner = html[html.index('id="before-gate"') :]
+    assert "Running work before its return gate" in banner and "job-early" in banner
+    assert "state-returning" in html
+    # As loud on the overview (first among the nodes that need a person) and on the job's page.
+    overview = ui.get("/").text
+    needs = overview[overview.index('id="nodes-attention"') :]
+    first = needs[needs.index("<tbody>") :]
+    assert first.index('data-node="gpu-node-009"') < first.index("</tr>")
+    assert "running work before its gate" in first and "watch its checks" in first
+    job_page = ui.get("/jobs/job-early").text
+    banner = job_page[job_page.index('id="before-gate-gpu-node-009"') :]
+    assert "runs this job's work before its return gate" in banner and "(evicted)" in banner

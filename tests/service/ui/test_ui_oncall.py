@@ -22,7 +22,11 @@ def test_each_policy_setting_gets_a_control_of_its_type_and_a_human_label() -> N
     assert "reset_gpu" in fields["policy_approval_required_for"].choices
     assert fields["policy_reset_gpu_enabled"].kind == "checkbox" and fields["policy_reset_gpu_enabled"].value is True
     evict = fields["policy_evict_min_confidence"]
-    assert (evict.kind, evict.bounds) == ("number", {"step": "any", "min": "0", "max": "1"})
+    # A share is typed as a percentage, as every page shows it (issue 40): 80 for the 0.8 in effect.
+    assert (evict.kind, evict.bounds, evict.unit, evict.value) == (
+        "number", {"step": "any", "min": "0", "max": "100"}, "%", 80,
+    )  # fmt: skip
+    assert fields["policy_max_evict_share_per_hour"].unit == "%"
     assert fields["policy_node_cooldown_s"].unit == "s"
     assert fields["policy_network_flap_count"].bounds["step"] == "1"
     assert all(f.label != f.name and "_" not in f.label for f in fields.values())
@@ -41,8 +45,10 @@ def test_the_what_if_page_shows_labels_and_controls(ui) -> None:
     assert "Evict at confidence of at least" in html and "<code" in html and "policy_evict_min_confidence" in html
     assert 'type="checkbox" name="policy_reset_gpu_enabled" value="true" checked' in html
     assert 'name="policy_reset_gpu_enabled" value="false"' in html
-    answer = ui.get("/whatif", params={"run": "1", "policy_evict_min_confidence": "2"})
+    answer = ui.get("/whatif", params={"run": "1", "policy_evict_min_confidence": "200"})
     assert answer.status_code == 422 and "policy_evict_min_confidence" in answer.text
+    answer = ui.get("/whatif", params={"run": "1", "policy_evict_min_confidence": "most"})
+    assert answer.status_code == 422 and "is not a percentage" in answer.text
 
 
 def _finding(i: int, *, subject: str, at: datetime, confidence: float) -> FindingOut:

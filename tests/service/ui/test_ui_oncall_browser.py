@@ -177,7 +177,7 @@ def test_the_on_call_points_in_a_real_browser(committed, tmp_path) -> None:
         expect(page.locator("form[action='/whatif']")).to_contain_text("Evict at confidence of at least")
         expect(page.locator("form[action='/whatif']")).to_contain_text("policy_evict_min_confidence")
         expect(page.locator("input[type=checkbox][name=policy_reset_gpu_enabled]")).to_be_checked()
-        expect(page.locator("input[type=number][name=policy_evict_min_confidence]")).to_have_attribute("max", "1")
+        expect(page.locator("input[type=number][name=policy_evict_min_confidence]")).to_have_attribute("max", "100")
         page.screenshot(path=str(SCREENSHOTS / "whatif.png"), full_page=True)
         # A cleared checkbox posts `false` through its hidden twin, and the backtest says it changed.
         page.locator("input[type=checkbox][name=policy_reset_gpu_enabled]").uncheck()

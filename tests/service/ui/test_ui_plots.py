@@ -156,7 +156,8 @@ def test_the_peers_detectors_own_evidence_plots() -> None:
     assert all(w.median is not None and w.p10 is not None and w.p90 is not None for w in ws)
     plot = plots.window_plot(ws, title=metric["metric"], unit=plots.unit_of(metric["metric"]))
     assert plot is not None and plot.band and plot.median
-    assert plot.unit == "W" and metric["metric"] == "power_usage"
+    # The metric that tells why it lags leads (issue 40): the throttled SM clock.
+    assert plot.unit == "MHz" and metric["metric"] == "sm_clock"
     assert len(steps(plot.suspect)) == len(ws)
 
 

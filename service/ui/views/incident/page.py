@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,6 +25,7 @@ from service.errors import NotFound
 from service.incidents import service as incidents
 from service.incidents.schemas import FindingOut, IncidentOut
 from service.jobs.signal_sources import SignalSource, job_signal_sources
+from service.nodes import history
 from service.nodes import service as nodes
 from service.silences import service as silences
 from service.ui.formatting import GpuNames
@@ -79,6 +80,7 @@ class IncidentPage:
     waiting: int  # how many wait for a person or a scheduler
     gpus: GpuNames  # names the incident's GPUs by index
     sources: list[SignalSource]  # which kinds of signal the job has (a job on dcgm-exporter alone lacks some)
+    repeats: list[history.Repeat] = field(default_factory=list)  # the same root cause on its nodes lately
 
     @property
     def localizing(self) -> bool:
@@ -86,8 +88,9 @@ class IncidentPage:
         return self.incident.state != "resolved" and localizing(self.incident.root_cause, self.suspects)
 
 
-def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
-    """Everything the incident page shows; raises NotFound for an unknown id."""
+def incident_page(session: Session, *, incident_id: int, repeat_window_s: float = 86400.0) -> IncidentPage:
+    """Everything the incident page shows; raises NotFound for an unknown id. `repeat_window_s`: how far back an
+    earlier incident of the same root cause on one of its nodes makes this one a repeat failure."""
     incident = incidents.get(session, incident_id=incident_id)
     findings = incident.findings
     signals = _signals(findings)
@@ -145,6 +148,15 @@ def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
         waiting=sum(d.state in _OPEN for d in incident.decisions),
         gpus=gpus,
         sources=job_signal_sources(session, job=incident.job_id),
+        repeats=history.repeats_of(
+            session,
+            incident_id=incident.id,
+            root_cause=incident.root_cause,
+            opened_at=incident.opened_at,
+            anchor=incident.anchor,
+            suspects=suspect_names,
+            window_s=repeat_window_s,
+        ),
     )
 
 

@@ -124,7 +124,8 @@ def merged_timeline(
     dumps: list[Dump],
     findings: list[FindingOut],
 ) -> list[Entry]:
-    """Signals, findings, decisions and the incident's opening and resolution, in order, bursts merged."""
+    """Signals, findings, decisions and the incident's opening, acknowledgements and resolution, in order, bursts
+    merged."""
     entries = _signal_entries(findings, logs, dumps)
     for f in findings:
         entries.append(
@@ -155,6 +156,8 @@ def merged_timeline(
                 )
             )
     entries.append(Entry(at=incident.opened_at, kind="incident", title=f"incident #{incident.id} opened"))
+    for ack in incident.acknowledgements:
+        entries.append(Entry(at=ack.at, kind="incident", title=f"acknowledged by {ack.actor}", detail=ack.note or ""))
     if incident.resolved_at is not None:
         entries.append(
             Entry(at=incident.resolved_at, kind="incident", title="resolved", detail=incident.resolution or "")
