@@ -17,14 +17,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import Engine
 
+from lab.evaluation.node_states import ALLOWANCE_S, Watch, node_states
 from lab.sim.config import SimConfig
 from lab.sim.runner import SimRunner
 from tests.fakes.decisions import make_decision, read_node, scheduler_token
@@ -32,40 +30,11 @@ from tests.procs import api_server, wait_for
 
 pytestmark = pytest.mark.slow
 
-# From a machine's move in the simulator to the service's state following it: the stand-in's long poll and ack, or
-# its return sweep (every 5 s), plus a poll. A disagreement younger than this is propagation, not a stale state.
-ALLOWANCE_S = 8.0
-OUT = ("evicted", "in_repair", "cordoned")
-
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with api_server(log=tmp_path_factory.mktemp("api") / "api.log") as url:
         yield url
-
-
-def _states(url: str, token: Path, prefix: str) -> dict[str, dict[str, Any]]:
-    headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
-    page = httpx.get(f"{url}/api/v1/nodes", params={"limit": 1000}, headers=headers, timeout=10).json()
-    return {n["name"]: n for n in page["items"] if n["name"].startswith(prefix)}
-
-
-def _disagreements(truth: dict[str, Any], states: dict[str, dict[str, Any]], now: datetime) -> list[tuple[str, float]]:
-    """Machines whose service state contradicts where the simulator has them, with how long the simulator has had
-    them there (seconds)."""
-    out = []
-    for name, where in truth["machines"].items():
-        state = states.get(name, {}).get("state")
-        age = (now - datetime.fromisoformat(where["since_at"])).total_seconds()
-        if state is None:
-            continue
-        if where["ranks"] and state in OUT:
-            out.append((f"{name} runs ranks but the service has it {state}", age))
-        elif where["place"] == "repair" and state not in OUT:
-            out.append((f"{name} is in the repair shop but the service has it {state}", age))
-        elif where["place"] == "spare" and state in OUT:
-            out.append((f"{name} is a free spare but the service has it {state}", age))
-    return out
 
 
 def test_node_states_follow_the_simulator_through_evict_repair_and_return(
@@ -83,11 +52,11 @@ def test_node_states_follow_the_simulator_through_evict_repair_and_return(
     runner = SimRunner(config, stop=stop, out=open(tmp_path / "sim.log", "w"))  # noqa: SIM115
     thread = threading.Thread(target=runner.run, kwargs={"handle_signals": False}, daemon=True)
     thread.start()
-    polls, stale, seen, lag = 0, [], set(), 0.0
-    first_seen: dict[str, float] = {}  # each disagreement still seen: when a poll first saw it
+    watch, seen = Watch(ALLOWANCE_S), set()
+    scheduler = token.read_text().strip()
     try:
         wait_for(lambda: (sim_dir / "ground_truth.json").exists(), what="the ground truth", timeout=30)
-        wait_for(lambda: len(_states(api, token, prefix)) == 2, what="the job registered", timeout=30)
+        wait_for(lambda: len(node_states(api, scheduler, prefix=prefix)) == 2, what="the job registered", timeout=30)
         m0, m1, spare = (f"{prefix}{n:03d}" for n in range(3))
         plan = [(0.0, m1), (4.0, m0)]  # the second eviction finds no spare free: its node rank waits for m1's repair
         started = time.monotonic()
@@ -95,30 +64,24 @@ def test_node_states_follow_the_simulator_through_evict_repair_and_return(
             while plan and time.monotonic() - started >= plan[0][0]:
                 make_decision(committed, node=plan.pop(0)[1], job=job_id, reason="Xid 79 on GPU 1")
             truth = json.loads((sim_dir / "ground_truth.json").read_text())
-            states = _states(api, token, prefix)
-            now = datetime.now(UTC)
-            polls += 1
-            found = _disagreements(truth, states, now)
-            first_seen = {what: first_seen.get(what, time.monotonic()) for what, _ in found}
-            ages = [(what, min(age, time.monotonic() - first_seen[what] + 0.5)) for what, age in found]
-            lag = max([lag, *(age for _, age in ages)])
-            stale += [f"{what} ({age:.0f} s)" for what, age in ages if age >= ALLOWANCE_S]
+            states = node_states(api, scheduler, prefix=prefix)
+            watch.poll(truth, states)
             seen |= {(n, s["state"]) for n, s in states.items()}
             back = all(states.get(m, {}).get("state") == "returning" for m in (m0, m1))
             if not plan and back and all(w["place"] != "repair" for w in truth["machines"].values()):
                 break
             time.sleep(0.5)
         truth = json.loads((sim_dir / "ground_truth.json").read_text())
-        states = _states(api, token, prefix)
+        states = node_states(api, scheduler, prefix=prefix)
     finally:
         stop.set()
         thread.join(timeout=60)
     print(
-        f"{polls} polls, longest disagreement {lag:.1f} s, {len(stale)} beyond {ALLOWANCE_S:g} s; "
-        f"states seen: {sorted(seen)}"
+        f"{watch.polls} polls, longest disagreement {watch.longest_s:.1f} s, {len(watch.stale)} beyond "
+        f"{ALLOWANCE_S:g} s; states seen: {sorted(seen)}"
     )
     assert not thread.is_alive()
-    assert stale == []
+    assert watch.polls > 10 and watch.stale == []
     # Both went through repair and came back: m1 straight into the job's waiting node rank, m0 into the spare pool.
     assert {(m1, "evicted"), (m0, "evicted"), (m1, "returning"), (m0, "returning")} <= seen
     assert truth["machines"][m1]["ranks"] and truth["machines"][spare]["ranks"]
