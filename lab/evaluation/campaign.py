@@ -11,6 +11,9 @@ time, incident and decision maintenance). What the campaign adds, per job:
   a spare swapped in and the job restarted from its checkpoint; reset_gpu; diagnose -> out for a check; repaired
   machines back to the pool), then acknowledged through the service's own function, as a scheduler acks over
   the API; the new rank map is registered as a launcher would. Decisions waiting for a person are left waiting.
+- A machine back from repair in the pool is reported back in service before any rank map places it, and its
+  return gate's checks are answered (lab/evaluation/campaign_returns.py); a failed gate's eviction is acted on as
+  any other.
 - A fault is dealt with when the loop acted on its machine; a planned drain when the operator drained it (a
   silence on the node first); a user's bug when the user restarted the job (USER_FIX_S later); any other fault
   nobody dealt with in FAULT_TIMEOUT_S is drained by hand (a miss).
@@ -38,6 +41,7 @@ from lab.evaluation import campaign_scoring as scoring
 from lab.evaluation.campaign_checks import CheckDesk
 from lab.evaluation.campaign_jobs import Active, CampaignJob
 from lab.evaluation.campaign_report import campaign_report, scored
+from lab.evaluation.campaign_returns import ReturnDesk
 from lab.evaluation.report_files import hms
 from lab.evaluation.soak import JobRun, Soak
 from lab.evaluation.soak_agent import VirtualAgent
@@ -149,7 +153,7 @@ class Campaign(Soak):
                 for n in range(cluster.machines)
             ]
             run = JobRun(spec, job_id, cluster, agents)
-            self._register(session, run)
+            self._register(session, run, self.start)
             for n, agent in enumerate(agents):
                 if cluster.agent_delay(n) <= 0:
                     agent.start(self.start)
@@ -162,17 +166,18 @@ class Campaign(Soak):
             self.campaign.append(
                 CampaignJob(
                     run, stream, rng, next_at=rng.uniform(*HEALTHY_S), first_step=cluster.job.step,
-                    step_s=cluster.config.step_seconds,
+                    step_s=cluster.config.step_seconds, returns=ReturnDesk(self.settings, job_id=job_id),
                     desk=CheckDesk(self.settings, job_id=job_id, seconds=cluster.config.check_seconds)
                     if self.service_checks else None,
                 )
             )  # fmt: skip
 
-    def _register(self, session: Session, run: JobRun) -> None:
+    def _register(self, session: Session, run: JobRun, now: datetime) -> None:
         """The job with its current rank map, as its launcher registers it at each (re)start."""
         spec, c = run.spec, run.cluster
         register(
             session,
+            now=now,
             job_in=JobIn(
                 job_id=run.job_id,
                 world_size=c.world,
@@ -197,6 +202,10 @@ class Campaign(Soak):
                 with session_scope() as session:  # the checks' results, in-process at simulated time
                     for decision_id in job.desk.tick(session, job.run.cluster, t=t, now=now):
                         job.run.decision_times.setdefault(decision_id, t)  # the next pass acts on them
+            if job.returns.gates_due(t):
+                with session_scope() as session:  # the return gates' results (a failure's eviction: acted on next)
+                    for decision_id in job.returns.deliver_due(session, job.run.cluster, t=t, now=now):
+                        job.run.decision_times.setdefault(decision_id, t)
 
     def _finished(self) -> bool:
         return all(self._job_finished(j) for j in self.campaign)
@@ -220,6 +229,7 @@ class Campaign(Soak):
         i = self.jobs.index(job.run)
         done = sum(1 for o in self.outcomes if o.job_id == job.run.job_id)
         checking = job.desk is not None and bool(job.desk.pending)  # a diagnosed machine's checks still running
+        checking = checking or bool(job.returns.pending)  # or a returned machine's gate
         return done >= self.quota[self.indices[i]] and job.active is None and not job.stale_checks and not checking
 
     def _progress(self, t: float, started: float) -> None:
@@ -234,11 +244,20 @@ class Campaign(Soak):
     def _advance(self, run: JobRun, t: float, now: datetime) -> None:
         super()._advance(run, t, now)
         job = next(j for j in self.campaign if j.run is run)
-        if run.cluster.slots_version != job.slots_version:  # the job restarted on other machines
-            job.slots_version = run.cluster.slots_version
+        moved = run.cluster.slots_version != job.slots_version  # the job restarted on other machines
+        if job.returns.watch(run.cluster, t) or moved:
             with session_scope() as session:
-                self._register(session, run)
-            self._start_agents(run, now)
+                # As a scheduler does: a machine back in service (from the repair shop) is reported before a rank
+                # map places it, so the service runs its return gate instead of finding work on a quarantined node.
+                reported = job.returns.sweep(session, run.cluster, t=t, now=now)
+                if moved:
+                    job.slots_version = run.cluster.slots_version
+                    self._register(session, run, now)
+                    job.returns.expect_gates(session, run.cluster, t=t, how="placed_before_gate")
+            if reported:
+                self.say(f"campaign: t={hms(t)} {run.job_id}: reported {', '.join(reported)} back in service")
+            if moved:
+                self._start_agents(run, now)
         self._shop_agents(job, now)
 
     @staticmethod
@@ -500,7 +519,8 @@ def run_campaign(
         "wall_s": max(p["wall_s"] for p in parts),
         "simulated_s": max(p["simulated_s"] for p in parts),
     }
-    for key in ("jobs", "progress", "faults", "decisions", "incidents", "loop_acts", "checks"):
+    keys = ("jobs", "progress", "faults", "decisions", "incidents", "loop_acts", "checks")
+    for key in (*keys, "returns", "returns_refused", "gates", "node_ends", "node_notes"):
         merged[key] = [item for p in parts for item in p[key]]
     return scored(merged)
 

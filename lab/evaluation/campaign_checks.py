@@ -35,7 +35,7 @@ from service.models import CheckResult, Decision, Directive, Node
 COMMISSION_ROUNDS = 3  # 2 GPUs x 6 machines x 3 rounds: past ml/check_criteria.py's MIN_HISTORY of 30
 
 
-def _faulty(kind: str) -> bool:
+def machine_fault(kind: str) -> bool:
     """A fault of the machine itself: not the user's code (software_slow's runaway loader), not a one-off."""
     k = FAULT_KINDS.get(kind)
     return k is not None and k.blame != "user_code" and k.action != "none" and not k.noise
@@ -150,7 +150,7 @@ class CheckDesk:
                     t_s=t,
                     outcome=remedy[0] if remedy else "none",
                     remedy_awaits_approval=bool(remedy and remedy[1] == "awaiting_approval"),
-                    faulty=any(_faulty(k) for k in kinds),
+                    faulty=any(machine_fault(k) for k in kinds),
                     fault_kinds=kinds,
                     failed_checks=tuple(sorted(set(failed))),
                     conclusion=conclusion[:300],

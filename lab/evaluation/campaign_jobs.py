@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab.evaluation.campaign_checks import CheckDesk
+from lab.evaluation.campaign_returns import ReturnDesk
 from lab.evaluation.soak import JobRun
 from lab.sim.faults import FaultRecord
 from lab.sim.mix import Draw
@@ -36,6 +37,7 @@ class CampaignJob:
     draws: Any  # the job's endless stream of draws
     rng: random.Random
     next_at: float
+    returns: ReturnDesk  # its scheduler's reports of machines back in service, their gates' answers
     active: Active | None = None
     slots_version: int = 0
     first_step: int = 0

@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from lab.evaluation import campaign_scoring as scoring
 from lab.evaluation.campaign_jobs import CampaignJob
+from lab.evaluation.campaign_returns import final_states
 from lab.evaluation.report_files import hms
 from service.db import session_scope
 from service.models import Incident
@@ -44,6 +45,8 @@ def campaign_report(
                 )
             )
         }
+        # Where each machine ended (still `returning`? a gate waiting?) and the work placed before a gate.
+        ends = [final_states(session, j.run.cluster, job_id=j.run.job_id, start=start) for j in jobs]
     incidents = [
         replace(r, blame=f.blame, root_cause=f.root_cause, anchor=f.anchor, resolution=f.resolution)
         if (f := final.get(r.id)) is not None
@@ -87,6 +90,11 @@ def campaign_report(
         "incidents": [asdict(i) for i in incidents],
         "loop_acts": loop_acts,
         "checks": [asdict(r) for j in jobs if j.desk is not None for r in j.desk.records],
+        "returns": [r for j in jobs for r in j.returns.returns],
+        "returns_refused": [r for j in jobs for r in j.returns.refused],
+        "gates": [asdict(g) for j in jobs for g in j.returns.records],
+        "node_ends": [asdict(e) for f in ends for e in f["ends"]],
+        "node_notes": [asdict(n) for f in ends for n in f["notes"]],
     }
 
 
@@ -97,12 +105,23 @@ def scored(report: dict[str, Any]) -> dict[str, Any]:
         key=lambda f: f.index,
     )
     unfinished = {j["job_id"]: j["unfinished_at"] for j in report["jobs"] if j.get("unfinished_at")}
+    notes = [scoring.NodeNote(**n) for n in report.get("node_notes", [])]
     result = scoring.score(
         faults,
         [scoring.DecisionRow(**d) for d in report["decisions"] if not _answers(d, unfinished.get(d["job_id"]))],
         [scoring.IncidentRow(**i) for i in report["incidents"]],
         [scoring.JobProgress(**p) for p in report["progress"]],
         [scoring.CheckRow(**c) for c in report.get("checks", [])],
+        notes,
+    )
+    result["totals"].update(
+        scoring.returns_totals(
+            len(report.get("returns", [])),
+            len(report.get("returns_refused", [])),
+            [scoring.GateRow(**{**g, "failed_checks": tuple(g["failed_checks"])}) for g in report.get("gates", [])],
+            notes,
+            [scoring.NodeEnd(**e) for e in report.get("node_ends", [])],
+        )
     )
     return {**report, **result}
 

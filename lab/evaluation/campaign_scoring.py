@@ -13,7 +13,8 @@ Definitions:
   kind tolerates one); a fault with nothing to name (a user's bug, a planned drain) is caught when its window holds
   no node decision at all.
 - Notifications on healthy jobs: the "opened" and "decided" events the service would send about incidents
-  opened and decisions made outside every fault window, per job-day outside the windows.
+  opened and decisions made outside every fault window, and its "node_before_gate" alerts (work placed on a node
+  it held out of service, before the node's return gate) outside them, per job-day outside the windows.
 - Manual interventions: decisions that waited for a person's approval, plus incidents left with blame unknown (not
   counting those merged away into another incident, which settled their blame).
 - Stop-time checks (issue 28): a diagnose decision is resolved by its checks when the service concluded from them
@@ -24,6 +25,11 @@ Definitions:
   (a fault of the machine itself on them) that reached diagnose but passed their checks. A diagnose decision that
   found its machine out of service already (in repair after an eviction: nothing to drain, no agent to answer) is
   moot: counted apart, in neither side of the share.
+- Returns: a machine back from repair is reported back in service by the scheduler and its return gate (the
+  level-1 checks) runs; the totals count the returns, the gates' outcomes (a repaired machine should pass; a
+  failure makes an eviction, judged as any decision), the work placed before a gate (one chat alert each: none
+  when the scheduler reports its returns) and the nodes still `returning` at the end, with or without a gate
+  pending (without one, nothing will ever conclude them).
 - ETTR: simulated seconds of training progress over elapsed seconds; its ideal adds back what each fault cost
   beyond the restart and the recomputation since the last checkpoint that acting at once would still cost.
 """
@@ -112,6 +118,41 @@ class CheckRow:
         return (self.outcome in ("evict", "reset_gpu") and bool(self.failed_checks)) or (
             self.outcome == "return" and not self.failed_checks
         )
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One return gate's checks (a node the scheduler put back in service), as the harness delivered them and the
+    service concluded."""
+
+    job_id: str
+    node: str
+    t_s: float  # when the results were delivered (or the gate given up)
+    how: str  # return_reported (the scheduler reported it back) | placed_before_gate (nobody did)
+    outcome: str  # passed | failed | no_verdict | expired (its agent never answered)
+    faulty: bool  # the machine carried an infrastructure fault when it was checked
+    failed_checks: tuple[str, ...] = ()
+    conclusion: str = ""
+
+
+@dataclass(frozen=True)
+class NodeNote:
+    """A chat notification about a machine rather than an incident: work placed on it before its return gate."""
+
+    job_id: str
+    node: str
+    t_s: float
+    event: str = "node_before_gate"
+
+
+@dataclass(frozen=True)
+class NodeEnd:
+    """A machine's state in the service when the campaign ended."""
+
+    job_id: str
+    node: str
+    state: str
+    gate_pending: bool  # a return gate's checks were asked for and not concluded
 
 
 @dataclass(frozen=True)
@@ -217,12 +258,32 @@ def checks_totals(decisions: Sequence[DecisionRow], checks: Sequence[CheckRow]) 
     }
 
 
+def returns_totals(
+    returns: int, refused: int, gates: Sequence[GateRow], notes: Sequence[NodeNote], ends: Sequence[NodeEnd]
+) -> dict[str, Any]:
+    """How machines came back into service: returns the scheduler reported, their gates' outcomes, work placed
+    before a gate (each one chat notification), and nodes still `returning` at the end (with or without a gate)."""
+    returning = [e for e in ends if e.state == "returning"]
+    return {
+        "returns_reported": returns,
+        "returns_refused": refused,  # the service answered 409 (a take-out decision still waited): tried again
+        "gates": len(gates),
+        "gate_outcomes": dict(sorted(_count(g.outcome for g in gates).items())),
+        "healthy_failed_gate": sum(1 for g in gates if g.outcome == "failed" and not g.faulty),
+        "faulty_passed_gate": sum(1 for g in gates if g.outcome == "passed" and g.faulty),
+        "node_before_gate_notifications": sum(1 for n in notes if n.event == "node_before_gate"),
+        "returning_at_end": len(returning),
+        "returning_without_gate": sum(1 for e in returning if not e.gate_pending),
+    }
+
+
 def score(
     faults: Sequence[FaultOutcome],
     decisions: Sequence[DecisionRow],
     incidents: Sequence[IncidentRow],
     jobs: Sequence[JobProgress],
     checks: Sequence[CheckRow] = (),
+    notes: Sequence[NodeNote] = (),
 ) -> dict[str, Any]:
     """The campaign's `categories` table, its `totals` and its `targets`."""
     verdicts, accusations = judge(faults, decisions)
@@ -249,6 +310,7 @@ def score(
 
     noisy = sum(1 for i in incidents if not i.silenced and not windowed(i.job_id, i.first_seen_s))
     noisy += sum(1 for d in decisions if not windowed(d.job_id, at[d.id]))
+    noisy += sum(1 for n in notes if not windowed(n.job_id, n.t_s))  # work placed on a node before its gate
     covered = sum(j.elapsed_s for j in jobs)
     in_windows = sum(min(f.window[1], _elapsed(jobs, f.job_id)) - max(0.0, f.window[0]) for f in faults)
     healthy_days = max(0.0, covered - in_windows) / DAY_S
@@ -396,6 +458,11 @@ def format_table(result: Mapping[str, Any]) -> str:
         f"{', '.join(f'{k} {v}' for k, v in t.get('checks_outcomes', {}).items()) or 'none'}; "
         f"healthy nodes evicted by a check {t.get('healthy_evicted_by_checks', 0)}; faulty nodes passed "
         f"{t.get('faulty_passed_checks', 0)}",
+        f"returns reported {t.get('returns_reported', 0)}; return gates {t.get('gates', 0)} ("
+        f"{', '.join(f'{k} {v}' for k, v in t.get('gate_outcomes', {}).items()) or 'none'}; healthy failed "
+        f"{t.get('healthy_failed_gate', 0)}, faulty passed {t.get('faulty_passed_gate', 0)}); work placed before its "
+        f"gate (node_before_gate notifications) {t.get('node_before_gate_notifications', 0)}; nodes returning at the "
+        f"end {t.get('returning_at_end', 0)} ({t.get('returning_without_gate', 0)} without a gate pending)",
     ]
     if result["missed"]:
         lines += ["", "missed:"]

@@ -270,6 +270,12 @@ class Host:
         self.pressure_target = self.pressure = 0.0
         self.swap_kib = self.healthy_swap
 
+    def reboot(self) -> None:
+        """The repair shop rebooted it: the kernel's pressure averages (/proc/pressure's avg10, avg60, avg300) start
+        again from nothing, where a repair in place leaves them to decay over the next minute."""
+        for psi in (self.psi_cpu, self.psi_mem, self.psi_io):
+            psi.some_avg = psi.full_avg = (0.0, 0.0, 0.0)
+
 
 def _smooth(x: float) -> float:
     x = min(1.0, max(0.0, x))

@@ -260,6 +260,7 @@ class SparePool(FaultInjection):
         for g in self.gpus[machine]:
             g.repair()
         self.hosts[machine].repair()
+        self.hosts[machine].reboot()  # the shop reimages and reboots it: a return gate must not read old pressure
         self.fabrics[machine].repair()  # its loader wait ended when it left the job (swap_out)
         now = self._ts()
         for f in self.faults_on(machine):

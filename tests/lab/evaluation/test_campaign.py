@@ -13,12 +13,18 @@ import pytest
 from sqlalchemy import Engine, select
 
 from lab.evaluation import campaign
+from lab.evaluation.campaign_returns import GATE_S, ReturnDesk
 from lab.evaluation.cli import main
 from lab.evaluation.soak_config import SoakConfig, SoakJob
+from lab.sim import checks as sim_checks
+from lab.sim.config import SimConfig
 from lab.sim.mix import Category
+from lab.sim.model import Cluster
+from lab.sim.pool import REPAIR, SparePool
+from lab.sim.scenarios import FaultSpec
 from service.config import get_settings
 from service.db import session_scope
-from service.models import CheckResult, Finding, Job, Node, Rank, Silence
+from service.models import CheckResult, Finding, Job, Node, NodeEvent, Rank, Silence
 
 
 @pytest.fixture(autouse=True)
@@ -168,3 +174,93 @@ def test_a_sigterm_stops_a_campaign_and_its_worker_processes(tmp_path: Path) -> 
     out = "".join(seen) + rest
     assert proc.returncode == 130, out
     assert out.count("interrupted after") == 2, out
+
+
+def _events(node: str) -> list[tuple[str, str]]:
+    with session_scope() as session:
+        rows = session.execute(
+            select(NodeEvent.kind, NodeEvent.to_state)
+            .join(Node, Node.id == NodeEvent.node_id)
+            .where(Node.name == node)
+            .order_by(NodeEvent.at, NodeEvent.id)
+        ).all()
+    return [(kind, state) for kind, state in rows]
+
+
+@pytest.mark.timeout(900)
+def test_a_machine_back_from_repair_is_reported_back_and_passes_its_return_gate(committed: Engine) -> None:
+    # Three evictions use both spares and leave a node rank vacant; the first evicted machine, back from the shop,
+    # takes it. The scheduler reports it back first (no work placed before its gate), its gate passes: healthy.
+    report = _campaign((Category("faulty_gpu", 1.0, (("gpu_lost", 1),)),), faults=4)
+    t = report["totals"]
+    assert t["recall"] == 1.0 and t["false_accusations"] == 0, report["missed"]
+    first = report["faults"][0]["node"]
+    (job,) = report["jobs"]
+    assert any(e["kind"] == "swap_in" and e["node"] == first for e in job["loop_events"]), "it rejoined the job"
+    assert first in {r["node"] for r in report["returns"]}
+    gate = next(g for g in report["gates"] if g["node"] == first)
+    assert gate["how"] == "return_reported" and gate["outcome"] == "passed" and not gate["faulty"], gate
+    assert t["gates"] == t["returns_reported"] and t["gate_outcomes"] == {"passed": t["gates"]}
+    assert t["node_before_gate_notifications"] == 0 and report["node_notes"] == []
+    assert t["returning_at_end"] == 0 and t["returning_without_gate"] == 0
+    kinds = [kind for kind, _ in _events(first)]
+    assert "placed_before_gate" not in kinds
+    assert kinds.index("return_reported") < kinds.index("gate_passed"), kinds
+    assert _events(first)[-1] == ("gate_passed", "healthy")
+
+
+@pytest.mark.timeout(900)
+def test_a_machine_back_with_its_fault_fails_its_gate_and_is_evicted_again(
+    committed: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shop botches its first repair: the machine comes back to the pool with its lost GPU. Its gate's level-1
+    # checks find it, the service evicts it again, and the campaign's scheduler acts on that as on any eviction.
+    original = SparePool._repaired
+    botched: list[str] = []
+
+    def repaired(self: SparePool, machine: int) -> None:
+        if not botched:
+            botched.append(self.node_names[machine])
+            self._to_pool(machine)
+            return
+        original(self, machine)
+
+    monkeypatch.setattr(SparePool, "_repaired", repaired)
+    report = _campaign((Category("faulty_gpu", 1.0, (("gpu_lost", 1),)),), faults=4)
+    (node,) = botched
+    gates = [g for g in report["gates"] if g["node"] == node]
+    assert gates[0]["outcome"] == "failed" and gates[0]["faulty"] and "nvml_state" in gates[0]["failed_checks"]
+    assert gates[0]["conclusion"].startswith("checks failed"), gates[0]
+    acts = [a for a in report["loop_acts"] if a["node"] == node and a["t_s"] >= gates[0]["t_s"]]
+    assert acts and acts[0]["kind"] == "evict" and acts[0]["ack"] == "done", acts
+    events = _events(node)
+    assert ("gate_failed", "returning") in events and events.index(("gate_failed", "returning")) < len(events) - 1
+    t = report["totals"]
+    assert t["returning_without_gate"] == 0 and t["node_before_gate_notifications"] == 0
+    assert t["gate_outcomes"]["failed"] == 1 and t["healthy_failed_gate"] == 0
+
+
+def test_a_machine_out_of_the_shop_was_rebooted_and_its_gate_reads_no_old_pressure() -> None:
+    # Host memory pressure drove the kernel's PSI averages up; the shop repaired the machine. A gate run seconds
+    # after its return must not read the averages the fault left (they decay over a minute in the simulator).
+    cluster = Cluster(SimConfig(nodes=4, gpus_per_node=2, spares=2, repair_seconds=300.0, seed=7, realism=True))
+    desk = ReturnDesk(get_settings(), job_id="j")
+    t = 0.0
+
+    def advance(seconds: float) -> None:
+        nonlocal t
+        for _ in range(int(seconds)):
+            t += 1.0
+            cluster.advance(t)
+            desk.watch(cluster, t)
+
+    advance(30)
+    cluster.inject(FaultSpec(t, "host_mem_pressure", 0, None))
+    machine = cluster.slots[0]
+    advance(60)
+    cluster.swap_out(machine, then=REPAIR)
+    advance(300)
+    assert cluster.schedulable(machine)
+    advance(GATE_S)
+    results = {r.check: r.status for r in sim_checks.run(cluster, machine, level=1)}
+    assert results["pressure"] == "pass" and results["memory_available"] == "pass", results

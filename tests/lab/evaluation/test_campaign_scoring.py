@@ -11,11 +11,15 @@ from lab.evaluation.campaign_scoring import (
     CheckRow,
     DecisionRow,
     FaultOutcome,
+    GateRow,
     IncidentRow,
     JobProgress,
+    NodeEnd,
+    NodeNote,
     checks_totals,
     format_table,
     judge,
+    returns_totals,
     score,
 )
 from lab.sim.mix import CATEGORY_OF, LLAMA3_405B, LOCALIZABLE, draw, spec_of
@@ -250,3 +254,56 @@ def test_a_decision_on_the_fault_a_stopped_run_was_going_through_accuses_nobody(
     }
     totals = scored(report)["totals"]
     assert totals["false_accusation_ids"] == [4, 7, 9]
+
+
+def test_returns_their_gates_and_work_placed_before_a_gate_are_counted() -> None:
+    """Three machines came back from repair: two reported back (one gate passed, one failed on a healthy machine),
+    one had work placed on it before its gate (a chat alert, outside every fault window: a notification on a
+    healthy job); one node is still `returning` with no gate waiting, one with its gate still running."""
+    gates = [
+        GateRow("j", "n1", 500.0, "return_reported", "passed", faulty=False),
+        GateRow("j", "n2", 900.0, "return_reported", "failed", faulty=False, failed_checks=("pressure",)),
+        GateRow("j", "n3", 6500.0, "placed_before_gate", "passed", faulty=True),
+    ]
+    notes = [NodeNote("j", "n3", 6490.0)]
+    ends = [
+        NodeEnd("j", "n0", "healthy", False),
+        NodeEnd("j", "n1", "returning", True),
+        NodeEnd("j", "n3", "returning", False),
+    ]
+    t = returns_totals(2, 1, gates, notes, ends)
+    assert t == {
+        "returns_reported": 2,
+        "returns_refused": 1,
+        "gates": 3,
+        "gate_outcomes": {"failed": 1, "passed": 2},
+        "healthy_failed_gate": 1,
+        "faulty_passed_gate": 1,
+        "node_before_gate_notifications": 1,
+        "returning_at_end": 2,
+        "returning_without_gate": 1,
+    }
+    jobs = [JobProgress("j", elapsed_s=86400.0, productive_s=77760.0)]
+    quiet = score(FAULTS, DECISIONS, INCIDENTS, jobs)["totals"]["notifications_on_healthy_jobs"]
+    noisy = score(FAULTS, DECISIONS, INCIDENTS, jobs, notes=notes)["totals"]["notifications_on_healthy_jobs"]
+    assert noisy == quiet + 1
+    # In a fault's window (gpu_lost on n1, 98-190 s) it is no healthy job's notification; still counted apart.
+    inside = [NodeNote("j", "n3", 150.0)]
+    assert score(FAULTS, DECISIONS, INCIDENTS, jobs, notes=inside)["totals"]["notifications_on_healthy_jobs"] == quiet
+    report = {
+        "jobs": [{"job_id": "j"}],
+        "faults": [asdict(f) for f in FAULTS],
+        "decisions": [asdict(d) for d in DECISIONS],
+        "incidents": [asdict(i) for i in INCIDENTS],
+        "progress": [asdict(j) for j in jobs],
+        "returns": [{"job_id": "j", "node": "n1", "t_s": 490.0, "was": "evicted"}],
+        "gates": [asdict(g) for g in gates],
+        "node_ends": [asdict(e) for e in ends],
+        "node_notes": [asdict(n) for n in notes],
+    }
+    result = scored(report)
+    assert result["totals"]["node_before_gate_notifications"] == 1
+    assert result["totals"]["notifications_on_healthy_jobs"] == quiet + 1
+    table = format_table(result)
+    assert "work placed before its gate (node_before_gate notifications) 1" in table
+    assert "nodes returning at the end 2 (1 without a gate pending)" in table
