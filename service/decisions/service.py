@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 from ml.demarcation import IncidentProposal
 from service.config import Settings
 from service.decisions import rejects
-from service.decisions.gpu_names import by_address, name_gpus
 from service.decisions.policy import (
     INACTIVE,
     DecisionPlan,
@@ -27,6 +26,7 @@ from service.decisions.policy import (
 from service.decisions.schemas import DecisionOut, DecisionPage
 from service.errors import NotFound
 from service.fleet import stages as repair_stages
+from service.gpu_names import by_address, name_gpus
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Gpu, Incident, Job, Node, Rank
 from service.pagination import decode_cursor, encode_cursor

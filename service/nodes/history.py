@@ -9,7 +9,6 @@ inventory knows the PCI address a kernel line gave. Merged-away incidents repeat
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -18,18 +17,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
+from service.gpu_names import by_address, kernel_pci
 from service.models import Finding, Gpu, Incident, Job, Node, NodeEvent
 
 MAX_INCIDENTS = 200  # of one node (or one incident's nodes) within the window: more is a lemon, shown as such
 # node_events that only say a node was named, not that anything failed on it or was done to it.
 _NAMED_ONLY = ("suspect", "cleared", "lemon")
-_PCI = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
-
-
-def _pci(value: str | None) -> str | None:
-    """A PCI bus id as kernel lines give it: "00000000:3B:00.0" -> "0000:3b:00" (as service/decisions/gpu_names.py)."""
-    m = _PCI.match((value or "").strip())
-    return f"{(m.group(1) or '0').rjust(4, '0')[-4:]}:{m.group(2)}:{m.group(3)}".lower() if m else None
 
 
 @dataclass(frozen=True)
@@ -97,7 +90,7 @@ def _gpu_key(subject: str, addresses: dict[tuple[str, str], int], node: str) -> 
     _, _, gpu = subject.rpartition("/")
     if gpu.isdigit():
         return gpu
-    pci = _pci(gpu)
+    pci = kernel_pci(gpu)
     if pci is None:
         return None
     index = addresses.get((node, pci))
@@ -158,7 +151,7 @@ def _describe(session: Session, *, rows: Sequence[_Row], names: Collection[str])
     inventory = session.execute(
         select(Node.name, Gpu.index, Gpu.pci_bus_id).join(Gpu, Gpu.node_id == Node.id).where(Node.name.in_(list(names)))
     ).all()
-    addresses = {(n, key): index for n, index, pci in inventory if (key := _pci(pci)) is not None}
+    addresses = by_address(inventory)
     acted_on: dict[int, set[str]] = defaultdict(set)
     for incident_id, name in events:
         acted_on[incident_id].add(name)

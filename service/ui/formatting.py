@@ -10,7 +10,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from ml.quantities import iec, quantity, significant
-from service.decisions.gpu_names import GPU_IN_TEXT, by_address, kernel_pci, name_gpus
+from service.gpu_names import GPU_IN_TEXT, by_address, kernel_pci, name_gpus
 from service.ui import plots
 
 

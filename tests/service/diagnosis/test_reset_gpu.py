@@ -14,8 +14,8 @@ from agents.parsers import parse_text
 from agents.parsers.kernel import KernelLogParser
 from lab.sim import logformat as fmt
 from service.config import get_settings
-from service.decisions.gpu_names import kernel_pci
 from service.diagnosis.service import diagnose_events
+from service.gpu_names import kernel_pci
 from service.models import Decision, Incident
 from tests.conftest import bearer
 
