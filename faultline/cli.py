@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agents import cli as agent_cli
 from agents.checks import cli as check_cli
+from agents.replay import cli as replay_cli
 from agents.schedulers import cli as adapter_cli
 from agents.schedulers import slurm_jobs
 
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent_cli.add_parser(sub)
     check_cli.add_parser(sub)
+    replay_cli.add_parser(sub)
     sub.add_parser(
         "sim",
         help="run a simulated GPU cluster (exporters, logs, rank processes, agents) and inject faults",
@@ -203,6 +205,15 @@ def _passthrough(argv: list[str]) -> int | None:
     return None
 
 
+def _local_service(data_dir: Path) -> replay_cli.LocalService | None:
+    """The service `faultline replay` starts for itself; None on an install without the server stack."""
+    try:
+        from service.stack import local_service
+    except ImportError:
+        return None
+    return lambda say: local_service(data_dir, say)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     passed = _passthrough(argv)
@@ -217,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         return adapter_cli.run(args)
     if args.command == "slurm":
         return slurm_jobs.run(args)
+    if args.command == "replay":
+        return replay_cli.run(args, local=None if args.url else _local_service(args.data_dir))
     if args.command in ("demo", "bench"):  # the lab's own commands, imported only when asked for
         try:
             from lab import cli as lab_cli

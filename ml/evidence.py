@@ -71,7 +71,13 @@ class SignatureEvidence(LogCitedEvidence, total=False):
     pci: list[str] | str  # the Xid rules list the devices; the driver-initialization rule names one
     processes: list[str]
     messages: list[str]
-    repeated_elsewhere: list[str]  # Xid 31: the other jobs or programs the machine had the same fault under
+    # Xid 31, an illegal memory access: the other jobs (or programs) the machine had the same fault under
+    repeated_elsewhere: list[str]
+    caused_by_xids: list[int]  # an Xid 45 that reads as the fatal Xids it was caused by
+    # NVRM failure forms (GSP timeouts, driver initialization failures)
+    failures: list[str]
+    gsp: bool
+    driver_gpus: list[int]  # the driver's own GPU numbers ("GPU6"), not nvidia-smi's indexes
     # NVSwitch SXid
     sxid: Any  # as the record carried it (an int from faultline's parser)
     fatal: bool
@@ -94,9 +100,18 @@ class SignatureEvidence(LogCitedEvidence, total=False):
     calls: list[str]  # RDMA verbs calls that failed (ibv_reg_mr, ibv_create_cq)
     errnos: list[str]  # their errno names (ENOMEM)
     ib_events: list[str]  # IB async events (IBV_EVENT_PORT_ERR)
+    adapter_failed: bool  # a fatal async event (IBV_EVENT_DEVICE_FATAL): the adapter, not a flap
     collectives: list[int]  # flight-recorder analysis: the collectives' sequence numbers
+    # collective mismatches, NCCL RAS reports (the application's: no machine accused)
+    mismatch_ranks: list[int]
+    shapes: list[str]
+    lagging_nodes: list[str]
+    ras_errors: list[str]
+    ras_ranks: list[int]
     # CUDA errors, out of memory
     cuda_errors: list[str]
+    fault: str  # a fault that is the application's unless its machine repeats it (illegal_memory_access)
+    fault_node: str  # the machine it happened on, for the check across jobs
     widespread: bool
     tried_bytes: list[int]
     # victims' symptoms and the ranks they point at

@@ -42,7 +42,7 @@ class Action:
     decision_id: int
     kind: str
     node: str | None
-    gpu: int | None
+    gpu: str | None  # a reset_gpu's GPU: its index ("3"), or its PCI bus id where the inventory lacks it
     state: str  # pending, awaiting_approval, done, failed, rejected, expired, ...
     created_at: datetime
     acked_at: datetime | None

@@ -13,8 +13,10 @@ action a severity, a root-cause category and its own action:
 - IGNORE and the informational XID_154: "informational", nothing to do.
 
 A small override table corrects the codes where operators' practice differs from the catalog's first step
-(row-remap and contained ECC events need a GPU reset, so the node must be drained; 43 is the channel teardown
-after an application fault). Unknown codes are diagnosed.
+(uncorrectable ECC and a failed row remap take the GPU out; a contained ECC error takes a reset of its GPU; a row
+merely marked for remapping asks for nothing; 43 is the channel teardown after an application fault). Unknown codes
+are diagnosed. An Xid's meaning never depends on what the service knows of the node: a GPU reset is addressed by
+index where the inventory knows the GPU and by PCI bus id where it does not, never turned into an eviction.
 
 `gpu_reset_enough` says a reset of the one GPU clears the fault, so the policy may reset that GPU instead of
 evicting the node: the catalog's RESET_GPU codes, and the row-remap (63) and contained-ECC (94) events whose
@@ -63,15 +65,21 @@ _BY_SEVERITY: dict[str, tuple[str, str, float]] = {
 
 # Where practice differs from the catalog's immediate action: code -> (severity, action, confidence).
 _OVERRIDES: dict[int, tuple[str, str, float]] = {
-    # Row remapping recorded after an uncorrectable error; the remap needs a GPU reset, hence a drained node.
-    63: ("fatal", "evict", 0.8),
+    # A row marked for remapping: the GPU keeps working (the catalog says ignore) and the remap takes effect at its
+    # next reset. Nothing for the job; a fact about the GPU's memory kept as evidence, below the policy's diagnose
+    # floor (0.5) so that alone it drains nothing, while it adds up with other evidence about the same node.
+    # The uncorrectable error that may have caused it has its own Xid (48, 94, 95), which decides.
+    63: ("hardware", "diagnose", 0.45),
     # Remapping failed: the GPU has run out of spare rows.
     64: ("fatal", "evict", 0.95),
     # Uncorrectable ECC.
     48: ("fatal", "evict", 0.95),
     95: ("fatal", "evict", 0.95),
     140: ("fatal", "evict", 0.95),
-    # Contained ECC: the job dies; the GPU keeps serving others but needs a reset to remap the row.
+    # Contained ECC: the error was contained to the process that touched the memory; the application dies (the
+    # catalog's RESTART_APP) and the GPU needs a reset to remap the row. gpu_reset_enough: the policy resets that
+    # one GPU (by index, or by PCI bus id without an inventory) and the job restarts; never the node's eviction
+    # unless resets of that GPU keep failing. 95 (uncontained) is the one that takes the GPU out.
     94: ("fatal", "evict", 0.8),
     79: ("fatal", "evict", 0.97),
     # High single-bit ECC rate: memory degrading; worth draining for a check, not yet broken.

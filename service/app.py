@@ -39,6 +39,7 @@ from service.strict_input import RejectUnstorableText
 from service.tokens import routes as tokens_routes
 from service.ui import render as ui_render
 from service.ui import router as ui_router
+from service.unknown_lines import routes as unknown_lines_routes
 from service.validation import invalid
 
 
@@ -106,7 +107,7 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     small = settings.api_max_body_bytes
     for routes in (jobs_routes, directives_routes, incidents_routes, decisions_routes, nodes_routes, checks_routes):
         app.include_router(routes.router, max_body_size=small)
-    for routes in (notify_routes, silences_routes, tokens_routes, fleet_routes):
+    for routes in (notify_routes, silences_routes, tokens_routes, fleet_routes, unknown_lines_routes):
         app.include_router(routes.router, max_body_size=small)
     ui_router.install(app, max_body_size=small)
     _install_error_handlers(app)

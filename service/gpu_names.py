@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-_PCI = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
+_PCI = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
 _ADDRESS = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 # "GPU 7 (PCI 0000:df:00)" (already named) or "GPU 0000:df:00" (a kernel line's address).
 GPU_IN_TEXT = re.compile(rf"GPU (?:(\d+) \(PCI ({_ADDRESS})\)|({_ADDRESS}))")
@@ -19,6 +19,14 @@ def kernel_pci(value: str | None) -> str | None:
     if not m:
         return None
     return f"{(m.group(1) or '0').rjust(4, '0')[-4:]}:{m.group(2)}:{m.group(3)}".lower()
+
+
+def bus_id(value: str | None) -> str | None:
+    """A GPU's PCI bus id as a reset_gpu decision carries it: the kernel's address with its function, which
+    `nvidia-smi -i` accepts ("0000:3b:00" -> "0000:3b:00.0"). An Xid line leaves the function out: a GPU is
+    function 0 of its device."""
+    m, address = _PCI.match((value or "").strip()), kernel_pci(value)
+    return None if m is None or address is None else f"{address}.{m.group(4) or 0}"
 
 
 def by_address(inventory: Iterable[tuple[str, int, str | None]]) -> dict[tuple[str, str], int]:

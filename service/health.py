@@ -12,6 +12,7 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from service.fleet import collector as repair_gauges
+from service.unknown_lines import collector as unknown_gauges
 
 router = APIRouter(tags=["health"])
 
@@ -72,4 +73,8 @@ def metrics(request: Request) -> Response:
     if not hasattr(state, "repair_gauges"):
         state.repair_gauges = {}
     body += repair_gauges.exposition(state.sessionmaker, state.repair_gauges)
+    # Distinct unknown-line forms of the last day, likewise from the database (service/unknown_lines/collector.py).
+    if not hasattr(state, "unknown_gauges"):
+        state.unknown_gauges = {}
+    body += unknown_gauges.exposition(state.sessionmaker, state.unknown_gauges)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

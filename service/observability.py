@@ -14,6 +14,11 @@ INGEST_FLUSH_SECONDS = Histogram(
 INGEST_FLUSH_SIZE = Histogram(
     "faultline_ingest_flush_batches", "Batches per group commit", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
 )
+# Issue 41: error-looking log lines no parser rule knows, by the source that shipped them (kmsg, training, ...);
+# service/unknown_lines/ counts them per form, and bounds this label's values.
+UNKNOWN_LINES = Counter(
+    "faultline_unknown_log_lines_total", "Stored log lines that look like errors but match no known form", ["source"]
+)
 # Issue 18: time of each repair stage of an incident (ml/repair_times.py); labelled by stage only.
 REPAIR_SECONDS = Histogram(
     "faultline_repair_seconds",

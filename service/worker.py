@@ -27,6 +27,8 @@ def create_celery() -> Celery:
             "service.notify.tasks",
             # No tasks: it registers the web UI's expired sessions with the retention pass above.
             "service.ui.retention",
+            # No tasks: it registers the unknown-line counts with the retention pass (log retention).
+            "service.unknown_lines.retention",
             # No tasks: it registers the diagnose loop (stop-time checks after a diagnose decision) with decisions.
             "service.checks.loop",
             "service.checks.tasks",

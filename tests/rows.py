@@ -53,6 +53,7 @@ def decision(
     expires_in_s: float = 1800,
     reason: str | None = None,
     gpu: int | None = None,
+    gpu_pci: str | None = None,
 ) -> Decision:
     now = datetime.now(UTC)
     row = Decision(
@@ -60,7 +61,8 @@ def decision(
         job_id=incident.job_id if incident else None,
         node_id=node.id if node else None,
         kind=kind,
-        gpu=gpu if gpu is not None else (3 if kind == "reset_gpu" else None),
+        gpu=gpu if gpu is not None else (3 if kind == "reset_gpu" and gpu_pci is None else None),
+        gpu_pci=gpu_pci,
         state=state,
         confidence=0.95,
         reason=reason or f"{kind} {node.name if node else 'job'}: Xid 79 (GPU has fallen off the bus)",

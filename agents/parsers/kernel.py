@@ -1,47 +1,23 @@
-"""Kernel log parser: NVIDIA Xid / SXid / NVRM lines and PCIe AER errors.
+"""Kernel log parser: NVIDIA Xid / SXid / NVRM lines, PCIe AER errors, the OOM killer, and the fabric
+manager's start-up failures (syslog files and journals carry them next to the kernel's lines).
 
-Accepts every way the kernel log reaches the agent: raw /dev/kmsg records, `dmesg` ([sec.usec] since
-boot, -T wall clock, -H/--reltime deltas, -x facility:level), journald `short` and `short-iso`,
-syslog files, and bare lines. Lines about anything else are ignored.
+Accepts every way the kernel log reaches the agent (raw /dev/kmsg records, dmesg, journald, syslog files, bare
+lines: agents/parsers/kernel_prefixes.py reads their prefixes). Lines about anything else are ignored.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from agents.events import Event
-from agents.parsers import MONTHS, LineParser, as_utc, clip, frac_us, infer_year, iso_datetime, match_window
+from agents.parsers import LineParser, as_utc, clip, match_window
+from agents.parsers.kernel_prefixes import KMSG, KMSG_DICT, KMSG_ESCAPE, strip_prefix
 from agents.parsers.xid import lookup
 
 SOURCE = "kmsg"
-
-# -- prefixes --------------------------------------------------------------------------------------
-
-# /dev/kmsg: "prio,seq,usec,flags[,more];message"; its continuation lines (" KEY=value") carry
-# the record's dictionary (SUBSYSTEM=, DEVICE=), which says nothing we need.
-_KMSG = re.compile(r"(\d{1,4}),(\d+),(\d+),[^;]{0,32};")
-_KMSG_DICT = re.compile(r"\s+[A-Z_][A-Z0-9_]*=")
-# dmesg -x: "kern  :warn  : "
-_DMESG_X = re.compile(r"[a-z]{2,8}\s*:[a-z]{3,6}\s*: ")
-# dmesg: "[ 1234.567890] "
-_DMESG_MONO = re.compile(r"\[\s*(\d{1,10})\.(\d{1,9})\]\s?")
-# dmesg -T: "[Sat Nov 22 10:00:00 2026] "
-_DMESG_T = re.compile(r"\[[A-Z][a-z]{2} ([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?")
-# dmesg -H / --reltime: "[Nov22 10:00]", "[  +0.000316]", "[<    0.000316>]": no usable wall time.
-_DMESG_REL = re.compile(r"(?:\[\s*\+[\d.]+\]|\[<[\s\d.+]+>\]|\[[A-Z][a-z]{2}\s?\d{1,2} \d\d:\d\d\])\s?")
-# journald/syslog short: "Nov 22 10:00:00[.123456] host kernel: "
-_SYSLOG = re.compile(
-    r"([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? \S+ [\w.@/-]{1,64}(?:\[\d+\])?: "
-)
-# journald short-iso / rsyslog RFC 3339: "2026-11-22T10:00:00[.123][+0000|+00:00|Z] host kernel: "
-_ISO = re.compile(
-    r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)? \S+ [\w.@/-]{1,64}(?:\[\d+\])?: "
-)
-_BARE_KERNEL = re.compile(r"kernel: ")
-_KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 # -- messages --------------------------------------------------------------------------------------
 
@@ -63,8 +39,40 @@ _FELL_START = re.compile(rf"NVRM: The NVIDIA GPU ({_PCI})")
 _PCI_ID = re.compile(r"PCI ID: ([0-9a-fA-F]{4}:[0-9a-fA-F]{4})")
 _NVRM_PCI = re.compile(rf"\b({_PCI})\b")
 _NVRM_BAD = re.compile(r"(?i)fail|error|timeout|timed out|unable|not responding|cannot|invalid|lost")
+# GPU index the driver prefixes its GSP messages with ("GPU6 _kgspBootGspRm: ..."): its own numbering, which need
+# not be nvidia-smi's, so it is kept apart from the PCI address.
+_NVRM_GPU = re.compile(r"GPU(\d{1,3}) ")
+# NVRM lines that say a GPU failed, as (form, pattern, severity); the first match names the form. The GSP forms
+# are today's GPUs' (Turing on, GSP firmware): a GSP that stops answering RPCs needs a GPU reset, one that cannot
+# boot needs the machine reset; the heartbeat alone is often noise (stuck at 0 on some desktops), so not critical.
+_NVRM_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("fallen_off_bus", re.compile(r"fallen off the bus"), "critical"),
+    ("gsp_reset_required", re.compile(r"GPU marked for reset|NV_ERR_RESET_REQUIRED"), "critical"),
+    ("gsp_rpc_timeout", re.compile(r"\bGSP Timeout\b|rpcRecvPoll timedout"), "critical"),
+    ("gsp_heartbeat", re.compile(r"[Hh]eartbeat timed out"), "error"),
+    (
+        "gsp_boot_failed",
+        re.compile(r"WPR2 already up|Cannot initialize GSP firmware|likely in a bad state and may need to be reset"),
+        "critical",
+    ),
+    ("init_failed", re.compile(r"RmInitAdapter failed|rm_init_adapter failed"), "critical"),
+)
 _SXID = re.compile(rf"(nvidia-nvswitch\d*): SXid \((?:PCI:)?({_PCI})\): (\d{{1,6}}),\s*(.*)")
 _SXID_DETAIL = re.compile(r"(?:Data \{|Severity \d)")
+
+# The kernel's OOM killer: "oom-kill:constraint=CONSTRAINT_NONE,...,task=python,pid=698405,uid=1000", then
+# "Out of memory: Killed process 698405 (python) total-vm:..kB, anon-rss:12918388kB, ..." (cgroup limits say
+# "Memory cgroup out of memory: Killed process ..."). One kill, one event.
+_OOM_KILL = re.compile(r"oom-kill:(?:constraint=(\w+))?.*?\btask=([^,]*),pid=(\d+)")
+_OOM_KILLED = re.compile(r"(Memory cgroup out of memory|Out of memory): Killed process (\d+) \(([^)]*)\)")
+_OOM_RSS = re.compile(r"anon-rss:(\d+)kB")
+
+# The fabric manager (NVSwitch systems) and its start script. Without NVSwitches it exits with
+# NV_WARN_NOTHING_TO_DO, which is harmless (leptonai/gpud #1206); the exits that follow are that exit's echo.
+_FM = re.compile(r"(?i)fabric ?manager")
+_FM_NOTHING = "NV_WARN_NOTHING_TO_DO"
+_FM_CANNOT = re.compile(r"(?i)cannot be started|cannot start|failed to start|not been loaded|not loaded")
+_FM_EXITED = re.compile(r"(?i)\bfail|exited|error")
 
 # PCIe AER. Each message line is "<driver> <bdf>: [AER: ]body".
 _AER_LINE = re.compile(rf"(\S+) ({_PCI}): (?:AER: )?(.*)")
@@ -102,7 +110,7 @@ class _Block:
 
 
 class KernelLogParser(LineParser):
-    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer` and `nvrm` events."""
+    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer`, `nvrm`, `oom` and `fabric_manager` events."""
 
     name = "kernel"
 
@@ -111,26 +119,29 @@ class KernelLogParser(LineParser):
         self.boot_time = as_utc(boot_time) if boot_time is not None else None
         self._fell: _Block | None = None  # "The NVIDIA GPU ... has fallen off the bus" in progress
         self._aer: _Block | None = None  # an AER error and its detail lines
+        self._oom: _Block | None = None  # an "oom-kill:" line waiting for its "Killed process" line
+        self._sxid_head: tuple[str, str, int] | None = None  # (switch, pci, code) of the last SXid read
 
     def _flush(self, out: list[Event]) -> None:
         out += self._finish_fell()
         out += self._finish_aer()
+        out += self._finish_oom()
 
     # -- prefix handling ---------------------------------------------------------------------------
 
     def _feed(self, raw: str, now: datetime) -> list[Event]:
         raw = raw.rstrip("\r\n")
-        if not raw or _KMSG_DICT.match(raw):
+        if not raw or KMSG_DICT.match(raw):
             return []
         text = match_window(raw)
-        m = _KMSG.match(text)
+        m = KMSG.match(text)
         if m:
             ts = self._since_boot(int(m.group(3)) / 1_000_000, now)
             message = text[m.end() :]
             if "\\x" in message:  # kmsg escapes newlines and control characters as \xNN
-                message = _KMSG_ESCAPE.sub(lambda e: chr(int(e.group(1), 16)), message)
+                message = KMSG_ESCAPE.sub(lambda e: chr(int(e.group(1), 16)), message)
             return self._parts(raw, message.split("\n"), ts, now)
-        ts, message = self._strip_prefix(text.strip(), now)
+        ts, message = strip_prefix(text.strip(), now, lambda seconds: self._since_boot(seconds, now))
         if "#012" in message:  # rsyslog writes a record's newlines as #012
             return self._parts(raw, message.split("#012"), ts, now)
         return self._message(raw, message, ts, now)
@@ -142,35 +153,6 @@ class KernelLogParser(LineParser):
             part = part.strip()
             events += self._message(raw if i == 0 else part, part, ts, now)
         return events
-
-    def _strip_prefix(self, text: str, now: datetime) -> tuple[datetime, str]:
-        wall: datetime | None = None  # a syslog/journald wall-clock stamp, which beats dmesg's
-        m = _ISO.match(text)
-        if m:
-            wall = iso_datetime(m)
-            text = text[m.end() :]
-        else:
-            m = _SYSLOG.match(text)
-            if m:
-                wall = _syslog_ts(m, now)
-                text = text[m.end() :]
-            else:
-                m = _BARE_KERNEL.match(text) or _DMESG_X.match(text)
-                if m:
-                    text = text[m.end() :]
-        # dmesg stamps, alone or inside a syslog line (kern.log keeps them); the outer wall time wins.
-        m = _DMESG_MONO.match(text)
-        if m:
-            if wall is None:
-                wall = self._since_boot(int(m.group(1)) + frac_us(m.group(2)) / 1_000_000, now)
-            return wall or now, text[m.end() :].strip()
-        m = _DMESG_T.match(text)
-        if m:
-            return wall or _dmesg_t_ts(m) or now, text[m.end() :].strip()
-        m = _DMESG_REL.match(text)
-        if m:
-            return wall or now, text[m.end() :].strip()
-        return wall or now, text
 
     def _since_boot(self, seconds: float, now: datetime) -> datetime:
         if self.boot_time is None:
@@ -193,12 +175,20 @@ class KernelLogParser(LineParser):
             if self._continues_aer(raw, msg):
                 return []
             events += self._finish_aer()
+        if self._oom is not None:
+            if self._continues_oom(raw, msg):
+                return events + self._finish_oom()
+            events += self._finish_oom()
         if "NVRM" in msg:
             events += self._nvrm(raw, msg, ts)
         elif "SXid" in msg:
             events += self._sxid(raw, msg, ts)
         elif "AER" in msg or "PCIe Bus Error" in msg:
             events += self._aer_start(raw, msg, ts)
+        elif "oom-kill:" in msg or "Killed process" in msg:
+            events += self._oom_start(raw, msg, ts)
+        elif _FM_NOTHING in msg or "abric" in msg:
+            events += self._fabric_manager(raw, msg, ts)
         return events
 
     def _nvrm(self, raw: str, msg: str, ts: datetime) -> list[Event]:
@@ -216,8 +206,28 @@ class KernelLogParser(LineParser):
         pci = _NVRM_PCI.search(message)
         if pci:
             fields["pci"] = pci.group(1).lower()
+        gpu = _NVRM_GPU.match(message)
+        if gpu:
+            fields["gpu_index"] = int(gpu.group(1))
         severity = "warning" if _NVRM_BAD.search(message) else "info"
-        return [Event(ts=ts, source=SOURCE, kind="nvrm", line=clip(raw), severity=severity, fields=fields)]
+        for form, pattern, form_severity in _NVRM_FAILURES:
+            if pattern.search(message):
+                # The service reads the form (ml/signatures/hardware.py); critical ones ship at once.
+                fields["failure"] = form
+                fields["gsp"] = form.startswith("gsp_")
+                severity = form_severity
+                break
+        return [
+            Event(
+                ts=ts,
+                source=SOURCE,
+                kind="nvrm",
+                line=clip(raw),
+                severity=severity,
+                fields=fields,
+                critical=severity == "critical",
+            )
+        ]
 
     def _xid(self, raw: str, m: re.Match[str], ts: datetime) -> Event:
         attr, code, rest = m.group(1), int(m.group(2)), m.group(3).strip()
@@ -325,8 +335,16 @@ class KernelLogParser(LineParser):
         if not m:
             return []
         rest = m.group(4).strip()
+        head_key = (m.group(1), m.group(2).lower(), int(m.group(3)))
         if _SXID_DETAIL.match(rest):
-            return []  # "Severity N ..." / "Data {...}" lines after the header: decoded only by NVIDIA
+            # "Severity N ..." / "Data {...}" lines after the header: decoded only by NVIDIA. Without the header
+            # (a log that kept only the Data line) they are the only trace of the error: one event for them.
+            if head_key == self._sxid_head:
+                return []
+            self._sxid_head = head_key
+            fields = {"sxid": head_key[2], "pci": head_key[1], "switch": head_key[0], "fatal": None, "message": rest}
+            return [Event(ts=ts, source=SOURCE, kind="sxid", line=clip(raw), severity="warning", fields=fields)]
+        self._sxid_head = head_key
         head = rest.split(",", 1)
         fatal = head[0].strip().lower() == "fatal"
         fields: dict[str, Any] = {
@@ -343,6 +361,77 @@ class KernelLogParser(LineParser):
         return [
             Event(ts=ts, source=SOURCE, kind="sxid", line=clip(raw), severity=severity, fields=fields, critical=fatal)
         ]
+
+    # -- the OOM killer: "oom-kill:..." and "Out of memory: Killed process ...", one event ---------------------
+
+    def _oom_start(self, raw: str, msg: str, ts: datetime) -> list[Event]:
+        kill = _OOM_KILL.search(msg)
+        if kill:
+            fields: dict[str, Any] = {"host": True, "process": kill.group(2).strip() or None, "pid": int(kill.group(3))}
+            if kill.group(1):
+                fields["constraint"] = kill.group(1)
+            self._oom = _Block(ts, [raw], fields, [msg])
+            return []  # its "Killed process" line comes next, with the memory it held
+        killed = _OOM_KILLED.search(msg)
+        if not killed:
+            return []
+        self._oom = _Block(ts, [], {"host": True, "pid": int(killed.group(2))})
+        self._continues_oom(raw, msg)
+        return self._finish_oom()
+
+    def _continues_oom(self, raw: str, msg: str) -> bool:
+        """Merge the "Killed process" line of the pending kill into it; False when the line is not that."""
+        block = self._oom
+        assert block is not None
+        killed = _OOM_KILLED.search(msg)
+        if not killed or int(killed.group(2)) != block.fields["pid"]:
+            return False
+        block.lines.append(raw)
+        block.texts.append(msg)
+        block.fields["process"] = killed.group(3).strip() or block.fields.get("process")
+        if killed.group(1).startswith("Memory cgroup"):
+            block.fields["cgroup"] = True  # a container's limit, not the whole machine's memory
+        rss = _OOM_RSS.search(msg)
+        if rss:
+            block.fields["anon_rss_bytes"] = int(rss.group(1)) * 1024
+        return True
+
+    def _finish_oom(self) -> list[Event]:
+        block, self._oom = self._oom, None
+        if block is None:
+            return []
+        fields = block.fields
+        fields["message"] = clip(block.texts[-1].strip(), 500)
+        if fields.get("constraint") == "CONSTRAINT_MEMCG":
+            fields["cgroup"] = True
+        # The killed process lost its memory and its work: a training rank dies of it. Ship it at once.
+        return [
+            Event(
+                ts=block.ts,
+                source=SOURCE,
+                kind="oom",
+                line=clip("\n".join(block.lines)),
+                severity="error",
+                fields=fields,
+                critical=True,
+            )
+        ]
+
+    # -- the fabric manager ----------------------------------------------------------------------------
+
+    def _fabric_manager(self, raw: str, msg: str, ts: datetime) -> list[Event]:
+        if _FM_NOTHING in msg:
+            state, severity = "nothing_to_do", "info"  # no NVSwitch to manage: nothing is wrong
+        elif not _FM.search(msg):
+            return []
+        elif _FM_CANNOT.search(msg):
+            state, severity = "cannot_start", "error"
+        elif _FM_EXITED.search(msg):
+            state, severity = "exited", "warning"  # the reason is on another line (nothing to do, or not)
+        else:
+            return []
+        fields = {"state": state, "message": clip(msg.strip(), 500)}
+        return [Event(ts=ts, source=SOURCE, kind="fabric_manager", line=clip(raw), severity=severity, fields=fields)]
 
     # -- PCIe AER: a header ("AER: Corrected error received: <bdf>") and detail lines, one event ------
 
@@ -425,27 +514,3 @@ class KernelLogParser(LineParser):
                 critical=severity == "critical",
             )
         ]
-
-
-def _syslog_ts(m: re.Match[str], now: datetime) -> datetime | None:
-    mon, d, h, mi, s, frac = m.groups()
-    month = MONTHS.get(mon)
-    if month is None:
-        return None
-    try:
-        return datetime(
-            infer_year(month, int(d), now), month, int(d), int(h), int(mi), int(s), frac_us(frac), tzinfo=UTC
-        )
-    except ValueError:
-        return None
-
-
-def _dmesg_t_ts(m: re.Match[str]) -> datetime | None:
-    mon, d, h, mi, s, y = m.groups()
-    month = MONTHS.get(mon)
-    if month is None:
-        return None
-    try:
-        return datetime(int(y), month, int(d), int(h), int(mi), int(s), tzinfo=UTC)
-    except ValueError:
-        return None

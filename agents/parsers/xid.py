@@ -12,8 +12,8 @@ Severity rule, from the catalog's immediate_action column:
   WORKFLOW_XID_45, which is usually a consequence of another Xid) -> error
 - IGNORE, and the informational XID_154 -> warning (154 is raised to critical by the parser when it
   says a reset or reboot is required)
-- except the codes the service evicts on although the catalog's action is mild (_RAISED_TO_CRITICAL), so
-  they reach it at once like every other eviction-worthy Xid
+- except the codes the service acts on at once although the catalog's action is mild (_RAISED_TO_CRITICAL), so
+  they reach it at once like every other Xid that takes a GPU out
 Codes 162-172 have no action in the catalog yet; their names say what they are (see _NO_ACTION below).
 """
 
@@ -163,10 +163,10 @@ _NO_ACTION_SEVERITY: dict[int, str] = {
     172: "critical",
 }
 
-# The service evicts on these (ml/xid.py's overrides) where the catalog says IGNORE or RESTART_APP: 63 records a
-# row remap after an uncorrectable error, which takes a GPU reset; 94 is a contained uncorrectable ECC error.
+# Codes the service acts on at once (ml/xid.py's overrides) where the catalog says RESTART_APP: 94, a contained
+# ECC error, whose GPU the service resets. 63 (a row marked for remapping, catalog IGNORE) asks for nothing.
 # tests/agents/test_xid_parity.py keeps this set and ml/xid.py in step (the agent cannot import ml/).
-_RAISED_TO_CRITICAL = frozenset({63, 94})
+_RAISED_TO_CRITICAL = frozenset({94})
 
 CRITICAL_XIDS: frozenset[int] = frozenset(
     code

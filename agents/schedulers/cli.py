@@ -77,8 +77,9 @@ def add_parser(sub: Any) -> None:
         "kubernetes",
         help="cordon + taint + node condition; uncordon on return",
         description="evict/cordon: spec.unschedulable, taint faultline.io/faulty=<decision id>, condition "
-        "FaultlineFaulty=True. reset_gpu: label and annotation faultline.io/unhealthy-gpus=<index>, the node stays "
-        "schedulable. return: undo both. Needs get/patch on nodes and patch on nodes/status.",
+        "FaultlineFaulty=True. reset_gpu: label and annotation faultline.io/unhealthy-gpus=<index> (or the PCI bus "
+        "id, ':' and '.' as '-' in the label), the node stays schedulable. return: undo both. Needs get/patch on "
+        "nodes and patch on nodes/status.",
     )
     _common(kube)
     where = kube.add_mutually_exclusive_group()
@@ -96,7 +97,8 @@ def add_parser(sub: Any) -> None:
         "slurm",
         help="scontrol drain; resume on return",
         description="evict/cordon: scontrol update nodename=N state=drain reason=...; reset_gpu: the same drain, "
-        "the reason naming the GPU (Slurm cannot drain one GPU); return: state=resume.",
+        "the reason naming the GPU (Slurm cannot drain one GPU), the ack the reset (nvidia-smi -r -i <index or PCI "
+        "bus id>); return: state=resume.",
     )
     _common(slurm)
     slurm.add_argument("--scontrol", default="scontrol", help="scontrol program (default: scontrol on PATH)")

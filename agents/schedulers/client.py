@@ -26,7 +26,7 @@ from agents.http_errors import error_message, retry_after, retryable
 log = logging.getLogger(__name__)
 
 # The node-level kinds a scheduler acts on; restart/rollback/diagnose are for the job's owner or a person.
-# reset_gpu names one GPU of the node (the decision's `gpu`).
+# reset_gpu names one GPU of the node: the decision's `gpu` (its index), else its `gpu_pci` (PCI bus id).
 NODE_KINDS = ("evict", "cordon", "return", "reset_gpu")
 MAX_MESSAGE = 1000  # an ack message is a summary (stderr can be long)
 # The states in which faultline holds a node out of service: the adapter watches these for a return.

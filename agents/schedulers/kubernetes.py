@@ -13,12 +13,18 @@ schedulable (`kubectl uncordon`) and without our taint.
 reset_gpu: the node stays schedulable; one GPU is marked on the Node object, by faultline's own convention:
   label      `faultline.io/unhealthy-gpus=3` (indexes joined by "." as label values allow no comma: "3.5"),
   annotation `faultline.io/unhealthy-gpus: "3,5"` (the same list, comma-separated).
+  A decision that names its GPU by PCI bus id (`gpu_pci`: faultline has no GPU inventory of the node, so no
+  index) is marked by that id: as is in the annotation ("3,0000:3b:00.0"), and in the label, whose values allow
+  neither ':' nor (our separator) '.', with both written '-' ("3.0000-3b-00-0"). Indexes come first, then bus ids.
+  A label value holds 63 characters (every index, at least four bus ids): the label lists the marks that fit,
+  the annotation every one.
   No taint: a taint is node-wide (NoSchedule would cost the other seven GPUs). Workloads that need every GPU of
   a node select `faultline.io/unhealthy-gpus DoesNotExist`; a node-local remediation DaemonSet selects the
-  label, resets the GPU (`nvidia-smi -r -i 3`, or DCGM) and removes it. Neither the NVIDIA device plugin nor
-  the GPU Operator reads these marks: the device plugin takes no per-GPU input from the API (its own health
-  check already withdraws a GPU from `nvidia.com/gpu` on a critical Xid from NVML), and the operator's
-  `nvidia.com/gpu.deploy.*` labels switch whole components off for the whole node.
+  label, resets the GPU (`nvidia-smi -r -i 3`, `nvidia-smi -r -i 0000:3b:00.0` for a bus id, or DCGM) and
+  removes it. Neither the NVIDIA device plugin nor the GPU Operator reads these marks: the device plugin takes no
+  per-GPU input from the API (its own health check already withdraws a GPU from `nvidia.com/gpu` on a critical
+  Xid from NVML), and the operator's `nvidia.com/gpu.deploy.*` labels switch whole components off for the whole
+  node.
 
 Uses the official client (`pip install 'faultline[kubernetes]'`), imported only when this backend starts.
 Spec changes carry the node's resourceVersion, so a concurrent writer (another controller editing taints)
@@ -40,6 +46,7 @@ from typing import Any, TypeVar
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from agents.schedulers.checks import checks_state
+from agents.schedulers.gpus import bus_id, label_token
 from agents.schedulers.loop import ActionFailed, BackendConfigError
 
 TAINT_KEY = "faultline.io/faulty"
@@ -47,6 +54,8 @@ CONDITION_TYPE = "FaultlineFaulty"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 GPU_LABEL = "faultline.io/unhealthy-gpus"
 GPU_ANNOTATION = "faultline.io/unhealthy-gpus"
+_LABEL_MAX = 63  # characters in a label value
+Mark = int | str  # a GPU marked unhealthy: its index, or its PCI bus id ("0000:3b:00.0")
 _TRANSIENT_STATUS = {409, 429, 500, 502, 503, 504}  # 409: our resourceVersion was stale; re-read and retry
 _ATTEMPTS = 5
 _NO_SUCH_NODE = "no such node in Kubernetes"
@@ -137,10 +146,10 @@ class KubernetesBackend:
             return f"{node} already schedulable in Kubernetes, without taint {TAINT_KEY}"
         return f"uncordoned {node} in Kubernetes, taint {TAINT_KEY} removed"
 
-    def reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+    def reset_gpu(self, node: str, gpu: int | str, decision: Mapping[str, Any]) -> str:
         """Mark one GPU unhealthy (label and annotation); the node stays schedulable."""
 
-        def step() -> tuple[dict[str, Any] | None, list[int]]:
+        def step() -> tuple[dict[str, Any] | None, list[Mark]]:
             patch, gpus = gpu_marks_patch(self._read(node), add=gpu)
             if patch is not None:
                 self.core.patch_node(node, patch, _request_timeout=self.options.request_timeout_s)
@@ -152,7 +161,7 @@ class KubernetesBackend:
             return f"GPU {gpu} of {node} already marked unhealthy in Kubernetes, {marks}"
         return f"marked GPU {gpu} of {node} unhealthy in Kubernetes for a reset, {marks}"
 
-    def preview_reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+    def preview_reset_gpu(self, node: str, gpu: int | str, decision: Mapping[str, Any]) -> str:
         """The exact strategic merge patch reset_gpu would send now (the node is read, nothing written)."""
         patch, _ = gpu_marks_patch(self._retrying(lambda: self._read(node)), add=gpu)
         if patch is None:
@@ -263,18 +272,41 @@ class KubernetesBackend:
 _CONDITION_REASON = {"running": "FaultlineChecksRunning", "failed": "FaultlineChecksFailed"}
 
 
-def _label_value(gpus: list[int]) -> str:
-    return ".".join(str(g) for g in gpus)
+def _label_value(gpus: list[Mark]) -> str:
+    """The marks joined by '.', as many as a label value holds (whole ones: the annotation keeps the rest)."""
+    value = ""
+    for token in map(label_token, gpus):
+        joined = f"{value}.{token}" if value else token
+        if len(joined) > _LABEL_MAX:
+            break
+        value = joined
+    return value
 
 
-def gpu_marks_patch(current: Mapping[str, Any], *, add: int | None) -> tuple[dict[str, Any] | None, list[int]]:
-    """The patch that marks GPU `add` unhealthy beside those already marked (or, with None, clears every mark),
-    and the GPUs marked after it; no patch when the node already is so. Carries the resourceVersion read."""
+def _marked(annotation: str) -> set[Mark]:
+    """The GPUs an annotation marks: indexes and PCI bus ids; anything else is dropped on the next write."""
+    marks: set[Mark] = set()
+    for token in (t.strip() for t in annotation.split(",")):
+        if token.isdigit():
+            marks.add(int(token))
+        elif (pci := bus_id(token)) is not None:
+            marks.add(pci)
+    return marks
+
+
+def _order(mark: Mark) -> tuple[int, int, str]:
+    return (0, mark, "") if isinstance(mark, int) else (1, 0, mark)
+
+
+def gpu_marks_patch(current: Mapping[str, Any], *, add: Mark | None) -> tuple[dict[str, Any] | None, list[Mark]]:
+    """The patch that marks GPU `add` (an index or a PCI bus id) unhealthy beside those already marked (or, with
+    None, clears every mark), and the GPUs marked after it; no patch when the node already is so. Carries the
+    resourceVersion read."""
     metadata = current.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
-    marked = {int(g) for g in str(annotations.get(GPU_ANNOTATION) or "").split(",") if g.strip().isdigit()}
-    gpus = sorted(marked | {add}) if add is not None else []
+    marked = _marked(str(annotations.get(GPU_ANNOTATION) or ""))
+    gpus = sorted(marked | {add}, key=_order) if add is not None else []
     if add is None:
         if GPU_LABEL not in labels and GPU_ANNOTATION not in annotations:
             return None, gpus

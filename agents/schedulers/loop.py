@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from agents.schedulers import checks
 from agents.schedulers.client import NODE_KINDS, AuthFailed, FaultlineClient, GaveUp, Refused
+from agents.schedulers.gpus import decision_gpu
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,12 @@ class Backend(Protocol):
         """Schedule on the node again (return); returns a one-line summary for the ack."""
         ...
 
-    def reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
-        """Take one GPU of the node out for a reset (reset_gpu), or the node where the scheduler cannot."""
+    def reset_gpu(self, node: str, gpu: int | str, decision: Mapping[str, Any]) -> str:
+        """Take one GPU of the node out for a reset (reset_gpu), or the node where the scheduler cannot. `gpu` is
+        its index, or its PCI bus id ("0000:3b:00.0") when faultline's inventory of the node lacks the index."""
         ...
 
-    def preview_reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+    def preview_reset_gpu(self, node: str, gpu: int | str, decision: Mapping[str, Any]) -> str:
         """What reset_gpu would change, exactly (the patch, the command), changing nothing: for --dry-run."""
         ...
 
@@ -265,10 +267,13 @@ class AdapterLoop:
         self._queue_ack(decision_id, "done", summary)
 
     def _reset_gpu(self, decision: Mapping[str, Any], node: str) -> None:
-        """One GPU of the node: the backend marks it (or drains the node where it cannot), then the ack."""
-        decision_id, gpu = int(decision["id"]), decision.get("gpu")
-        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
-            self._queue_ack(decision_id, "failed", "reset_gpu decision names no GPU")
+        """One GPU of the node, by index or PCI bus id: the backend marks it (or drains the node where it cannot),
+        then the ack."""
+        decision_id, gpu = int(decision["id"]), decision_gpu(decision)
+        if gpu is None:
+            self._queue_ack(
+                decision_id, "failed", "reset_gpu decision names no GPU (neither an index nor a PCI bus id)"
+            )
             return
         if self.options.dry_run:
             try:
@@ -281,11 +286,11 @@ class AdapterLoop:
         try:
             summary = self.backend.reset_gpu(node, gpu, decision)
         except ActionFailed as exc:
-            log.warning("%s: could not take GPU %d of %s out: %s", _describe(decision), gpu, node, exc)
+            log.warning("%s: could not take GPU %s of %s out: %s", _describe(decision), gpu, node, exc)
             self._queue_ack(decision_id, "failed", str(exc))
             return
         except Exception as exc:  # a bug or an unexpected library error: report it rather than die
-            log.exception("%s: unexpected error acting on GPU %d of %s", _describe(decision), gpu, node)
+            log.exception("%s: unexpected error acting on GPU %s of %s", _describe(decision), gpu, node)
             self._queue_ack(decision_id, "failed", f"{type(exc).__name__}: {exc}")
             return
         self.acted += 1

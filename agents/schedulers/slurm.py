@@ -2,7 +2,10 @@
 
 evict / cordon: `scontrol update nodename=<node> state=drain reason="faultline: <kind> #<id>: <reason>"`
 return:         `scontrol update nodename=<node> state=resume`
-reset_gpu:      the same drain, its reason naming the GPU ("faultline: reset_gpu #<id>: reset GPU 3 on ...").
+reset_gpu:      the same drain, its reason naming the GPU ("faultline: reset_gpu #<id>: reset GPU 3 on ..."); the
+                ack and the dry run give the reset to run there: `nvidia-smi -r -i 3`, or by PCI bus id
+                (`nvidia-smi -r -i 00000000:3B:00.0`) when the decision names the GPU by `gpu_pci` (faultline
+                has no GPU inventory of the node, so no index).
 in service?     `scontrol show node -o <node>`: its State= carries no drain, down, fail, maintenance, power or reboot
                 flag (the loop asks this of the nodes faultline holds out, to report the ones someone resumed).
 
@@ -11,7 +14,7 @@ states; `scontrol update nodename=X gres=gpu:7` only changes the count (not whic
 lines bind the indexes), is not kept across a slurmctld restart or reconfigure, and a count below what slurmd
 reports from gres.conf puts the node in an invalid state of its own. So the supported way to keep jobs off a
 GPU is to drain its node: running jobs finish, none start; the reset is done on the drained node (`nvidia-smi
--r -i <gpu>`, which needs the GPU idle anyway), and the `return` decision resumes it.
+-r -i <gpu index or PCI bus id>`, which needs the GPU idle anyway), and the `return` decision resumes it.
 
 scontrol runs with an argument list (no shell, so nothing in a reason or node name is interpreted) and a
 timeout; a non-zero exit fails the decision with scontrol's stderr. Draining a drained node only updates
@@ -29,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agents.schedulers.checks import checks_state
+from agents.schedulers.gpus import reset_command
 from agents.schedulers.loop import ActionFailed, BackendConfigError
 
 MAX_REASON = 200  # Slurm shows the reason in sinfo -R; keep it readable
@@ -89,14 +93,17 @@ class SlurmBackend:
         self._scontrol(*self._drain_args(node, decision))
         return f"drained {node} in Slurm"
 
-    def reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+    def reset_gpu(self, node: str, gpu: int | str, decision: Mapping[str, Any]) -> str:
         """Slurm cannot drain one GPU: drain the node, the reason naming the GPU to reset."""
         self._scontrol(*self._drain_args(node, decision))
-        return f"drained {node} in Slurm for a reset of GPU {gpu} (Slurm cannot drain one GPU of a node)"
+        return (
+            f"drained {node} in Slurm for a reset of GPU {gpu} (Slurm cannot drain one GPU of a node); "
+            f"reset it there with {reset_command(gpu)}"
+        )
 
-    def preview_reset_gpu(self, node: str, gpu: int, decision: Mapping[str, Any]) -> str:
+    def preview_reset_gpu(self, node: str, gpu: int | str, decision: Mapping[str, Any]) -> str:
         command = shlex.join([self.scontrol, *self._drain_args(node, decision)])
-        return f"would drain {node} for a reset of GPU {gpu}: {command}"
+        return f"would drain {node} for a reset of GPU {gpu}: {command}; then on {node}: {reset_command(gpu)}"
 
     @staticmethod
     def _drain_args(node: str, decision: Mapping[str, Any]) -> list[str]:

@@ -41,6 +41,9 @@ CAMPAIGN_FAULTS = 200
 CAMPAIGN_HANG_TIMEOUT_S = 90
 
 DEFAULT_DATA_DIR = Path(".faultline/eval")
+# The repo's corpus of real logs (lab/evaluation/corpus.py's default; not imported: it loads the agent's parsers).
+CORPUS_DEFAULT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "logs"
+CORPUS_PARALLEL = 8
 
 
 class SetupError(Exception):
@@ -130,6 +133,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "on the stop-time checks it answers (the baseline before issue 28)",
     )
     p.add_argument(
+        "--corpus",
+        nargs="?",
+        type=Path,
+        const=CORPUS_DEFAULT,
+        metavar="DIR",
+        help="instead of the scenarios: every labeled real log of DIR (default: the repo's corpus, "
+        "tests/fixtures/logs) end to end, each as one node of a job beside an innocent peer; right or wrong per "
+        "log and per class, and how often the innocent node was accused",
+    )
+    p.add_argument(
         "--campaign-jobs",
         default=CAMPAIGN_JOBS_SPEC,
         help=f"the campaign's jobs, run at once: NODESxGPUS[:tpTppP],... (default {CAMPAIGN_JOBS_SPEC})",
@@ -162,13 +175,15 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     )
     try:
-        if args.soak and args.campaign:
-            raise SetupError("--soak and --campaign are two different runs: give one")
+        if sum(map(bool, (args.soak, args.campaign, args.corpus))) > 1:
+            raise SetupError("--soak, --campaign and --corpus are different runs: give one")
         if args.hang_timeout is None:
             # The scenarios' and the soak's 30 s is shorter than a checkpoint's pause on purpose (their hang
             # scenarios are timed against it). The campaign's jobs run for hours through checkpoints (20-40 s) and
             # restarts: a real job registers a timeout above those, or every checkpoint is a hang incident.
             args.hang_timeout = CAMPAIGN_HANG_TIMEOUT_S if args.campaign else 30
+        if args.corpus:
+            return _corpus(args)
         return _soak(args) if args.soak else _campaign(args) if args.campaign else _run(args)
     except SetupError as exc:
         say(f"error: {exc}")
@@ -320,8 +335,8 @@ def _run(args: argparse.Namespace) -> int:
 def _accelerated_services(data_dir: Path) -> Iterator[None]:
     """The database an accelerated-time run (soak, campaign) writes to: FAULTLINE_DATABASE_URL's, else embedded
     servers in `data_dir`; migrated; stopped after."""
-    from lab.demo import Services
     from service.embedded import free_port
+    from service.stack import Services
 
     (data_dir / "logs").mkdir(parents=True, exist_ok=True)
     services = Services(logs=data_dir / "logs", say=say)
@@ -369,6 +384,49 @@ def _soak(args: argparse.Namespace) -> int:
     return 0 if report_files.passed(report) else 1
 
 
+def _corpus(args: argparse.Namespace) -> int:
+    from lab.evaluation import corpus
+
+    try:
+        paths = corpus.corpus_paths(args.corpus)
+    except FileNotFoundError as exc:
+        raise SetupError(str(exc)) from None
+    if not paths:
+        raise SetupError(f"{args.corpus}: no log files (*.txt, *.log)")
+    data_dir: Path = args.data_dir.resolve()
+    (data_dir / "logs").mkdir(parents=True, exist_ok=True)
+    parallel = args.parallel if args.parallel > 1 else CORPUS_PARALLEL
+    say(f"{len(paths)} logs from {args.corpus}, {parallel} at a time; data in {data_dir}")
+    started = time.monotonic()
+    harness = Harness(data_dir, args.port)
+    try:
+        harness.start()
+        run = corpus.CorpusRun(
+            harness.url,
+            token=harness.tokens["operator"],
+            agent_token=harness.tokens["agent"],
+            tag=f"corpus{datetime.now():%H%M%S}",
+            parallel=parallel,
+            say=say,
+        )
+        results = run.run(paths)
+        problem = harness.problem()
+    finally:
+        harness.stop()
+    summary = corpus.summarize(results)
+    print(corpus.format_report(results, summary), flush=True)
+    out = args.json or data_dir / "corpus.json"
+    report = {**summary, "corpus": str(args.corpus), "wall_s": round(time.monotonic() - started, 1)}
+    report["logs"] = [r.to_json() for r in results]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    say(f"results in {out} ({report['wall_s']:.0f} s)")
+    if problem:
+        say(f"error: {problem}")
+        return 2
+    return 0
+
+
 def _campaign(args: argparse.Namespace) -> int:
     from lab.evaluation import campaign, campaign_report, report_files, soak_config
     from service.config import get_settings
@@ -408,7 +466,7 @@ class Harness:
     """The service one eval runs against: databases, migrations, tokens, API, worker and beat."""
 
     def __init__(self, data_dir: Path, port: int) -> None:
-        from lab.demo import Services
+        from service.stack import Services
 
         self.data_dir, self.port = data_dir, port
         self.services = Services(logs=data_dir / "logs", say=say)

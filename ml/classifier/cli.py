@@ -18,6 +18,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0, help="seed for variants and splits (default 0)")
     train.add_argument("--variants", type=int, default=20, help="generated variants per labeled line (default 20)")
     train.add_argument("--test-size", type=float, default=0.2, help="held-out share of base lines (default 0.2)")
+    train.add_argument(
+        "--thread-folds",
+        type=int,
+        default=5,
+        help="folds of the cross-validation over the real lines split by thread (default 5; 0 skips it)",
+    )
     predict = sub.add_parser("predict", help="classify lines given as arguments, or read from stdin")
     predict.add_argument("lines", nargs="*", help="log lines (default: one per stdin line)")
     predict.add_argument("--model", type=Path, default=None, help="artifact path (default: the newest shipped)")
@@ -33,11 +39,20 @@ def _train(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(message, flush=True)
 
-    result = train.train(args.data, seed=args.seed, n_variants=args.variants, test_size=args.test_size, log=say)
+    result = train.train(
+        args.data,
+        seed=args.seed,
+        n_variants=args.variants,
+        test_size=args.test_size,
+        n_thread_folds=args.thread_folds,
+        log=say,
+    )
     path = train.save(result, args.out)
     size_kib = path.stat().st_size / 1024
     print(f"wrote {path} ({size_kib:.0f} KiB) in {time.monotonic() - started:.1f} s")
     print(f"version {result.metadata['version']}, held-out accuracy {result.metadata['heldout_accuracy']:.4f}")
+    if "thread_cv" in result.metadata:
+        print(train.macro_line(result.metadata["thread_cv"]))  # the headline again, after the long report
     return 0
 
 

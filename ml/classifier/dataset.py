@@ -1,8 +1,11 @@
 """The labeled lines and their generated variants: the model should learn the words, not the hosts and numbers.
 
-The shipped TSV holds a few hundred base lines (real corpus lines and lines written from real failure messages).
-At train time every base line gets `n_variants` copies with fresh hosts, IPs, ranks, pids, PCI ids, numbers,
-paths and log prefixes; all copies of one base line share a group so a grouped split keeps them on one side.
+The shipped TSV holds several hundred base lines: real lines, taken verbatim from the public corpus of failure logs
+(tests/fixtures/logs), and lines written from real failure messages. Each row names its source (the corpus file or
+"written") and its thread (the GitHub issue or document the corpus file quotes, "written" for written lines), so an
+evaluation can hold out whole threads. At train time every base line gets `n_variants` copies with fresh hosts,
+IPs, ranks, pids, PCI ids, numbers, paths and log prefixes; all copies of one base line share a group so a grouped
+split keeps them on one side.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import random
 import re
 import string
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ml.normalize import normalize
@@ -20,28 +23,45 @@ from ml.normalize import normalize
 # The classifier's categories: a subset of ml.findings.CATEGORIES ("unknown" = benign or unreadable).
 CATEGORIES: tuple[str, ...] = ("gpu_hardware", "network", "user_code", "oom", "storage", "nan", "unknown")
 DATA_PATH = Path(__file__).resolve().parent.parent / "data" / "labeled_lines.tsv"
+WRITTEN = "written"  # source and thread of the lines written from knowledge rather than taken from the corpus
 
 
 @dataclass(frozen=True, slots=True)
 class LabeledLine:
-    """One base line of the shipped data: its category, text and where it came from."""
+    """One base line of the shipped data: its category, text, the file it came from and that file's thread.
+
+    Lines from one thread (one GitHub issue quoted by one or more corpus files) describe one incident, so an honest
+    evaluation keeps a thread's lines on one side of a split.
+    """
 
     category: str
     line: str
     source: str
+    thread: str = WRITTEN
+
+    @property
+    def real(self) -> bool:
+        """Whether the line comes from the corpus of real logs (not written)."""
+        return self.source != WRITTEN
 
 
 @dataclass(frozen=True, slots=True)
 class Dataset:
-    """Training texts (raw, not yet normalized), their labels and the base-line group of each."""
+    """Training texts (raw, not yet normalized), their labels, the base-line group of each and the index of the
+    base line (in the rows given to `build`) each text was made from, -1 for a generated noise line."""
 
     texts: list[str]
     labels: list[str]
     groups: list[int]
+    origin: list[int] = field(default_factory=list)
 
 
 def load_labeled(path: str | Path | None = None) -> list[LabeledLine]:
-    """Read the labeled TSV (category, line, source); '#' lines are comments, the first other line a header."""
+    """Read the labeled TSV (category, line, source[, thread]); '#' lines are comments, the first other a header.
+
+    Three-column files (before threads were recorded) still load: a corpus line's thread is then its source file,
+    which keeps each file on one side of a thread split but cannot join two files that quote one thread.
+    """
     rows: list[LabeledLine] = []
     header_seen = False
     for number, raw in enumerate(Path(path or DATA_PATH).read_text(encoding="utf-8").splitlines(), start=1):
@@ -51,10 +71,52 @@ def load_labeled(path: str | Path | None = None) -> list[LabeledLine]:
             header_seen = True
             continue
         parts = raw.split("\t")
-        if len(parts) != 3 or parts[0] not in CATEGORIES or not parts[1].strip():
-            raise ValueError(f"line {number}: expected 'category<TAB>line<TAB>source' with a known category")
-        rows.append(LabeledLine(parts[0], parts[1], parts[2]))
+        if len(parts) not in (3, 4) or parts[0] not in CATEGORIES or not parts[1].strip() or not parts[2].strip():
+            raise ValueError(f"line {number}: expected 'category<TAB>line<TAB>source<TAB>thread' with a known category")
+        thread = parts[3].strip() if len(parts) == 4 else parts[2]
+        if not thread or (parts[2] == WRITTEN) != (thread == WRITTEN):
+            raise ValueError(f"line {number}: the thread is 'written' exactly when the source is")
+        rows.append(LabeledLine(parts[0], parts[1], parts[2], thread))
     return rows
+
+
+# A corpus file names its thread in a `# thread: owner/repo#N` header line; older files only cite a `# source:` URL.
+_THREAD_HEADER = re.compile(r"^#\s*thread:\s*(\S+)", re.M)
+_SOURCE_HEADER = re.compile(r"^#\s*source:\s*(.*)$", re.M)
+_GITHUB_ISSUE = re.compile(r"https?://github\.com/([\w.-]+/[\w.-]+)/(?:issues|pull|discussions)/(\d+)")
+_GITHUB_DOC = re.compile(r"https?://github\.com/([\w.-]+/[\w.-]+?)/?\s+([\w./-]+\.\w+)")
+
+
+def thread_of_header(text: str) -> str | None:
+    """The thread a corpus file quotes: its `# thread:` header, else one derived from its `# source:` URL.
+
+    An issue or pull request is `owner/repo#N`; a document in a repository is `owner/repo:path`; None when the
+    header names neither (the caller falls back to the file name).
+    """
+    header = text.split("\n---\n", 1)[0]
+    if found := _THREAD_HEADER.search(header):
+        return found.group(1)
+    source = _SOURCE_HEADER.search(header)
+    if source is None:
+        return None
+    if issue := _GITHUB_ISSUE.search(source.group(1)):
+        return f"{issue.group(1)}#{issue.group(2)}"
+    if doc := _GITHUB_DOC.search(source.group(1)):
+        return f"{doc.group(1)}:{doc.group(2)}"
+    return None
+
+
+def corpus_thread(path: str | Path) -> str:
+    """The thread of one corpus file (tests/fixtures/logs/*.txt), or its file name when the header names none."""
+    file = Path(path)
+    return thread_of_header(file.read_text(encoding="utf-8")) or file.name
+
+
+def corpus_body(path: str | Path) -> list[str]:
+    """The log lines of one corpus file: everything after the header's `---` line."""
+    text = Path(path).read_text(encoding="utf-8")
+    _, sep, body = text.partition("\n---\n")
+    return body.splitlines() if sep else []
 
 
 def data_sha256(path: str | Path | None = None) -> str:
@@ -238,16 +300,19 @@ def build(rows: Sequence[LabeledLine], *, n_variants: int = 20, seed: int = 0, n
     texts: list[str] = []
     labels: list[str] = []
     groups: list[int] = []
-    for row in rows:
+    origin: list[int] = []
+    for index, row in enumerate(rows):
         group = group_of.setdefault(normalize(row.line), len(group_of))
         for text in [row.line, *(make_variant(row.line, rng) for _ in range(n_variants))]:
             texts.append(text)
             labels.append(row.category)
             groups.append(group)
+            origin.append(index)
     next_group = len(group_of)
     for _ in range(int(len(texts) * noise_fraction)):
         texts.append(noise_line(rng))
         labels.append("unknown")
         groups.append(next_group)  # each noise line its own group
+        origin.append(-1)
         next_group += 1
-    return Dataset(texts, labels, groups)
+    return Dataset(texts, labels, groups, origin)

@@ -5,7 +5,9 @@ application (blame user code, restart it), unless the machine repeats the fault 
 (the service marks such Xid lines `repeated_elsewhere`): then the machine is the suspect, to diagnose.
 
 Runs after the other rules, on their findings: the Xid's and the CUDA error's node findings (each alone "diagnose,
-blame unknown") become one claim.
+blame unknown") become one claim. An illegal memory access with no hardware signal on its machine is the
+application's already (runtime.py). The other faults of the application that need the other rules' findings (the
+collectives the ranks disagreed on, NCCL's invalid usage) are in collectives.py, run from here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from ml.findings import Finding
+from ml.signatures.collectives import collective_findings
 from ml.signatures.common import _finding, _Job, _Occ, _rank_note
 
 MMU_FAULT_XID = 31
@@ -33,6 +36,13 @@ def _mmu_fault(o: _Occ) -> bool:
 
 
 def application_faults(findings: list[Finding], occs: Sequence[_Occ], job: _Job) -> list[Finding]:
+    """`findings` with each node's Xid 31 + illegal-address pair replaced by one claim about its cause, and the
+    collective mismatches and NCCL misuse added."""
+    out = _mmu_faults(findings, occs, job)
+    return out + collective_findings(out, occs, job)
+
+
+def _mmu_faults(findings: list[Finding], occs: Sequence[_Occ], job: _Job) -> list[Finding]:
     """`findings` with each node's Xid 31 + illegal-address pair replaced by one claim about its cause."""
     faults: dict[str, list[_Occ]] = defaultdict(list)
     errors: dict[str, list[_Occ]] = defaultdict(list)

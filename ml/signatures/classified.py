@@ -10,8 +10,6 @@ from ml.findings import Finding
 from ml.normalize import signature
 from ml.signatures.common import (
     _HARDWARE_WORDS,
-    _STORAGE_CAPACITY,
-    _STORAGE_INFRA,
     MIN_CLASSIFIER_P,
     Classify,
     _finding,
@@ -19,6 +17,7 @@ from ml.signatures.common import (
     _Job,
     _log,
     _Occ,
+    storage_kind,
 )
 from ml.signatures.runtime import _storage_finding
 from ml.signatures.tracebacks import _exc_text, _hardware_word_finding
@@ -32,7 +31,7 @@ def _unmatched_findings(
 ) -> list[Finding]:
     lines = [o for o in occs if o.kind == "unmatched_error"]
     findings: list[Finding] = []
-    storage = [o for o in lines if _STORAGE_INFRA.search(o.record.line) or _STORAGE_CAPACITY.search(o.record.line)]
+    storage = [o for o in lines if storage_kind(o.record.line)]
     if storage:
         findings += _storage_finding(storage, job, lambda o: o.record.line)
     storage_set = set(storage)

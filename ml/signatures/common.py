@@ -30,19 +30,48 @@ _log = logging.getLogger("ml.signatures")
 
 # --- vocabularies shared by several families ---------------------------------------------------------
 
+# "Transport endpoint is not connected" (ENOTCONN) is a socket's error: a peer went away (c10d's store, Gloo, a process
+# dying next to a GPU fault). Only with a path after it is it a FUSE mount whose daemon died.
 _STORAGE_INFRA = re.compile(
-    r"(?i)Input/output error|\bEIO\b|\[Errno 5\]|Stale file handle|\bESTALE\b|\[Errno 116\]|Read-only file system"
-    r"|\bEROFS\b|\[Errno 30\]|Transport endpoint is not connected|\[Errno 107\]|Remote I/O error|\[Errno 121\]"
-    r"|LustreError|\blustre\b.{0,40}(?:error|fail)|nfs: server \S+ not responding|\bNFS\b.{0,40}(?:error|fail|stale)"
+    r"(?i)Input/output error|\bEIO\b|\[Errno 5\]|Read-only file system|\bEROFS\b|\[Errno 30\]"
+    r"|Transport endpoint is not connected:\s*['\"]?/|Remote I/O error|\[Errno 121\]"
+    r"|LustreError|\blustre\b.{0,40}(?:error|fail)|nfs: server \S+ not responding|\bNFS\b.{0,40}(?:error|fail)"
     r"|\bGPFS\b.{0,40}(?:error|fail)|mmfs.{0,20}error"
 )
+# A handle of a shared file system whose file was replaced or removed under it (another process or node deleted it;
+# the server failed over): the job's files or the file system's, rarely the machine that saw it.
+_STORAGE_STALE = re.compile(r"(?i)Stale file handle|\bESTALE\b|\[Errno 116\]|\bNFS\b.{0,40}stale")
 _STORAGE_CAPACITY = re.compile(
     r"(?i)No space left on device|\bENOSPC\b|\[Errno 28\]|Disk quota exceeded|\bEDQUOT\b|\[Errno 122\]"
 )
+_STORAGE_SHM = re.compile(r"(?i)/dev/shm|</torch_|shared memory|\bshm\b")  # /dev/shm full, not a file system
+_OBJECT_STORE = re.compile(r"Unable to connect to endpoint|Could not connect to the endpoint URL")
+# The parser's storage_error categories, as the storage rule groups them.
+_STORAGE_CATEGORIES = {
+    "io": "io",
+    "read_only": "io",
+    "stale": "stale",
+    "capacity": "capacity",
+    "shm": "shm",
+    "object_store": "object_store",
+}
 _HARDWARE_WORDS = re.compile(
     r"(?i)uncorrectable ECC|double bit error|fallen off the bus|\bXid\b|NVLink (?:error|fatal)|GPU is lost"
     r"|Unable to determine the device handle|GPU requires reset|nvidia-smi has failed|RmInitAdapter failed"
 )
+
+
+def storage_kind(text: str) -> str | None:
+    """What a filesystem or object-store error says, from its words: io, stale, capacity, shm or object_store."""
+    if _STORAGE_STALE.search(text):
+        return "stale"
+    if _STORAGE_INFRA.search(text):
+        return "io"
+    if _STORAGE_CAPACITY.search(text):
+        return "shm" if _STORAGE_SHM.search(text) else "capacity"
+    if _OBJECT_STORE.search(text):
+        return "object_store"
+    return None
 
 
 # --- plumbing -----------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Network rules: InfiniBand completion errors, RDMA verbs failures and async events on a node, and NCCL errors
-(a remote peer they name is a pointer)."""
+(a remote peer they name is a pointer; a failure of the NVLS transport is the node's NVLink fabric)."""
 
 from __future__ import annotations
 
@@ -63,9 +63,10 @@ _IB_LINK_EVENTS = frozenset({"IBV_EVENT_PORT_ERR", "IBV_EVENT_DEVICE_FATAL"})
 def _ib_verbs_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
     """A node whose RDMA stack refused a verbs call or raised a fatal async event: that node's problem.
 
-    ENOMEM on a memory registration, or a queue that cannot be created, is the node's locked-memory limit or
-    its pinnable memory (a configuration or resource fault of that host, not of the job's code); a port error
-    or a catastrophic adapter error is the link or the HCA. A call that only reports the async thread
+    ENOMEM on a memory registration or on creating a queue (or such a call failing with no errno printed) is
+    almost always the node's locked-memory limit, `ulimit -l`: a configuration fault of that host (category host),
+    not its network hardware nor the job's code; a port error or a catastrophic adapter error is the link or the
+    HCA. A call that only reports the async thread
     stopping (ibv_get_async_event) rides along with the event that stopped it.
     """
     kinds = ("ib_verbs_error", "ib_async_event")
@@ -79,15 +80,22 @@ def _ib_verbs_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
         errnos = sorted({str(o.fields["errno"]) for o in verbs if o.fields.get("errno")})
         categories = {str(o.fields.get("category")) for o in verbs}
         times = _times(group)
+        category = "network"
+        fatal = "IBV_EVENT_DEVICE_FATAL" in events
         if set(events) & _IB_LINK_EVENTS:
-            confidence, action = (0.85 if "IBV_EVENT_DEVICE_FATAL" in events else 0.8), "evict"
+            confidence, action = (0.85 if fatal else 0.8), "evict"
             what = f"InfiniBand {', '.join(words or events)} on {node}"
             reason = "link_or_adapter"
         elif categories & {"memory_registration", "resource"}:
             confidence, action = 0.7, "diagnose"
-            memlock = "memory_registration" in categories and ("ENOMEM" in errnos or not errnos)
+            memlock = _memlock(verbs)
             what = f"RDMA {', '.join(calls)} failed on {node}" + (f" ({', '.join(errnos)})" if errnos else "")
-            what += ": locked-memory limit (ulimit -l) or pinned memory exhausted" if memlock else ": RDMA resources"
+            if memlock:
+                # The host's configuration (limits.conf, the container runtime's memlock), not its network hardware.
+                category, confidence = "host", 0.7 if errnos else 0.6
+                what += ": locked-memory limit (ulimit -l) too low? host configuration"
+            else:
+                what += ": RDMA resources"
             reason = "memlock" if memlock else "rdma_resources"
         else:
             confidence, action = 0.5, "diagnose"
@@ -97,7 +105,7 @@ def _ib_verbs_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
             _finding(
                 group,
                 key=f"ib_verbs:{node}",
-                category="network",
+                category=category,
                 confidence=confidence,
                 summary=f"{what} ({len(times)} occurrence{'s' * (len(times) > 1)})",
                 node=node,
@@ -110,9 +118,31 @@ def _ib_verbs_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                 errnos=errnos or None,
                 ib_events=events or None,
                 reason=reason,
+                # The adapter itself failed: not a link that may come back, so the policy's flap tolerance
+                # does not wait for a second one.
+                adapter_failed=fatal or None,
             )
         )
     return findings
+
+
+# Errnos of a verbs call that pins memory (registering it, creating a queue) that come down to RLIMIT_MEMLOCK.
+_MEMLOCK_ERRNOS = frozenset({"ENOMEM", "EAGAIN", "EPERM"})
+
+
+def _memlock(verbs: list[_Occ]) -> bool:
+    """Whether failed verbs calls read as the locked-memory limit: memory registration or queue creation failing with
+    ENOMEM (EAGAIN, EPERM for a registration) or with no errno printed (NCCL before 2.12 printed none). Both pin
+    memory, and a too-low `ulimit -l` (a container's default 64 KiB, limits.conf) is what almost always refuses it."""
+    pinning = [o for o in verbs if o.fields.get("category") in ("memory_registration", "resource")]
+    if not pinning:
+        return False
+    for o in pinning:
+        errno = o.fields.get("errno")
+        allowed = _MEMLOCK_ERRNOS if o.fields.get("category") == "memory_registration" else {"ENOMEM"}
+        if errno and errno not in allowed:
+            return False
+    return True
 
 
 def _ib_fault(o: _Occ) -> bool:
@@ -153,10 +183,42 @@ def _is_remote(o: _Occ) -> bool:
     )
 
 
+def _nvls(o: _Occ) -> bool:
+    """A NCCL failure in its NVLS transport (NVLink SHARP: multicast memory on the NVSwitches), as a NCCL error or
+    the CUDA error it warns of ("transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'")."""
+    if o.kind not in ("nccl_error", "cuda_error"):
+        return False
+    return "transport/nvls" in str(o.fields.get("src") or "") or "transport/nvls" in o.record.line
+
+
+def _nvls_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    """NVLS setup failing on a node is the NVLink fabric's, not the job's code: the fabric manager restarted
+    without the GPUs being reset (NVIDIA/nccl#1488), or the fabric is not ready. To diagnose on that node."""
+    findings = []
+    for node, group in sorted(_group((o for o in occs if _nvls(o)), lambda o: o.node).items()):
+        findings.append(
+            _finding(
+                group,
+                key=f"nccl_nvls:{node}",
+                category="nvlink",
+                confidence=0.6,
+                summary=f"NCCL's NVLS transport (NVLink multicast) fails{_rank_note(group)} on {node}",
+                node=node,
+                job=job,
+                blame="infrastructure",
+                action="diagnose",
+                sig_text="nccl nvls failure",
+                times=_times(group),
+            )
+        )
+    return findings
+
+
 def _nccl_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    nvls = _nvls_findings(occs, job)
     errors = [o for o in occs if o.kind == "nccl_error"]
     if not errors:
-        return []
+        return nvls
     pointers: dict[str, list[_Occ]] = defaultdict(list)
     peers_unresolved: set[str] = set()
     for o in errors:
@@ -168,7 +230,7 @@ def _nccl_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
             pointers[peer_node].append(o)
         elif not peer_node:
             peers_unresolved.add(peer)
-    findings: list[Finding] = []
+    findings: list[Finding] = nvls
     for peer_node, group in sorted(pointers.items()):
         reporters = {o.node for o in group}
         # Several machines naming the same peer say more than one; still only a pointer, never an eviction.

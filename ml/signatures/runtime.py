@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from ml.findings import Finding
 from ml.signatures.common import (
-    _STORAGE_INFRA,
+    _STORAGE_CATEGORIES,
     MAX_LIST,
     _finding,
     _group,
@@ -16,6 +16,7 @@ from ml.signatures.common import (
     _Occ,
     _rank_note,
     _widespread,
+    storage_kind,
 )
 
 # CUDA error names (agents/parsers/training/cuda.py) by what they usually mean.
@@ -26,6 +27,11 @@ _CUDA_USER = frozenset(
     {"device_assert", "no_kernel_image", "invalid_device_ordinal", "invalid_argument", "stream_capture"}
 )
 _CUDA_OOM = frozenset({"out_of_memory"})
+# A kernel that touched an unmapped address: the application's own bug about twice as often as the hardware's
+# (ByteRobust), so the machine is suspected only with a hardware signal of its own (ILLEGAL_ADDRESS is the name the
+# parser gives it, the one a cross-job check of the machine matches on).
+ILLEGAL_ADDRESS = "illegal_memory_access"
+_HARDWARE_CLASSES = frozenset({"hardware", "nvlink", "device_gone"})
 _CUBLAS_USER = re.compile(r"(?:invalid_value|not_supported|not_initialized|bad_param|arch_mismatch|mapping_error)")
 _ECC_WORDS = re.compile(r"(?i)uncorrectable|\bECC\b|double.bit")
 _SHM = re.compile(r"(?i)shared memory|/dev/shm|\bshm\b")
@@ -35,14 +41,16 @@ def _cuda_class(o: _Occ) -> str:
     """hardware, nvlink, device_gone, user, oom or ambiguous."""
     name = str(o.fields.get("error") or "")
     message = str(o.fields.get("message") or "")
+    if name in _CUDA_NVLINK:  # before the ECC words: "uncorrectable NVLink error" is the link's, not the memory's
+        return "nvlink"
     if name in _CUDA_HARDWARE or _ECC_WORDS.search(message) or _ECC_WORDS.search(name):
         return "hardware"
-    if name in _CUDA_NVLINK:
-        return "nvlink"
     if name in _CUDA_OOM or "alloc_failed" in name:
         return "oom"
     if name in _CUDA_DEVICE_GONE:
         return "device_gone"
+    if name == ILLEGAL_ADDRESS:
+        return "illegal_address"
     if name in _CUDA_USER or _CUBLAS_USER.search(name):
         return "user"
     return "ambiguous"
@@ -75,6 +83,8 @@ def _cuda_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                 )
         elif cls == "oom":
             findings.append(_oom_finding(group, job, "GPU"))
+        elif cls == "illegal_address" and not _widespread(group, job):
+            findings += _illegal_address_findings(group, _hardware_signal_nodes(occs), job)
         elif cls == "user" or _widespread(group, job):
             wide = _widespread(group, job)
             findings.append(
@@ -116,6 +126,95 @@ def _cuda_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
     return findings
 
 
+def _hardware_signal_nodes(occs: Sequence[_Occ]) -> set[str]:
+    """Machines with a hardware signal of their own in the records: a Xid, an SXid, an uncorrected PCIe error, an
+    NVRM error, a CUDA error that names the hardware (ECC, NVLink, a device gone)."""
+    nodes: set[str] = set()
+    for o in occs:
+        if (
+            o.kind in ("xid", "sxid")
+            or (o.kind == "pcie_aer" and str(o.fields.get("severity") or "corrected") != "corrected")
+            or (o.kind == "nvrm" and o.record.severity in ("error", "critical"))
+            or (o.kind == "cuda_error" and _cuda_class(o) in _HARDWARE_CLASSES)
+        ):
+            nodes.add(o.node)
+    return nodes
+
+
+def _repeated_elsewhere(group: Sequence[_Occ]) -> list[str]:
+    """Where else the machine had the fault alone (the service marks the stored record, which a traceback's
+    unwrapped error does not carry: read from the record)."""
+    return sorted({str(e) for o in group for e in o.record.fields.get("repeated_elsewhere") or ()})
+
+
+def _illegal_address_findings(group: Sequence[_Occ], hardware: set[str], job: _Job) -> list[Finding]:
+    """An illegal memory access on few machines: the application's (restart it) where the machine shows no hardware
+    signal; a suspect to diagnose where it does (app_faults pairs a Xid 31 with it), or where the machine had it
+    alone under other jobs lately (the service marks such records `repeated_elsewhere`: service/diagnosis/repeats.py).
+    """
+    findings: list[Finding] = []
+    for node, ngroup in sorted(_group(group, lambda o: o.node).items()):
+        if node in hardware:
+            findings.append(
+                _finding(
+                    ngroup,
+                    key=f"cuda:ambiguous:{node}",
+                    category="unknown",
+                    confidence=0.5,
+                    summary=f"CUDA error {ILLEGAL_ADDRESS}{_rank_note(ngroup)} on {node}, which has hardware errors",
+                    node=node,
+                    job=job,
+                    action="diagnose",
+                    sig_text="cuda ambiguous",
+                    cuda_errors=[ILLEGAL_ADDRESS],
+                )
+            )
+            continue
+        elsewhere = _repeated_elsewhere(ngroup)
+        if elsewhere:
+            findings.append(
+                _finding(
+                    ngroup,
+                    key=f"cuda:illegal_address:{node}:repeated",
+                    category="gpu_hardware",
+                    confidence=0.65,
+                    summary=f"illegal memory access{_rank_note(ngroup)} on {node}, which had the same fault alone "
+                    f"under {', '.join(elsewhere)}: the machine, not the code",
+                    node=node,
+                    job=job,
+                    blame="infrastructure",
+                    action="diagnose",
+                    sig_text=f"cuda {ILLEGAL_ADDRESS} repeated",
+                    cuda_errors=[ILLEGAL_ADDRESS],
+                    fault=ILLEGAL_ADDRESS,
+                    fault_node=node,
+                    repeated_elsewhere=elsewhere,
+                )
+            )
+            continue
+        findings.append(
+            _finding(
+                ngroup,
+                key=f"cuda:illegal_address:{node}",
+                category="user_code",
+                confidence=0.6,
+                summary=f"illegal memory access{_rank_note(ngroup)} on {node} and no hardware error there: most often "
+                "a kernel of the application; restart it (the machine is suspect if it repeats this under other jobs)",
+                node=None,
+                subject_kind="job",
+                subject=job.info.job_id,
+                job=job,
+                blame="user_code",
+                action="restart",
+                sig_text=f"cuda {ILLEGAL_ADDRESS}",
+                cuda_errors=[ILLEGAL_ADDRESS],
+                fault=ILLEGAL_ADDRESS,
+                fault_node=node,
+            )
+        )
+    return findings
+
+
 def _oom_finding(group: Sequence[_Occ], job: _Job, what: str) -> Finding:
     tried = sorted({t for o in group if isinstance(t := o.fields.get("tried_bytes"), int)})
     return _finding(
@@ -141,6 +240,8 @@ def _oom_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
 
 
 def _dataloader_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    """Data loader workers that died: out of shared memory (/dev/shm is memory, a tmpfs sized by the host or the
+    container: the host's configuration, not storage), killed (host memory), or otherwise (the loader's code)."""
     died = [o for o in occs if o.kind == "dataloader_died"]
     findings: list[Finding] = []
     shm = [o for o in died if o.fields.get("shm") or _SHM.search(str(o.fields.get("exc_message") or ""))]
@@ -154,7 +255,7 @@ def _dataloader_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                 _finding(
                     shm,
                     key="dataloader:shm:job",
-                    category="storage",
+                    category="host",
                     confidence=0.6,
                     summary=f"data loader workers ran out of shared memory (/dev/shm){_rank_note(shm)}",
                     node=None,
@@ -169,7 +270,7 @@ def _dataloader_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                     _finding(
                         group,
                         key=f"dataloader:shm:{node}",
-                        category="storage",
+                        category="host",
                         confidence=0.55,
                         summary=f"data loader workers ran out of shared memory (/dev/shm) on {node}",
                         node=node,
@@ -200,24 +301,55 @@ def _dataloader_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
     return findings
 
 
+# What each kind of storage error says, whose it is, and how sure one is of it (job-wide, on one machine).
+_STORAGE_CLAIMS: dict[str, tuple[str, str, float, float]] = {
+    "io": ("filesystem I/O errors", "infrastructure", 0.7, 0.6),
+    "capacity": ("filesystem full or over quota", "unknown", 0.6, 0.5),
+    "shm": ("shared memory (/dev/shm) full", "unknown", 0.6, 0.5),
+    "object_store": ("object store unreachable (checkpoint or data I/O)", "unknown", 0.6, 0.5),
+}
+
+
+def storage_kind_of(o: _Occ, text_of: Callable[[_Occ], str]) -> str | None:
+    """The kind of a storage error: the parser's category for a storage_error, else the words of its text."""
+    if o.kind == "storage_error":
+        category = _STORAGE_CATEGORIES.get(str(o.fields.get("category")))
+        if category:
+            return category
+        return storage_kind(str(o.fields.get("message") or o.record.line)) or "io"
+    return storage_kind(text_of(o))
+
+
 def _storage_finding(group: Sequence[_Occ], job: _Job, text_of: Callable[[_Occ], str]) -> list[Finding]:
-    """Filesystem errors: a mount failing on one machine is that machine's; on most, the shared filesystem's."""
+    """Filesystem errors: a mount failing on one machine is that machine's; on most, the shared filesystem's. A stale
+    file handle is the job's or the shared filesystem's wherever it shows (a file replaced or removed while open)."""
     findings: list[Finding] = []
-    infra = [o for o in group if _STORAGE_INFRA.search(text_of(o))]
-    infra_set = set(infra)
-    capacity = [o for o in group if o not in infra_set]
-    for kind, part in (("io", infra), ("capacity", capacity)):
-        if not part:
-            continue
-        blame = "infrastructure" if kind == "io" else "unknown"
-        what = "filesystem I/O errors" if kind == "io" else "filesystem full or over quota"
+    by_kind = _group(group, lambda o: storage_kind_of(o, text_of) or "io")
+    stale = by_kind.pop("stale", [])
+    if stale:
+        findings.append(
+            _finding(
+                stale,
+                key="storage:stale:job",
+                category="storage",
+                confidence=0.55,
+                summary=f"stale file handle (ESTALE){_rank_note(stale)}: a shared file was replaced or removed while "
+                "open (another process or node deleting it, or the file server failing over)",
+                node=None,
+                job=job,
+                action="none",
+                sig_text="storage stale",
+            )
+        )
+    for kind, part in sorted(by_kind.items()):
+        what, blame, job_confidence, node_confidence = _STORAGE_CLAIMS.get(kind, _STORAGE_CLAIMS["io"])
         if _widespread(part, job) or len(job.nodes) <= 1:
             findings.append(
                 _finding(
                     part,
                     key=f"storage:{kind}:job",
                     category="storage",
-                    confidence=0.7 if kind == "io" else 0.6,
+                    confidence=job_confidence,
                     summary=f"{what}{_rank_note(part)}",
                     node=None,
                     job=job,
@@ -233,7 +365,7 @@ def _storage_finding(group: Sequence[_Occ], job: _Job, text_of: Callable[[_Occ],
                     ngroup,
                     key=f"storage:{kind}:{node}",
                     category="storage",
-                    confidence=0.6 if kind == "io" else 0.5,
+                    confidence=node_confidence,
                     summary=f"{what} on {node}",
                     node=node,
                     job=job,

@@ -1,7 +1,10 @@
 """Symptom rules: what victims print (watchdog and collective timeouts, a stuck watchdog, torchrun and elastic
-errors) and the pointers some of it carries (a desync report's lagging ranks, the ranks a flight-recorder analysis
-found missing from a collective, the root rank whose NCCL id never reached the store, a failed barrier's rank, a
-lost heartbeat)."""
+errors, NCCL RAS's warnings) and the pointers some of it carries (the root rank whose NCCL id never reached the store,
+a failed barrier's rank, a lost heartbeat, a process RAS found dead).
+
+Ranks that did not join a collective (a desync report's lagging ranks, a flight-recorder analysis's missing ranks)
+point at no machine: most often they took another path through the code, and the machine holding them is innocent
+(collectives.py reads them)."""
 
 from __future__ import annotations
 
@@ -83,21 +86,18 @@ def _symptom_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
             )
         )
     findings += _pointer_findings(occs, job)
+    findings += _ras_findings(occs, job)
     return findings
 
 
 def _pointer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
-    """Symptoms that name the ranks others waited for: a desync report's lagging ranks, a failed barrier."""
+    """Symptoms that name the rank or machine others waited for: the NCCL id's root rank, a failed barrier's rank, a
+    lost heartbeat, a process RAS found dead."""
     pointed: dict[str, list[_Occ]] = defaultdict(list)
     pointed_ranks: dict[str, set[int]] = defaultdict(set)
-    unresolved: list[_Occ] = []
     for o in occs:
         ranks: list[int] = []
-        if o.kind == "desync_report":
-            ranks = [r for r in o.fields.get("lagging_ranks") or [] if isinstance(r, int)]
-        elif o.kind == "flight_recorder":
-            ranks = [r for r in o.fields.get("missing_ranks") or [] if isinstance(r, int)]
-        elif (
+        if (
             o.kind == "nccl_error"
             and o.fields.get("category") == "init_store"
             and isinstance(root := o.fields.get("root_rank"), int)
@@ -110,6 +110,11 @@ def _pointer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
             if node:
                 pointed[node].append(o)
             continue
+        elif o.kind == "nccl_ras":
+            names = {str(name) for issue in _ras_failures(o) for name in issue.get("nodes") or ()}
+            for node in {n for name in names if (n := job.resolve(name))}:
+                pointed[node].append(o)
+            continue
         else:
             continue
         nodes = {n for r in ranks if (n := job.node_of_rank(r))}
@@ -117,8 +122,6 @@ def _pointer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
             node = next(iter(nodes))
             pointed[node].append(o)
             pointed_ranks[node].update(ranks)
-        else:
-            unresolved.append(o)
     findings = [
         _finding(
             group,
@@ -136,45 +139,55 @@ def _pointer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
         )
         for node, group in sorted(pointed.items())
     ]
-    reports = [o for o in unresolved if o.kind == "flight_recorder"]
-    if reports:
-        missing = sorted({r for o in reports for r in o.fields.get("missing_ranks") or [] if isinstance(r, int)})
-        collectives = sorted({c for o in reports if isinstance(c := o.fields.get("collective"), int)})
-        ops = sorted({str(o.fields["op"]) for o in reports if o.fields.get("op")})
-        findings.append(
-            _finding(
-                reports,
-                key="flight_recorder",
-                category="job_failure",
-                confidence=0.35,
-                summary="flight recorder: "
-                + (f"ranks {missing[:8]} never joined" if missing else "ranks missing from")
-                + (f" {', '.join(ops)}" if ops else " a collective")
-                + (f" #{collectives[0]}" if len(collectives) == 1 else ""),
-                node=None,
-                job=job,
-                role="symptom",
-                sig_text="flight recorder " + " ".join(ops),
-                lagging_ranks=missing[:MAX_LIST] or None,
-                collectives=collectives[:MAX_LIST] or None,
-                ops=ops or None,
-            )
-        )
-    desyncs = [o for o in unresolved if o.kind == "desync_report"]
-    if desyncs:
-        lagging = sorted({r for o in desyncs for r in o.fields.get("lagging_ranks") or [] if isinstance(r, int)})
-        findings.append(
-            _finding(
-                desyncs,
-                key="desync_report",
-                category="job_failure",
-                confidence=0.3,
-                summary="NCCL desync report" + (f": ranks {lagging[:8]} did not join" if lagging else ""),
-                node=None,
-                job=job,
-                role="symptom",
-                sig_text="desync",
-                lagging_ranks=lagging[:MAX_LIST] or None,
-            )
-        )
     return findings
+
+
+# RAS entries that say a rank or a process failed (the others, MISMATCH and TIMEOUT, are warnings).
+_RAS_FAILED = frozenset({"INCOMPLETE", "ERROR", "DEAD"})
+
+
+def _ras_failures(o: _Occ) -> list[dict[str, Any]]:
+    issues = o.fields.get("issues")
+    return [i for i in issues or () if isinstance(i, dict) and i.get("kind") in _RAS_FAILED]
+
+
+def _ras_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    """NCCL RAS's report of a communicator in trouble: which collective's counts differ and how far the ranks got, or
+    which ranks and processes stopped answering. A symptom: ranks apart in their counts are stragglers or ranks that
+    took another path (RAS itself calls a mismatch a warning); a dead process is pointed at above."""
+    reports = [o for o in occs if o.kind == "nccl_ras" and (o.fields.get("errors") or o.fields.get("issues"))]
+    if not reports:
+        return []
+    issues = [i for o in reports for i in o.fields.get("issues") or () if isinstance(i, dict)]
+    words = []
+    for issue in issues[:3]:
+        counts = ", ".join(
+            f"{c.get('ranks')} rank{'s' * (c.get('ranks') != 1)} at {c.get('operation')}"
+            for c in issue.get("op_counts") or ()
+            if isinstance(c, dict)
+        )
+        ranks = [r for r in issue.get("ranks") or () if isinstance(r, int)]
+        words.append(
+            f"{issue.get('comm') or ''} {issue.get('kind')}".strip()
+            + (f": {issue['op']} operation counts differ" if issue.get("op") else "")
+            + (f" ({counts})" if counts else "")
+            + (f", ranks {ranks[:8]} apart" if ranks else "")
+        )
+    errors = sorted({str(e) for o in reports for e in o.fields.get("errors") or ()})
+    ras_ranks = sorted({r for i in issues for r in i.get("ranks") or () if isinstance(r, int)})
+    summary = "NCCL RAS: " + ("; ".join(words) if words else ", ".join(errors))
+    return [
+        _finding(
+            reports,
+            key="nccl_ras",
+            category="job_failure",
+            confidence=0.35 if any(_ras_failures(o) for o in reports) else 0.3,
+            summary=summary,
+            node=None,
+            job=job,
+            role="symptom",
+            sig_text="nccl ras " + " ".join(errors),
+            ras_errors=errors or None,
+            ras_ranks=ras_ranks[:MAX_LIST] or None,
+        )
+    ]

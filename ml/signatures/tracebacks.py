@@ -11,8 +11,6 @@ from ml.findings import Finding
 from ml.normalize import normalize, signature
 from ml.signatures.common import (
     _HARDWARE_WORDS,
-    _STORAGE_CAPACITY,
-    _STORAGE_INFRA,
     Classify,
     _clip,
     _finding,
@@ -22,6 +20,7 @@ from ml.signatures.common import (
     _rank_note,
     _times,
     _widespread,
+    storage_kind,
 )
 from ml.signatures.runtime import _oom_finding, _storage_finding
 
@@ -31,6 +30,8 @@ _VICTIM_WORDS = re.compile(
     r"|communicator was aborted|ProcessGroup\w* .{0,40}abort|Socket Timeout|timed out|Timeout|watchdog"
     r"|remote process exited|ncclRemoteError|ncclSystemError|DistBackendError|DistNetworkError|DistStoreError"
     r"|RendezvousError|Rendezvous\w+Error|NCCL error|NCCL communicator"
+    # a socket whose peer went away (c10d's store, Gloo); not a file system, unless a path follows (storage first)
+    r"|Transport endpoint is not connected"
 )
 _VICTIM_TYPES = frozenset(
     {
@@ -115,14 +116,15 @@ def _traceback_findings(occs: list[_Occ], job: _Job, classify: Classify | None) 
     tbs = [o for o in occs if o.kind == "traceback" and o.fields.get("exc_type")]
     findings: list[Finding] = []
     unknown: list[_Occ] = []
-    storage: list[_Occ] = []
+    # The parser's storage errors, on their own lines or read from a traceback's or a crash's message.
+    storage: list[_Occ] = [o for o in occs if o.kind == "storage_error"]
     groups = _group(tbs, lambda o: _tb_signature_text(o, job.hosts))
     for sig_text, group in sorted(groups.items()):
         exc_type = str(group[0].fields.get("exc_type"))
         short = _short_type(exc_type)
         text = _exc_text(group[0])
         victim = short in _VICTIM_TYPES or bool(_VICTIM_WORDS.search(text))
-        if _STORAGE_INFRA.search(text) or _STORAGE_CAPACITY.search(text):
+        if storage_kind(text):
             storage += group
             continue
         if victim:
@@ -187,7 +189,7 @@ def _traceback_findings(occs: list[_Occ], job: _Job, classify: Classify | None) 
             continue
         unknown += group
     if storage:
-        findings += _storage_finding(storage, job, _exc_text)
+        findings += _storage_finding(storage, job, lambda o: _exc_text(o) if o.kind == "traceback" else o.record.line)
     return findings, unknown
 
 
@@ -214,7 +216,7 @@ def _crash_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
     """Processes dying without a known error: a segfault on every rank is the code's, on one rank a suspect."""
     crashes = [o for o in occs if o.kind == "crash"]
     findings: list[Finding] = []
-    storage = [o for o in crashes if _STORAGE_INFRA.search(_crash_text(o)) or _STORAGE_CAPACITY.search(_crash_text(o))]
+    storage = [o for o in crashes if storage_kind(_crash_text(o))]
     if storage:
         findings += _storage_finding(storage, job, _crash_text)
     storage_set = set(storage)

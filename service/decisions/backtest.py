@@ -27,7 +27,7 @@ from ml import demarcation
 from service.config import Settings
 from service.decisions import overrides
 from service.decisions.policy import INACTIVE, PriorDecision, Skipped, build_context, decide, prior_window
-from service.decisions.service import network_times
+from service.decisions.service import network_fatal, network_times
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Incident, Job, Node
 
@@ -260,10 +260,10 @@ def _replay(
             continue
         proposal = _of_incident(proposals, s.incident)
         suspect_ids = {i for suspect in proposal.suspects for i in suspect.finding_ids}
-        network = (
-            network_times((node, f.observed_at, f.evidence) for f, node in rows if f.id in suspect_ids and node)
+        network_rows = (
+            [(node, f.observed_at, f.evidence) for f, node in rows if f.id in suspect_ids and node]
             if proposal.root_cause == "network"
-            else {}
+            else []
         )
         replayed = out[iid]
         ctx = build_context(
@@ -272,7 +272,8 @@ def _replay(
             incident_id=iid,
             job_nodes=job_nodes[s.job.id],
             prior=[d for d in background if d.created_at <= at] + made,
-            network_events=network,
+            network_events=network_times(network_rows),
+            network_fatal=network_fatal(network_rows),
             already_decided={(v.kind, v.node) for v in replayed.verdicts},
             settings=policy,
         )

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from ml.demarcation import IncidentProposal, Suspect
 from service.config import Settings
+from service.gpu_names import bus_id, kernel_pci
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +27,13 @@ class PolicyContext:
     already_decided: Collection[tuple[str, str | None]]  # (kind, node) this incident already has
     # (node, GPU PCI address as Xid lines name it) -> the GPU's index, from the agents' inventory.
     gpu_indexes: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    # (node, GPU index) -> times of its reset_gpu decisions within the reset window, other incidents' included.
-    gpu_resets: Mapping[tuple[str, int], Sequence[datetime]] = field(default_factory=dict)
+    # (node, GPU PCI address as Xid lines name it) -> times of its reset_gpu decisions within the reset window,
+    # other incidents' included: by address, as a suspect names its GPU, whether a reset named it by index or not.
+    gpu_resets: Mapping[tuple[str, str], Sequence[datetime]] = field(default_factory=dict)
     # node -> why: machines a person cleared on the same kind of evidence as they are accused on now (rejects.py).
     overruled: Mapping[str, str] = field(default_factory=dict)
+    # Nodes whose network adapter itself failed (a fatal async event): not a flap, so no flap tolerance.
+    network_fatal: Collection[str] = frozenset()
 
 
 # Decisions in these states did not (and will not) act: they count for neither cooldowns nor blast radius.
@@ -59,8 +63,9 @@ def build_context(
     already_decided: Collection[tuple[str, str | None]],
     settings: Settings,
     gpu_indexes: Mapping[tuple[str, str], int] | None = None,
-    gpu_resets: Mapping[tuple[str, int], Sequence[datetime]] | None = None,
+    gpu_resets: Mapping[tuple[str, str], Sequence[datetime]] | None = None,
     overruled: Mapping[str, str] | None = None,
+    network_fatal: Collection[str] = frozenset(),
 ) -> PolicyContext:
     """The guard rails' view of the past: blast radius, cooldowns; shared by the live path and the backtest."""
     active = [d for d in prior if d.state not in INACTIVE]
@@ -82,6 +87,7 @@ def build_context(
         gpu_indexes=gpu_indexes or {},
         gpu_resets=gpu_resets or {},
         overruled=overruled or {},
+        network_fatal=network_fatal,
     )
 
 
@@ -100,6 +106,7 @@ class DecisionPlan:
     finding_ids: list[int]
     guard_rails: dict[str, str] = field(default_factory=dict)
     gpu: int | None = None  # the GPU index, for reset_gpu
+    gpu_pci: str | None = None  # for reset_gpu, its PCI bus id ("0000:3b:00.0") when the index is unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +170,9 @@ def _for_suspect(
         return _skip(notes, node, "rejected", ctx.overruled[node])
     if suspect.action == "evict" and suspect.confidence >= settings.policy_evict_min_confidence:
         rails["confidence"] = _compared(suspect.confidence, ">=", settings.policy_evict_min_confidence)
-        if proposal.root_cause == "network":
+        if proposal.root_cause == "network" and node in ctx.network_fatal:
+            rails["flap_tolerance"] = "the network adapter itself failed (a fatal async event): not a flap"
+        elif proposal.root_cause == "network":
             times = _recent(ctx.network_events.get(suspect.node, ()), ctx.now, settings.policy_network_flap_window_s)
             needed = settings.policy_network_flap_count
             if len(times) < needed:
@@ -213,30 +222,38 @@ def _for_suspect(
 
 def _reset_gpu(suspect: Suspect, ctx: PolicyContext, settings: Settings, rails: dict[str, str]) -> DecisionPlan | None:
     """reset_gpu when the catalog says resetting the suspect's one faulty GPU is enough and the GPU has not been
-    reset too often lately; otherwise None (evict), with the reason in `rails["gpu_reset"]` when it escalates."""
+    reset too often lately; otherwise None (evict), with the reason in `rails["gpu_reset"]` when it escalates.
+
+    The GPU is named by its index when the node's inventory knows it, else by its PCI bus id (a node without
+    NVML, a kernel-log-only agent): `nvidia-smi -r -i` takes either, so the lack of an inventory costs no node."""
     if not settings.policy_reset_gpu_enabled or suspect.reset_gpu is None:
         return None
-    gpu = ctx.gpu_indexes.get((suspect.node, suspect.reset_gpu))
-    if gpu is None:
-        # Without the index no scheduler can tell which GPU to reset: take the node out instead.
-        rails["gpu_reset"] = f"GPU {suspect.reset_gpu} is not in {suspect.node}'s GPU inventory"
+    address = kernel_pci(suspect.reset_gpu)
+    gpu = ctx.gpu_indexes.get((suspect.node, address or ""))
+    pci = bus_id(address) if gpu is None else None
+    if gpu is None and pci is None:
+        # Neither an index nor an address a scheduler could pass on: take the node out instead.
+        rails["gpu_reset"] = f"GPU {suspect.reset_gpu} is neither in {suspect.node}'s GPU inventory nor a PCI address"
         return None
+    name = f"GPU {gpu}" if gpu is not None else f"GPU {pci}"
     window = settings.policy_reset_gpu_window_s
-    earlier = _recent(ctx.gpu_resets.get((suspect.node, gpu), ()), ctx.now, window)
+    earlier = _recent(ctx.gpu_resets.get((suspect.node, address or ""), ()), ctx.now, window)
     limit = settings.policy_reset_gpu_max_per_window
     if len(earlier) >= limit:
         rails["gpu_reset"] = (
-            f"GPU {gpu} was already reset {len(earlier)} time{'s' if len(earlier) > 1 else ''} in the last "
+            f"{name} was already reset {len(earlier)} time{'s' if len(earlier) > 1 else ''} in the last "
             f"{_duration(window)} (at most {limit}): escalated to evicting the node"
         )
         return None
-    rails["gpu_reset"] = (
-        f"{len(earlier)} earlier reset(s) of GPU {gpu} in the last {_duration(window)} (at most {limit})"
-    )
-    reason = f"reset GPU {gpu} on {suspect.node}: {suspect.reason}"
+    rails["gpu_reset"] = f"{len(earlier)} earlier reset(s) of {name} in the last {_duration(window)} (at most {limit})"
+    target = f"{name} on {suspect.node}"
+    if pci is not None:
+        rails["gpu_address"] = f"not in {suspect.node}'s GPU inventory: addressed by PCI bus id"
+        target += " (not in its GPU inventory: addressed by PCI bus id)"
+    reason = f"reset {target}: {suspect.reason}"
     # A reset keeps the node in the job: it counts against no eviction budget.
     return DecisionPlan(
-        "reset_gpu", suspect.node, "pending", suspect.confidence, reason, list(suspect.finding_ids), rails, gpu
+        "reset_gpu", suspect.node, "pending", suspect.confidence, reason, list(suspect.finding_ids), rails, gpu, pci
     )
 
 

@@ -22,6 +22,7 @@ class DecisionOut(BaseModel):
                     "node": "gpu-node-017",
                     "kind": "evict",
                     "gpu": None,
+                    "gpu_pci": None,
                     "state": "pending",
                     "confidence": 0.97,
                     "reason": "evict gpu-node-017: Xid 79 (GPU has fallen off the bus) on gpu-node-017 GPU 3",
@@ -38,12 +39,21 @@ class DecisionOut(BaseModel):
     job_id: str | None = Field(description="The job's external id; null for node decisions outside a job.")
     node: str | None
     kind: str = Field(
-        description="evict, cordon, return, reset_gpu (node and `gpu`), diagnose (node); restart, rollback, none."
+        description="evict, cordon, return, reset_gpu (node, and `gpu` or `gpu_pci`), diagnose (node); restart, "
+        "rollback, none."
     )
     gpu: int | None = Field(
         default=None,
         description="For reset_gpu: the index of the GPU to reset on `node` (as nvidia-smi numbers "
-        "it); null for every other kind.",
+        "it); null when the node's GPU inventory does not know it (then `gpu_pci` names the GPU), and for every "
+        "other kind.",
+    )
+    gpu_pci: str | None = Field(
+        default=None,
+        description="For reset_gpu when `gpu` is null (a node whose agent reports no GPU inventory: no NVML, "
+        "kernel log only): the GPU's PCI bus id, domain:bus:device.function in lower case, as `nvidia-smi -r -i` "
+        "accepts it in place of an index; null for every other decision.",
+        examples=["0000:3b:00.0"],
     )
     state: str
     confidence: float

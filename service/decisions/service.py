@@ -26,7 +26,7 @@ from service.decisions.policy import (
 from service.decisions.schemas import DecisionOut, DecisionPage
 from service.errors import NotFound
 from service.fleet import stages as repair_stages
-from service.gpu_names import by_address, name_gpus
+from service.gpu_names import by_address, kernel_pci, name_gpus
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Gpu, Incident, Job, Node, Rank
 from service.pagination import decode_cursor, encode_cursor
@@ -80,6 +80,7 @@ def decide_incident(
             "node_id": node_ids.get(plan.node) if plan.node else None,
             "kind": plan.kind,
             "gpu": plan.gpu,
+            "gpu_pci": plan.gpu_pci,
             "state": plan.state,
             "confidence": plan.confidence,
             "reason": name_gpus(plan.reason, plan.node, gpu_indexes)[:1000],
@@ -170,13 +171,15 @@ def _context(
         )
     }
     gpu_indexes, gpu_resets = _gpus(session, incident=incident, proposal=proposal, now=now, settings=settings)
+    network = _network_rows(session, proposal)
     return build_context(
         now=now,
         job_id=job.id,
         incident_id=incident.id,
         job_nodes=len(jobs.node_ids(session, job=job)),
         prior=prior,
-        network_events=_network_events(session, proposal),
+        network_events=network_times(network),
+        network_fatal=network_fatal(network),
         already_decided=already,
         settings=settings,
         gpu_indexes=gpu_indexes,
@@ -187,9 +190,13 @@ def _context(
 
 def _gpus(
     session: Session, *, incident: Incident, proposal: IncidentProposal, now: datetime, settings: Settings
-) -> tuple[dict[tuple[str, str], int], dict[tuple[str, int], list[datetime]]]:
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], list[datetime]]]:
     """For suspects whose evidence is on one resettable GPU: that GPU's index, and its resets for other incidents
-    within the window (this incident's own reset is the one being decided, not an earlier one)."""
+    within the window (this incident's own reset is the one being decided, not an earlier one).
+
+    Resets are keyed by the GPU's PCI address, as suspects name it: a reset by PCI bus id directly, one by index
+    through the inventory (which keeps every GPU a node ever reported). So a GPU reset by bus id before its node
+    reported an inventory and again, later, by index counts as one GPU."""
     nodes = {s.node for s in proposal.suspects if s.reset_gpu is not None}
     if not nodes or not settings.policy_reset_gpu_enabled:
         return {}, {}
@@ -198,10 +205,11 @@ def _gpus(
             select(Node.name, Gpu.index, Gpu.pci_bus_id).join(Gpu, Gpu.node_id == Node.id).where(Node.name.in_(nodes))
         )
     )
-    resets: dict[tuple[str, int], list[datetime]] = defaultdict(list)
+    addresses = {(node, index): address for (node, address), index in indexes.items()}
+    resets: dict[tuple[str, str], list[datetime]] = defaultdict(list)
     since = now - timedelta(seconds=settings.policy_reset_gpu_window_s)
-    for node, gpu, created_at in session.execute(
-        select(Node.name, Decision.gpu, Decision.created_at)
+    for node, gpu, pci, created_at in session.execute(
+        select(Node.name, Decision.gpu, Decision.gpu_pci, Decision.created_at)
         .join(Node, Node.id == Decision.node_id)
         .where(
             Decision.kind == "reset_gpu",
@@ -211,22 +219,31 @@ def _gpus(
             Decision.incident_id.is_distinct_from(incident.id),
         )
     ):
-        resets[(node, gpu)].append(created_at)
+        # An index without an address in the inventory names no GPU a suspect can: it cannot be counted.
+        address = kernel_pci(pci) if pci is not None else addresses.get((node, gpu))
+        if address is not None:
+            resets[(node, address)].append(created_at)
     return indexes, dict(resets)
 
 
-def _network_events(session: Session, proposal: IncidentProposal) -> dict[str, list[datetime]]:
-    """Per suspect node, the distinct times a network fault was seen (for flap tolerance)."""
+def _network_rows(session: Session, proposal: IncidentProposal) -> list[tuple[str, datetime, dict[str, Any] | None]]:
+    """(node, observed at, evidence) of the suspects' findings of a network incident (for flap tolerance)."""
     if proposal.root_cause != "network":
-        return {}
+        return []
     ids = [i for s in proposal.suspects for i in s.finding_ids]
-    return network_times(
-        session.execute(
+    return [
+        (node, at, evidence)
+        for node, at, evidence in session.execute(
             select(Node.name, Finding.observed_at, Finding.evidence)
             .join(Node, Node.id == Finding.node_id)
             .where(Finding.id.in_(ids))
         )
-    )
+    ]
+
+
+def network_fatal(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -> set[str]:
+    """Nodes whose network findings say the adapter itself failed (ml/signatures/network.py's `adapter_failed`)."""
+    return {node for node, _, evidence in rows if (evidence or {}).get("adapter_failed")}
 
 
 def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -> dict[str, list[datetime]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,7 +13,7 @@ from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
 from ml.findings import JobInfo, LogRecord, StackSample
-from service.diagnosis import frames
+from service.diagnosis import frames, repeats
 from service.models import Job, LogEvent, Node, ProcessSnapshot, Rank, StackDump
 
 # Step lines are the bulk of log events (one per rank per step): thinned per stream, and the newest kept.
@@ -30,10 +29,6 @@ MAX_OTHER_EVENTS = 20_000
 READ_HORIZON = timedelta(days=2)
 # Alerts that began firing before the window and still fire are read back this far.
 FIRING_ALERT_LOOKBACK = timedelta(hours=6)
-# An Xid 31 (MMU fault) is most often the application's own: the machine becomes the suspect when it had one
-# under another job or another program within this long (ml/signatures/app_faults.py).
-MMU_FAULT_XID = 31
-MMU_FAULT_HISTORY = timedelta(days=7)
 
 
 def job_info(session: Session, *, job: Job) -> JobInfo:
@@ -116,41 +111,8 @@ def event_records(session: Session, *, job: Job, node_ids: list[int], since: dat
         .order_by(LogEvent.ts)
         .limit(MAX_OTHER_EVENTS)
     ).all()
-    return _mark_repeated_mmu_faults(session, job=job, records=_records(firing) + _records(reversed(others)))
-
-
-def _mark_repeated_mmu_faults(session: Session, *, job: Job, records: list[LogRecord]) -> list[LogRecord]:
-    """Xid 31 records with `repeated_elsewhere`: the other jobs ("job X") and other programs ("program Y") the
-    same machine had an Xid 31 under lately. Reads nothing when the window holds no Xid 31."""
-    faults = [r for r in records if r.kind == "xid" and r.fields.get("xid") == MMU_FAULT_XID]
-    if not faults:
-        return records
-    programs = {(r.node, r.fields.get("process")) for r in faults}
-    since = min(r.ts for r in faults) - MMU_FAULT_HISTORY
-    rows = session.execute(
-        select(Node.name, Job.external_id, LogEvent.fields["process"].astext)
-        .join(Node, Node.id == LogEvent.node_id)
-        .outerjoin(Job, Job.id == LogEvent.job_id)
-        .where(
-            Node.name.in_(sorted({r.node for r in faults})),
-            LogEvent.kind == "xid",
-            LogEvent.fields["xid"].astext == str(MMU_FAULT_XID),
-            LogEvent.ts >= since,
-            LogEvent.ts < since + MMU_FAULT_HISTORY + READ_HORIZON,
-        )
-        .distinct()
-    ).all()
-    elsewhere: dict[str, set[str]] = {}
-    for node, other_job, program in rows:
-        if other_job is not None and other_job != job.external_id:
-            elsewhere.setdefault(node, set()).add(f"job {other_job}")
-        elif program and (node, program) not in programs:
-            elsewhere.setdefault(node, set()).add(f"program {program}")
-    marked = {id(r) for r in faults if r.node in elsewhere}
-    return [
-        replace(r, fields={**r.fields, "repeated_elsewhere": sorted(elsewhere[r.node])}) if id(r) in marked else r
-        for r in records
-    ]
+    records = _records(firing) + _records(reversed(others))
+    return repeats.mark_repeated(session, job=job, records=records, horizon=READ_HORIZON)
 
 
 def _log_select() -> Select[Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import Text, case, cast, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.incidents.service import SEVERITIES
@@ -35,7 +35,7 @@ class Outcome:
     decision_id: int
     kind: str
     node: str | None
-    gpu: int | None
+    gpu: str | None  # its index ("3"), else its PCI bus id (a reset_gpu the node's inventory could not index)
     state: str
     message: str | None  # the scheduler's or the person's words
     actor: str | None
@@ -147,7 +147,7 @@ def _outcomes(session: Session, *, incident_ids: list[int]) -> dict[int, list[Ou
             Decision.id,
             Decision.kind,
             Node.name,
-            Decision.gpu,
+            func.coalesce(cast(Decision.gpu, Text), Decision.gpu_pci),
             Decision.state,
             Decision.outcome_message,
             Decision.actor,

@@ -21,6 +21,7 @@ from service.ingest.handoff import jobs_with_critical_events, jobs_with_stack_an
 from service.ingest.schemas import IngestBatch
 from service.observability import INGEST_BATCHES, INGEST_ITEMS
 from service.security import authorize
+from service.unknown_lines import record as unknown_lines
 from service.validation import invalid_from
 
 PATH = "/api/v1/ingest"
@@ -48,6 +49,8 @@ async def ingest(request: Request) -> Response:
         if full := jobs_with_stack_answers(batch) | jobs_with_critical_events(batch, needing_steps=True):
             await run_in_threadpool(trigger.fire, full, full=True)
     (_DUPLICATE if outcome.duplicate else _ACCEPTED).inc()
+    if not outcome.duplicate:
+        unknown_lines.observe(batch.logs)
     for kind, count in outcome.stored.items():
         if count:
             _ITEMS[kind].inc(count)

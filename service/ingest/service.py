@@ -26,6 +26,7 @@ from service.ingest.schemas import IngestBatch, MetricSample, Workload
 from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS, NODE_COPY_TYPES, NODE_SAMPLE_COLUMNS
 from service.nodes import returns as node_returns
 from service.nodes.lifecycle import OUT_OF_SERVICE
+from service.unknown_lines import record as unknown_lines
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +139,24 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
         _copy_processes(conn, fresh, keys)
         _upsert_ranks(conn, fresh, keys, cache)
         _upsert_gpus(conn, fresh, keys, cache)
-        _record_columns(conn, fresh, keys, cache)  # last, in key order: the lock order above holds
+        _record_columns(conn, fresh, keys, cache)  # in key order: the lock order above holds
+        _record_unknown_lines(conn, fresh, keys)  # last, in key order too
         _record_checks(session, fresh, keys)
         _placements(session, fresh, keys, held_out)
     return outcomes
+
+
+def _record_unknown_lines(conn: psycopg.Connection[Any], batches: list[IngestBatch], keys: _Keys) -> None:
+    """Error-looking lines no rule knows, counted per form for the whole flush (service/unknown_lines/): a new
+    driver's or library's message is noticed, not dropped."""
+    lines = [
+        unknown_lines.Seen(e.source, e.line, e.ts, keys.nodes[b.node], keys.job_of(b, e.job_id), b.node)
+        for b in batches
+        for e in b.logs
+        if unknown_lines.is_unknown(e)
+    ]
+    if lines:
+        unknown_lines.record(conn, lines)
 
 
 def _placements(session: Session, batches: list[IngestBatch], keys: _Keys, held_out: set[str]) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, text
+from sqlalchemy import Text, and_, cast, delete, func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -364,7 +364,8 @@ def _actions(session: Session, *, job_ids: list[int], since: datetime) -> dict[i
             Decision.id,
             Decision.kind,
             Node.name,
-            Decision.gpu,
+            # A reset_gpu names its GPU by index, else by PCI bus id: the reason shows whichever it has.
+            func.coalesce(cast(Decision.gpu, Text), Decision.gpu_pci),
             Decision.state,
             Decision.created_at,
             Decision.acked_at,

@@ -21,6 +21,7 @@ from service.models.signals import (
     node_samples,
 )
 from service.models.silences import Silence
+from service.models.unknown_lines import UnknownLineCount, UnknownLineForm
 from service.models.windows import DetectorState, job_columns, metric_windows, node_windows
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "Silence",
     "StackDump",
     "UiSession",
+    "UnknownLineCount",
+    "UnknownLineForm",
     "job_columns",
     "metric_samples",
     "metric_windows",

@@ -16,7 +16,7 @@ SUBJECT_KINDS = ("job", "node", "gpu", "rank")
 INCIDENT_STATES = ("open", "mitigating", "resolved")
 BLAMES = ("infrastructure", "user_code", "unknown")
 # cordon and return are node-level: an operator's manual cordon, a node back to service; the scheduler acts on them too.
-# reset_gpu names a node and one of its GPUs (`gpu`): reset that GPU, keep the node.
+# reset_gpu names a node and one of its GPUs (`gpu`, else `gpu_pci`): reset that GPU, keep the node.
 DECISION_KINDS = ("evict", "restart", "rollback", "diagnose", "none", "cordon", "return", "reset_gpu")
 DECISION_STATES = (
     "pending",
@@ -139,7 +139,8 @@ class Decision(Base):
     __table_args__ = (
         CheckConstraint(in_check("kind", DECISION_KINDS), name="kind"),
         CheckConstraint(in_check("state", DECISION_STATES), name="state"),
-        CheckConstraint("(kind = 'reset_gpu') = (gpu IS NOT NULL)", name="gpu"),
+        CheckConstraint("(kind = 'reset_gpu') = (gpu IS NOT NULL OR gpu_pci IS NOT NULL)", name="gpu"),
+        CheckConstraint(r"gpu_pci ~ '^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$'", name="gpu_pci"),
         Index("ix_decisions_state_created_at", "state", "created_at"),
         Index("ix_decisions_incident_id", "incident_id"),
         # One decision of a kind per incident and node, however many workers decide concurrently.
@@ -166,6 +167,10 @@ class Decision(Base):
     kind: Mapped[str] = mapped_column(Text)
     # The GPU index on the node, for reset_gpu; null for every other kind.
     gpu: Mapped[int | None] = mapped_column(SmallInteger)
+    # For a reset_gpu whose index the node's GPU inventory does not know (no NVML on the node, a kernel-log-only
+    # agent): the GPU's PCI bus id as the Xid line names it, with its function ("0000:3b:00.0"), which
+    # `nvidia-smi -i` accepts as well as an index. A reset_gpu has `gpu` or this.
+    gpu_pci: Mapped[str | None] = mapped_column(Text)
     state: Mapped[str] = mapped_column(Text)
     confidence: Mapped[float] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text)

@@ -81,9 +81,11 @@ def title(p: Payload) -> str:
 
 
 def decision_line(d: Payload) -> str:
-    """'evict gpu-node-017 (pending, 97%)', 'reset GPU 3 on gpu-node-017 (pending, 90%)'."""
+    """'evict gpu-node-017 (pending, 97%)', 'reset GPU 3 on gpu-node-017 (pending, 90%)', or by PCI bus id when
+    the node's inventory lacks the index: 'reset GPU 0000:3b:00.0 on gpu-node-017 (pending, 90%)'."""
     target = f" {d['node']}" if d.get("node") else ""
-    what = f"reset GPU {d['gpu']} on" if d.get("kind") == "reset_gpu" and d.get("gpu") is not None else d.get("kind")
+    gpu = d["gpu"] if d.get("gpu") is not None else d.get("gpu_pci")
+    what = f"reset GPU {gpu} on" if d.get("kind") == "reset_gpu" and gpu is not None else d.get("kind")
     return f"{what}{target} ({d.get('state')}, {percent(d.get('confidence'))})"
 
 

@@ -185,6 +185,7 @@ def snapshot(
                 "kind": d.kind,
                 "node": nodes.get(d.node_id) if d.node_id is not None else None,
                 "gpu": d.gpu,
+                "gpu_pci": d.gpu_pci,
                 "state": d.state,
                 "confidence": round(float(d.confidence), 4),
                 "reason": formats.clip(d.reason, 500),

@@ -18,6 +18,7 @@ from service.ui.routes import (
     signin,
     silences,
     tokens,
+    unknown_lines,
     whatif,
 )
 
@@ -27,4 +28,5 @@ def install(app: FastAPI, *, max_body_size: int) -> None:
         app.include_router(module.router, max_body_size=max_body_size)
     app.include_router(fleet.router, max_body_size=max_body_size)
     app.include_router(whatif.router, max_body_size=max_body_size)
+    app.include_router(unknown_lines.router, max_body_size=max_body_size)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -85,8 +85,10 @@ def test_corpus_xid48_xid64_journald_with_dmesg_stamp():
     assert init.fields == {
         "message": "GPU 0000:0a:00.0: rm_init_adapter failed, device minor number 5",
         "pci": "0000:0a:00.0",
+        "failure": "init_failed",
+        "gsp": False,
     }
-    assert init.severity == "warning" and not init.critical
+    assert init.severity == "critical" and init.critical  # the driver cannot bring the GPU up: ship at once
 
 
 def test_corpus_xid79_multiline_fallen_off_the_bus():
@@ -240,8 +242,8 @@ def test_xid_with_mig_attribution():
     event = one("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:00): 94, pid=99, name=python, Contained: SM (0x1).")
     assert event.fields["pci"] == "0000:3b:00"
     assert (event.fields["gpu_instance"], event.fields["compute_instance"]) == (1, 0)
-    # The catalog's action is kept; a contained ECC error still ships at once (the service evicts on it).
-    assert event.fields["action"] == "RESTART_APP" and event.critical
+    # The catalog's action is kept; a contained ECC error ships at once (the service resets its GPU).
+    assert event.fields["action"] == "RESTART_APP" and event.severity == "critical" and event.critical
 
 
 @pytest.mark.parametrize(
@@ -377,7 +379,7 @@ def test_xid_table_matches_the_catalog_fixture():
 @pytest.mark.parametrize(
     ("code", "severity"),
     [(79, "critical"), (48, "critical"), (64, "critical"), (109, "critical"), (74, "critical"), (13, "error"),
-     (31, "error"), (43, "warning"), (63, "critical"), (94, "critical"), (154, "warning"), (171, "critical"),
+     (31, "error"), (43, "warning"), (63, "warning"), (94, "critical"), (154, "warning"), (171, "critical"),
      (162, "warning")],
 )  # fmt: skip
 def test_xid_severity_follows_the_immediate_action(code: int, severity: str):

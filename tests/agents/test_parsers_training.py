@@ -816,8 +816,10 @@ def test_nan_in_free_text(line: str, kind: str):
 
 
 def test_unmatched_error_for_unknown_error_lines():
-    event = one("OSError: [Errno 121] Remote I/O error on /lustre/shard9")
+    event = one("OSError: [Errno 71] Protocol error on /dev/frob0")
     assert event.kind == "unmatched_error" and event.severity == "warning" and not event.critical
+    # a file system's own error is a storage error, not an unknown one
+    assert one("OSError: [Errno 121] Remote I/O error on /lustre/shard9").kind == "storage_error"
 
 
 @pytest.mark.parametrize(

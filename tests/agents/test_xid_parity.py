@@ -25,3 +25,13 @@ def test_every_xid_the_service_evicts_on_is_shipped_at_once():
     not_urgent = sorted(code for code in evicts if not agent_xid.lookup(code).critical)
     assert not_urgent == [], f"the service evicts on these, the agent ships them at the next tick: {not_urgent}"
     assert evicts <= agent_xid.CRITICAL_XIDS
+
+
+def test_the_agent_raises_only_codes_the_service_evicts_on():
+    # 63 (a row marked for remapping) asks for nothing (issue 41): not an emergency. 94 (contained ECC) takes a
+    # reset of its GPU: shipped at once. No code is raised over its catalog action without an action behind it.
+    evicts = {code for code, entry in service_xid.catalog().items() if entry.action == "evict"}
+    assert agent_xid._RAISED_TO_CRITICAL.issubset(evicts)
+    assert 63 not in evicts and 63 not in agent_xid.CRITICAL_XIDS
+    assert service_xid.lookup(94).gpu_reset_enough and 94 in agent_xid.CRITICAL_XIDS
+    assert {64, 94, 95} <= evicts <= agent_xid.CRITICAL_XIDS

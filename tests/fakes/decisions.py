@@ -37,6 +37,7 @@ def make_decision(
     expires_in_s: float = 1800.0,
     job: str = "llm-pretrain-42",
     gpu: int | None = None,
+    gpu_pci: str | None = None,
 ) -> int:
     """A committed decision; evict/restart/... come with a job and an incident, cordon/return with neither."""
     with Session(engine) as session:
@@ -57,6 +58,7 @@ def make_decision(
             expires_in_s=expires_in_s,
             reason=reason,
             gpu=gpu,
+            gpu_pci=gpu_pci,
         )
         session.commit()
         return decision.id

@@ -90,7 +90,7 @@ NONSENSE = [
 def trained() -> train.TrainResult:
     """One training run from the shipped data, shared by the tests that need a fresh model."""
     started = time.monotonic()
-    result = train.train(seed=0, n_variants=TEST_VARIANTS, log=print)
+    result = train.train(seed=0, n_variants=TEST_VARIANTS, n_thread_folds=0, log=print)  # threads: their own file
     print(f"trained in {time.monotonic() - started:.1f} s")
     return result
 
@@ -106,19 +106,21 @@ def shipped() -> model.LogClassifier:
 def test_shipped_data_is_labeled_and_sourced() -> None:
     rows = dataset.load_labeled()
     counts = {c: sum(r.category == c for r in rows) for c in CATEGORIES}
-    assert 300 <= len(rows) <= 1000, "a few hundred base lines; variants are generated, not shipped"
+    assert 300 <= len(rows) <= 2000, "several hundred base lines; variants are generated, not shipped"
     assert all(n >= 40 for n in counts.values()), counts
     assert set(CATEGORIES) <= set(FINDING_CATEGORIES)
     sources = {r.source for r in rows}
     assert "written" in sources
     corpus = {s for s in sources if s != "written"}
     assert len(corpus) >= 15 and all(s.endswith(".txt") for s in corpus)
-    assert len({r.line for r in rows}) == len(rows), "no duplicate base lines"
+    assert len({(r.line, r.thread) for r in rows}) == len(rows), "no duplicate base lines within a thread"
 
 
 def test_load_labeled_rejects_unknown_categories(tmp_path: Path) -> None:
     path = tmp_path / "bad.tsv"
-    path.write_text("category\tline\tsource\nnetwork\tNCCL WARN x\twritten\nthermal\tGPU hot\twritten\n")
+    path.write_text(
+        "category\tline\tsource\tthread\nnetwork\tNCCL WARN x\twritten\twritten\nthermal\tGPU hot\twritten\twritten\n"
+    )
     with pytest.raises(ValueError, match="line 3"):
         dataset.load_labeled(path)
 
@@ -205,7 +207,8 @@ def test_unseen_lines_land_in_their_category(shipped: model.LogClassifier, categ
     assert normalize(line) not in known, "the line must be new to the model"
     [(predicted, confidence)] = shipped.predict([line])
     assert predicted == category, (predicted, confidence)
-    assert confidence >= shipped.threshold
+    if category != "unknown":  # a benign line is rightly "unknown" whether read as such or declined
+        assert confidence >= shipped.threshold
 
 
 def test_nonsense_is_unknown(shipped: model.LogClassifier) -> None:
@@ -234,7 +237,10 @@ def test_shipped_artifact_metadata_matches_shipped_data(shipped: model.LogClassi
     assert json.loads(shipped.path.with_suffix(".json").read_text()) == meta
     assert meta["data_sha256"] == dataset.data_sha256(), "retrain after editing ml/data/labeled_lines.tsv"
     assert meta["categories"] == list(CATEGORIES)
-    assert meta["heldout_accuracy"] >= 0.9 and 0.0 < meta["threshold"] < 1.0
+    # The threshold is chosen on real lines (the thread cross-validation), where most lines no rule knows are benign;
+    # it declines more of the written variants than a threshold chosen on them would, so those score lower with it.
+    assert meta["heldout_accuracy_no_threshold"] >= 0.9 and meta["heldout_accuracy"] >= 0.8
+    assert 0.0 < meta["threshold"] < 1.0 and meta["threshold_chosen_by"].startswith("macro F1")
     assert meta["n_train"] > 0 and meta["n_test"] > 0
     for key in ("created_at", "sklearn_version", "version"):
         assert meta[key]
@@ -306,7 +312,7 @@ def test_unreadable_artifacts_fail_clearly(tmp_path: Path) -> None:
 
 
 def test_cli_train_writes_an_artifact_and_predict_reads_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["train", "--variants", "2", "--seed", "1", "--out", str(tmp_path)]) == 0
+    assert cli.main(["train", "--variants", "2", "--seed", "1", "--thread-folds", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     [path] = model.find_artifacts(tmp_path)
     assert str(path) in out and "held-out accuracy" in out and "confusion" in out

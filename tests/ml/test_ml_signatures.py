@@ -221,8 +221,8 @@ def test_xid_catalog_is_package_data_with_its_source_header():
         (79, "fatal", "gpu_hardware", "evict"),
         (48, "fatal", "gpu_hardware", "evict"),
         (64, "fatal", "gpu_hardware", "evict"),
-        (63, "fatal", "gpu_hardware", "evict"),  # override: IGNORE in the catalog, but the remap needs a reset
-        (94, "fatal", "gpu_hardware", "evict"),  # override: RESTART_APP in the catalog
+        (63, "hardware", "gpu_hardware", "diagnose"),  # a remap pending (catalog IGNORE): evidence, not a drain
+        (94, "fatal", "gpu_hardware", "evict"),  # contained ECC: a reset of its GPU (gpu_reset_enough), never the node
         (95, "fatal", "gpu_hardware", "evict"),
         (74, "fatal", "nvlink", "evict"),
         (145, "fatal", "nvlink", "evict"),
@@ -266,14 +266,16 @@ def test_xid79_multiline_is_a_fatal_gpu_finding():
     assert "fallen off the bus" in f.evidence["lines"][0]
 
 
-def test_xid48_dbe_and_64_are_gpu_hardware_and_a_failed_init_is_diagnosed():
+def test_xid48_dbe_and_64_are_gpu_hardware_and_a_failed_init_needs_a_reboot():
     findings = detect(kernel("xid48_dbe_xid64_gpuoperator_1146.txt"))
     dbe = only(findings, key="xid:node-a:48")
     assert (dbe.category, dbe.action, dbe.blame) == ("gpu_hardware", "evict", "infrastructure")
     assert dbe.confidence >= 0.9 and dbe.evidence["immediate_action"] == "WORKFLOW_XID_48"
     assert only(findings, key="xid:node-a:64").action == "evict"
-    init = only(findings, category="gpu_hardware", action="diagnose")
-    assert init.subject == "node-a/0000:0a:00"
+    # "GPU 0000:0a:00.0: RmInitAdapter failed! (0x24:0x72:1568)": a GPU the driver cannot bring up is not in
+    # NVML, so no GPU reset reaches it; the machine reboots.
+    init = only(findings, key="nvrm:node-a:0000:0a:00")
+    assert (init.subject, init.action, init.evidence["gpu_reset_enough"]) == ("node-a/0000:0a:00", "evict", False)
 
 
 def test_application_xid_alone_never_evicts_but_the_reset_it_caused_does():
@@ -346,16 +348,37 @@ def test_uncorrectable_ecc_cuda_errors_point_at_the_machine():
 def test_shared_memory_bus_error_is_a_host_setting_not_a_bug():
     findings = detect(training("dataloader_bus_error_shm_mmseg_1356.txt"))
     f = only(findings)
-    assert f.category == "storage" and f.action != "evict" and f.evidence["count"] == 2
+    assert f.category == "host" and f.action != "evict" and f.evidence["count"] == 2
 
 
-def test_desync_report_points_at_the_node_of_the_rank_that_never_joined():
+def test_desync_report_names_the_rank_that_never_joined_and_accuses_no_machine():
+    # "[1] finished collective #2, but didn't join collective #3": the author's repro, rank 0 issues an extra
+    # all_reduce. node-b holds rank 1 and is innocent.
     job = JobInfo(job_id="j", world_size=2, rank_nodes={0: "node-a", 1: "node-b"})
     findings = detect(training("nccl_desync_report_mlengineering.txt"), job)
-    pointer = only(findings, node="node-b")
-    assert (pointer.role, pointer.action, pointer.category) == ("symptom", "diagnose", "job_failure")
-    assert pointer.evidence["lagging_ranks"] == [1]
-    assert all(f.role == "symptom" for f in findings)
+    assert all(f.node is None for f in findings)
+    f = only(causes(findings))
+    assert (base_key(f), f.category, f.blame, f.action, f.subject) == (
+        "collective_divergence",
+        "user_code",
+        "user_code",
+        "none",
+        "j",
+    )
+    assert f.evidence["lagging_ranks"] == [1] and f.evidence["lagging_nodes"] == ["node-b"]
+    assert f.evidence["ops"] == ["ALLREDUCE"] and f.evidence["collectives"] == [3]
+    assert "ranks [1] never joined ALLREDUCE #3" in f.summary
+    # the victim's watchdog timeout stays a symptom the cause explains
+    assert only(findings, key="symptom:watchdog_timeout").role == "symptom"
+
+
+def test_ranks_that_never_joined_are_a_machines_symptom_when_it_has_a_fault():
+    job = JobInfo(job_id="j", world_size=2, rank_nodes={0: "node-a", 1: "node-b"})
+    xid = rec("xid", "node-b", None, xid=79, pci="0000:3b:00", message="GPU has fallen off the bus.")
+    findings = detect([*training("nccl_desync_report_mlengineering.txt"), xid], job)
+    report = only(findings, key="collective_divergence")
+    assert (report.role, report.category, report.blame, report.node) == ("symptom", "job_failure", "unknown", None)
+    assert only(causes(findings)).node == "node-b"
 
 
 def test_nccl_remote_peer_maps_to_a_node_of_the_job():
@@ -470,13 +493,35 @@ def test_library_frames_lower_confidence_of_a_single_rank_error():
     assert lib.confidence < user.confidence
 
 
-def test_illegal_memory_access_on_one_rank_is_a_suspect_on_most_ranks_a_bug():
+def test_illegal_memory_access_is_the_application_unless_its_machine_shows_a_hardware_error():
     job = job_of(2, 4)
     msg = dict(error="illegal_memory_access", message="an illegal memory access was encountered")
     one = only(detect([rec("cuda_error", "node-001", 5, **msg)], job))
-    assert (one.category, one.blame, one.action, one.node) == ("unknown", "unknown", "diagnose", "node-001")
+    assert (one.category, one.blame, one.action, one.node, one.subject) == (
+        "user_code",
+        "user_code",
+        "restart",
+        None,
+        "job-1",
+    )
+    # the stable key a check across jobs matches on, and the machine it would promote
+    assert (one.evidence["fault"], one.evidence["fault_node"]) == ("illegal_memory_access", "node-001")
+    # with a hardware signal of its own the machine is a suspect to diagnose
+    aer = rec("pcie_aer", "node-001", None, 1.0, severity="uncorrected_nonfatal", device="0000:3b:00.0")
+    suspect = only(detect([rec("cuda_error", "node-001", 5, **msg), aer], job), key="cuda:ambiguous:node-001")
+    assert (suspect.category, suspect.action, suspect.node) == ("unknown", "diagnose", "node-001")
     most = only(detect([rec("cuda_error", job.rank_nodes[r], r, r, **msg) for r in range(6)], job))
     assert (most.category, most.blame, most.action, most.node) == ("user_code", "user_code", "rollback", None)
+
+
+def test_illegal_memory_access_in_a_real_crash_is_not_sent_to_diagnose():
+    # THCudaCheck FAIL ... error=77 : an illegal memory access was encountered, then the caching allocator's
+    # c10::Error "CUDA error: an illegal memory access was encountered": a PyTorch bug (pytorch/pytorch#35202).
+    findings = detect(training("illegal_memory_access_thc77_detectron2_1439.txt"), job_of(2, 1))
+    f = only(causes(findings))
+    assert (f.category, f.blame, f.action, f.node) == ("user_code", "user_code", "restart", None)
+    assert f.evidence["fault"] == "illegal_memory_access" and f.evidence["count"] == 2
+    assert all(f.action != "diagnose" for f in findings)
 
 
 def test_cuda_error_inside_a_traceback_reads_as_the_cuda_error():
@@ -491,12 +536,22 @@ def test_cuda_error_inside_a_traceback_reads_as_the_cuda_error():
 
 def test_filesystem_errors_on_one_node_are_that_node_on_all_the_filesystem():
     job = job_of(3, 2)
-    stale = "[Errno 116] Stale file handle: '/mnt/nfs/data/shard_0001.bin'"
-    f = only(detect([traceback("node-002", 4, "OSError", stale)], job))
+    eio = "[Errno 5] Input/output error: '/mnt/nfs/data/shard_0001.bin'"
+    f = only(detect([traceback("node-002", 4, "OSError", eio)], job))
     assert (f.category, f.node, f.action, f.blame) == ("storage", "node-002", "diagnose", "infrastructure")
-    everywhere = [traceback(job.rank_nodes[r], r, "OSError", stale, at=r) for r in range(6)]
+    everywhere = [traceback(job.rank_nodes[r], r, "OSError", eio, at=r) for r in range(6)]
     f = only(detect(everywhere, job))
     assert (f.category, f.node, f.action) == ("storage", None, "none")
+    # a stale handle is a shared file replaced under an open handle: the job's or the file system's, on one node too
+    stale = "[Errno 116] Stale file handle: '/mnt/nfs/data/shard_0001.bin'"
+    f = only(detect([traceback("node-002", 4, "OSError", stale)], job))
+    assert (base_key(f), f.category, f.node, f.action, f.blame) == (
+        "storage:stale:job",
+        "storage",
+        None,
+        "none",
+        "unknown",
+    )
     full = only(
         detect([rec("unmatched_error", "node-000", None, line="OSError: [Errno 28] No space left on device")], job)
     )

@@ -8,7 +8,7 @@ from agents.parsers import parse_text
 from agents.parsers.training import TrainingLogParser
 from ml import training_metrics
 from ml.findings import Finding, JobInfo, LogRecord
-from tests.ml.test_ml_signatures import NOW, base_key, check, detect, job_of, only, rec, to_records, training
+from tests.ml.test_ml_signatures import NOW, base_key, detect, job_of, only, rec, to_records, training
 from tests.stored import check_evidence
 
 
@@ -19,22 +19,27 @@ def metrics(records: list[LogRecord], job: JobInfo | None = None) -> list[Findin
 
 
 def test_reg_mr_enomem_is_the_nodes_memlock() -> None:
+    # "misc/ibvwrap.cc:278 NCCL WARN Call to ibv_reg_mr_iova2 failed with error Cannot allocate memory": ulimit -l
+    # was 8192, raising it fixed the run. The host's configuration, not its network.
     f = only(detect(training("nccl_ibv_reg_mr_enomem_nccltests_206.txt", node="gpu-07")), key="ib_verbs:gpu-07")
-    assert (f.category, f.role, f.blame, f.action, f.node) == (
-        "network",
-        "cause",
-        "infrastructure",
-        "diagnose",
-        "gpu-07",
-    )
+    assert (f.category, f.role, f.blame, f.action, f.node) == ("host", "cause", "infrastructure", "diagnose", "gpu-07")
     assert f.evidence["reason"] == "memlock"
     assert f.evidence["calls"] == ["ibv_reg_mr_iova2"] and f.evidence["errnos"] == ["ENOMEM"]
-    assert "ulimit -l" in f.summary
+    assert "locked-memory limit (ulimit -l) too low? host configuration" in f.summary
 
 
-def test_queue_creation_failure_is_a_resource_problem_of_the_node() -> None:
+def test_queue_creation_and_ofi_registration_failures_are_the_memlock_too() -> None:
+    # "misc/ibvwrap.cc:268 NCCL WARN Call to ibv_create_cq failed" (NCCL 2.7.8 printed no errno)
     f = only(detect(training("nccl_ibv_create_cq_roce_nccl_380.txt")), key="ib_verbs:node-a")
-    assert f.evidence["reason"] == "rdma_resources" and f.action == "diagnose" and f.blame == "infrastructure"
+    assert (f.category, f.action, f.blame, f.evidence["reason"]) == ("host", "diagnose", "infrastructure", "memlock")
+    # "NET/OFI Unable to register memory (type = 1) for device 0. RC: 12, Error: Cannot allocate memory"
+    f = only(detect(training("nccl_ofi_register_memory_enomem_nccl_563.txt")), key="ib_verbs:node-a")
+    assert (f.category, f.evidence["reason"], f.evidence["errnos"]) == ("host", "memlock", ["ENOMEM"])
+    assert "ulimit -l" in f.summary
+    # a queue pair refused for another reason is the RDMA stack's, not the limit
+    timeout = rec("ib_verbs_error", "node-a", 0, call="ibv_create_qp", errno="EINVAL", category="resource")
+    f = only(detect([timeout]), key="ib_verbs:node-a")
+    assert (f.category, f.evidence["reason"]) == ("network", "rdma_resources")
 
 
 def test_port_error_and_catastrophic_error_evict() -> None:
@@ -58,18 +63,48 @@ def test_stuck_watchdog_is_a_symptom() -> None:
     assert (f.role, f.category) == ("symptom", "job_failure") and f.evidence["ranks"] == [2]
 
 
-def test_flight_recorder_points_at_the_node_of_the_missing_ranks() -> None:
+def test_flight_recorder_names_the_ranks_that_never_joined_and_accuses_no_machine() -> None:
     records = training("fr_trace_missing_ranks_pytorch_140969.txt")
-    # ranks 0-3 on node-000, 4-7 on node-001: the missing ranks 3-7 are on both, no single node to point at
+    # ranks 0-3 on node-000, 4-7 on node-001: "missing ranks: {3, 4, 5, 6, 7}" of "collective: nccl:all_reduce"
     spread = detect(records, job_of(nodes=2, gpus=4))
-    f = only(spread, key="flight_recorder")
+    f = only(spread, key="collective_divergence")
     assert f.evidence["lagging_ranks"] == [3, 4, 5, 6, 7] and f.evidence["collectives"] == [31117]
-    assert f.evidence["ops"] == ["nccl:all_reduce"] and f.role == "symptom"
-    # the tutorial's two single-GPU nodes: rank 1 is node-001's
+    assert f.evidence["ops"] == ["nccl:all_reduce"] and f.evidence["lagging_nodes"] == ["node-000", "node-001"]
+    assert (f.role, f.category, f.blame, f.action, f.node) == ("cause", "user_code", "user_code", "none", None)
+    # the tutorial's two single-GPU nodes: rank 1 is node-001's, which is no suspect for it
     tutorial = detect(training("fr_trace_missing_rank_tutorial.txt"), job_of(nodes=2, gpus=1))
-    p = only(tutorial, key="pointer:node-001")
-    assert p.evidence["lagging_ranks"] == [1] and p.action == "diagnose" and p.node == "node-001"
-    check(tutorial)
+    assert all(f.node is None for f in tutorial)
+    f = only(tutorial, key="collective_divergence")
+    assert f.evidence["lagging_ranks"] == [1] and "ranks [1] never joined nccl:all_reduce #5" in f.summary
+
+
+def test_flight_recorder_culprit_of_a_state_mismatch_is_weak_evidence_of_a_divergence() -> None:
+    # "Collective sequence number: 1487 has errors" ... "error msg: Culprit rank 1; Error type:
+    # COLLECTIVE_STATE_MISMATCH, Expected state: 'scheduled' does not match found state: 'completed'"
+    findings = detect(training("fr_trace_state_mismatch_pytorch_151666.txt"), job_of(nodes=2, gpus=1))
+    f = only(findings)
+    assert (base_key(f), f.category, f.action, f.node, f.confidence) == (
+        "collective_divergence",
+        "user_code",
+        "none",
+        None,
+        0.4,
+    )
+    assert f.evidence["lagging_ranks"] == [1] and f.evidence["collectives"] == [1487, 1488]
+    # a culprit whose call differs (type, size, dtype) is a mismatch the analyzer caught
+    typed = rec(
+        "flight_recorder",
+        "node-000",
+        None,
+        culprit_ranks=[1],
+        error_types=["COLLECTIVE_TYPE_MISMATCH"],
+        op="nccl:all_reduce",
+        collective=42,
+        missing_ranks=[],
+    )
+    f = only(detect([typed], job_of(nodes=2, gpus=1)))
+    assert (base_key(f), f.confidence) == ("collective_mismatch", 0.8)
+    assert f.summary == "collective mismatch: rank 1 differs in nccl:all_reduce #42 (COLLECTIVE_TYPE_MISMATCH)"
 
 
 def test_loss_scale_at_its_floor_is_a_persistent_nan() -> None:

@@ -57,3 +57,12 @@ def test_every_error_answer_is_documented_in_the_error_shape(client) -> None:
             assert {"401", "403", "422", "503"} <= set(errors), (method, path)
             assert all(r["content"]["application/json"]["schema"]["$ref"].endswith("/Error") for r in errors.values())
     assert "HTTPValidationError" not in schema["components"]["schemas"]
+
+
+def test_a_decision_names_its_gpu_by_index_or_by_pci_bus_id(client) -> None:
+    """A scheduler reads `gpu`, else `gpu_pci`, for reset_gpu: both documented, both nullable."""
+    decision = client.get("/openapi.json").json()["components"]["schemas"]["DecisionOut"]
+    gpu, pci = decision["properties"]["gpu"], decision["properties"]["gpu_pci"]
+    assert {"type": "null"} in gpu["anyOf"] and {"type": "null"} in pci["anyOf"]
+    assert "gpu_pci" in gpu["description"] and "nvidia-smi -r -i" in pci["description"]
+    assert pci["examples"] == ["0000:3b:00.0"]

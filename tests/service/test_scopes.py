@@ -43,6 +43,7 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/api/v1/incidents/{incident_id}/resolve"): OPERATOR,
     ("POST", "/api/v1/incidents/{incident_id}/acknowledge"): OPERATOR,
     ("GET", "/api/v1/repair-times"): READ,
+    ("GET", "/api/v1/unknown-lines"): READ,
     ("GET", "/api/v1/spares"): READ,
     ("GET", "/api/v1/jobs/{job_id}/spares"): READ,
     ("GET", "/api/v1/decisions"): READ,

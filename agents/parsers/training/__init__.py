@@ -8,9 +8,10 @@ do not mix, and each becomes one event. A line may yield more than one event (a 
 error glued to its end; a NCCL remote error that carries an IB completion error).
 
 Modules: `prefixes` (rank and time), `parser` (the dispatch), `classify` (single-line rules in order)
-and the rules by topic (`nccl`, `verbs` (RDMA verbs failures, IB async events), `watchdog`, `cuda`,
-`crashes`, `elastic` (and other launchers), `loss_scale` (fp16 overflows), `progress`, `checkpoints`
-(saves)), `blocks` and the multi-line blocks (`tracebacks`, `child_failed`, `cpp`, `flight_recorder`; the
+and the rules by topic (`nccl`, `verbs` (RDMA verbs failures, IB async events), `mismatch` (collectives the
+ranks disagree on), `watchdog`, `cuda`, `storage` (file system and object store errors), `crashes`, `elastic`
+(and other launchers), `loss_scale` (fp16 overflows), `progress`, `checkpoints` (saves)), `blocks` and the
+multi-line blocks (`tracebacks`, `child_failed`, `cpp`, `flight_recorder`, `ras` (NCCL RAS reports); the
 desync report is in `watchdog`, device-side assertion lines in `cuda`). `lab.evaluation.parser_corpus` measures them
 on real logs.
 """

@@ -48,6 +48,6 @@ class Block:
         """TAKE, TAKE_DONE or REJECT the next line of the same prefix (prefixes peeled)."""
         raise NotImplementedError
 
-    def event(self, path: str | None) -> Event:
-        """The one event the finished block makes."""
+    def event(self, path: str | None) -> Event | None:
+        """The one event the finished block makes; None when it turned out to say nothing (a report of no fault)."""
         raise NotImplementedError

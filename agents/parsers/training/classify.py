@@ -12,8 +12,10 @@ from agents.parsers.training.crashes import rule_crash, rule_dataloader
 from agents.parsers.training.cuda import rule_cuda, rule_oom
 from agents.parsers.training.elastic import rule_elastic
 from agents.parsers.training.loss_scale import rule_loss_scale
-from agents.parsers.training.nccl import rule_ib, rule_nccl_error, rule_nccl_warn
+from agents.parsers.training.mismatch import rule_collective_mismatch
+from agents.parsers.training.nccl import rule_duplicate_gpu, rule_ib, rule_nccl_error, rule_nccl_warn
 from agents.parsers.training.progress import rule_nan
+from agents.parsers.training.storage import rule_storage
 from agents.parsers.training.verbs import rule_ib_verbs
 from agents.parsers.training.watchdog import rule_collective_timeout, rule_watchdog
 
@@ -22,11 +24,14 @@ _RULES: tuple[Rule, ...] = (
     rule_watchdog,
     rule_ib,
     rule_ib_verbs,
+    rule_collective_mismatch,
     rule_nccl_warn,
     rule_nccl_error,
+    rule_duplicate_gpu,
     rule_oom,
     rule_cuda,
     rule_dataloader,
+    rule_storage,
     rule_collective_timeout,
     rule_elastic,
     rule_loss_scale,
@@ -90,6 +95,8 @@ def classify(
         return events
     if body.startswith("    ") or body.lstrip().startswith(("frame #", 'File "')) or is_boilerplate(body):
         return events  # stack frames and source lines of a traceback we did not see begin
+    if body.strip() == "Last error:":
+        return events  # NCCL's heading for the line after it, which says what the error was
     if level in _ERROR_LEVELS or (any(w in body for w in _ERROR_WORDS) and _ERRORISH.search(body)):
         emit("unmatched_error", "warning", {"level": level} if level else {}, rank_in(body, rank))
     return events

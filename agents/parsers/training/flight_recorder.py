@@ -7,9 +7,17 @@ Its report of a hang, in the wordings its versions used:
     Not all ranks joining collective, sequence number: 4           (2.7+)
     Not all ranks joining collective for group 0:default_pg collective nccl:all_reduce Missing ranks are {1}
 
+and of a collective the ranks entered differently (2.6+):
+
+    Collective sequence number: 1487 has errors
+    ...
+    error msg: Culprit rank 1; Error type: COLLECTIVE_STATE_MISMATCH, Expected state: 'scheduled' does not match ...
+
 followed by `key: value` lines (group info, collective, missing ranks, input/output sizes, world size,
-expected ranks, collective state) and `collective stack trace:` with `function at file:line` frames.
-The missing ranks are the ones the others waited for: the event names them.
+expected ranks, collective state, error msg) and `collective stack trace:` with `function at file:line` frames.
+The missing ranks are the ones the others waited for, the culprit ranks the ones whose entry differs (the
+analyzer's MatchState: COLLECTIVE_TYPE_MISMATCH, SIZE_OR_SYNTAX_MISMATCH, COLLECTIVE_STATE_MISMATCH,
+COLLECTIVE_DTYPE_MISMATCH): the event names them.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from agents.parsers.training.blocks import MAX_FRAMES, REJECT, TAKE, Block
 from agents.parsers.training.common import make_event
 
 _OPEN = "Not all ranks joining collective"
+_ERRORS_OPEN = re.compile(r"^Collective sequence number:\s*(\d+) has errors")
 _HEADER = re.compile(
     r"Not all ranks joining collective"
     r"(?:[:,]?\s*sequence number:\s*(?P<seq>\d+)|\s+(?P<seq2>\d+) at entry (?P<entry>\d+)"
@@ -32,6 +41,8 @@ _HEADER = re.compile(
 _KV = re.compile(r"^\s*(?P<key>[a-z][a-z ]{1,40}?)\s*:\s*(?P<value>.*?)\s*$")
 _FRAME = re.compile(r"^\s*\S.{0,200}? at \S+:\d+\s*$")
 _INTS = re.compile(r"-?\d+")
+# "Culprit rank 1; Error type: COLLECTIVE_STATE_MISMATCH, Expected state: ...", joined by ", " when several
+_CULPRIT = re.compile(r"Culprit rank (\d+); Error type: (\w+)")
 # The report's keys and the field each becomes.
 _KEYS = {
     "sequence number": "collective",
@@ -45,11 +56,15 @@ _KEYS = {
     "expected ranks": "expected_ranks",
     "collective state": "state",
     "error type": "error_type",
+    "error msg": "error_message",
+    "total input numel": "input_numel",
+    "total output numel": "output_numel",
 }
 
 
 class FlightRecorder(Block):
-    """One `Not all ranks joining collective` report of the flight-recorder analysis."""
+    """One `Not all ranks joining collective` or `Collective sequence number: N has errors` report of the
+    flight-recorder analysis."""
 
     kind = "flight_recorder"
 
@@ -61,6 +76,8 @@ class FlightRecorder(Block):
 
     @staticmethod
     def opens(stripped: str) -> bool:
+        if "has errors" in stripped and _ERRORS_OPEN.match(stripped):
+            return True
         return stripped.startswith(_OPEN) or (_OPEN in stripped and stripped.find(_OPEN) < 40)
 
     def offer(self, body: str) -> int:
@@ -85,6 +102,10 @@ class FlightRecorder(Block):
         return REJECT
 
     def _header(self, stripped: str) -> None:
+        errors = _ERRORS_OPEN.match(stripped)
+        if errors:
+            self.fields = {"error": "collective_mismatch", "collective": int(errors.group(1))}
+            return
         m = _HEADER.search(stripped)
         if not m:
             return
@@ -108,7 +129,12 @@ class FlightRecorder(Block):
                 self.fields["world_size"] = self.fields.get("world_size") or ranks[0]
                 return
             self.fields[name] = sorted(set(ranks))
-        elif name in ("collective", "record_id", "world_size"):
+        elif name == "error_message":
+            self.fields[name] = value[:500]
+            culprits = _CULPRIT.findall(value)
+            self.fields["culprit_ranks"] = sorted({int(rank) for rank, _ in culprits})
+            self.fields["error_types"] = sorted({kind for _, kind in culprits})
+        elif name in ("collective", "record_id", "world_size", "input_numel", "output_numel"):
             found = _INTS.search(value)
             if found:
                 self.fields[name] = int(found.group())

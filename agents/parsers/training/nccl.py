@@ -93,6 +93,8 @@ _SOCKET = re.compile(
     r"connection refused|connection reset|connection abort|failed to execute operation connect"
 )
 _PEER = re.compile(r"(?:to|peer) ([\w.:%-]+?)<(\d+)>")
+# Two ranks on one GPU (ncclInvalidUsage): "Duplicate GPU detected : rank 2 and rank 0 both on CUDA device 1000"
+_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device (\w+)")
 # PyTorch 2.x: "Collective WorkNCCL(SeqNum=2, OpType=ALLREDUCE, ...) raised the following async exception: ..."
 _ASYNC_WORK = re.compile(r"WorkNCCL\((?:[^()]*?SeqNum=(?P<seq>\d+))?(?:[^()]*?OpType=(?P<op>\w+))?")
 
@@ -148,6 +150,10 @@ def rule_nccl_warn(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         else:
             emit("cuda_error", "error", {**fields, "error": cuda_name(text)}, critical=True)
         return True
+    duplicate = duplicate_gpu(message)
+    if duplicate:
+        emit("nccl_warn", "error", {**fields, **duplicate}, critical=True)
+        return True
     retcode = _NCCL_RETCODE.search(message)
     if _SOCKET.search(message) or retcode:
         fields["nccl_code"] = NCCL_CODES.get(int(retcode.group(1))) if retcode else None
@@ -184,10 +190,36 @@ def rule_nccl_error(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     last = _NCCL_LAST.search(body)
     if last:
         fields["last_error"] = last.group(1).strip()
+    fields.update(duplicate_gpu(body) or {})
     start = body.find("NCCL error")
     fields["message"] = body[start if start >= 0 else 0 :].strip()[:MAX_MESSAGE]
     emit("nccl_error", "error", fields, rank if rank is not None or not unique_id else fields["rank"], critical=True)
     return True
+
+
+def rule_duplicate_gpu(body: str, low: str, emit: Emit, rank: int | None) -> bool:
+    """The line after a NCCL error's "Last error:", on its own: two ranks were given the same GPU."""
+    if "Duplicate GPU" not in body:
+        return False
+    duplicate = duplicate_gpu(body)
+    if duplicate is None:
+        return False
+    emit("nccl_error", "error", {**duplicate, "message": body.strip()[:MAX_MESSAGE]}, critical=True)
+    return True
+
+
+def duplicate_gpu(text: str) -> dict[str, Any] | None:
+    """The fields of NCCL's "Duplicate GPU detected" check: the launch gave two ranks one CUDA device (their
+    local rank does not pick the device), which NCCL refuses as invalid usage."""
+    m = _DUPLICATE_GPU.search(text) if "Duplicate GPU" in text else None
+    if m is None:
+        return None
+    return {
+        "category": "duplicate_gpu",
+        "nccl_code": "ncclInvalidUsage",
+        "ranks": [int(m.group(1)), int(m.group(2))],
+        "cuda_device": m.group(3),
+    }
 
 
 def _nccl_code(body: str, low: str) -> str | None:

@@ -25,6 +25,7 @@ from agents.parsers.training.flight_recorder import FlightRecorder
 from agents.parsers.training.nccl import continues_ib_line, ib_line_may_go_on
 from agents.parsers.training.prefixes import strip_prefixes
 from agents.parsers.training.progress import DEFAULT_STEP_PATTERNS, Progress
+from agents.parsers.training.ras import NcclRas
 from agents.parsers.training.tracebacks import TB_START, Traceback
 from agents.parsers.training.watchdog import Desync
 
@@ -130,10 +131,12 @@ class TrainingLogParser(LineParser):
             desync = Desync(*at)
             desync.offer(body)
             return desync
-        if "Not all ranks joining" in stripped and FlightRecorder.opens(stripped):
+        if ("Not all ranks joining" in stripped or "has errors" in stripped) and FlightRecorder.opens(stripped):
             report = FlightRecorder(*at)
             report.offer(body)
             return report
+        if stripped.startswith("Group") and NcclRas.opens(stripped):
+            return NcclRas(*at)
         assertion = KernelAsserts.match(stripped)
         if assertion is not None:
             return KernelAsserts(*at, assertion)
@@ -195,6 +198,8 @@ class TrainingLogParser(LineParser):
                 self._blocks[key] = table
                 return []
         event = block.event(self.path)
+        if event is None:
+            return []
         if block.local_rank is not None:
             event.fields.setdefault("local_rank", block.local_rank)
         return [event]

@@ -63,9 +63,10 @@ DEFAULT_STEP_PATTERNS: tuple[str, ...] = (
     r"(?=(?:.*?\b(?:\w+_)?loss[\s=:]+(?P<loss>[-+\w.]+))?)"
     r"(?=(?:.*?\b(?:lr|learning[_ ]rate)[\s=:]+(?P<lr>[-+\w.]+))?)",
     # generic: "step=100 loss=2.3 grad_norm=1.1", "step 100 | loss 2.3", "Step 100/1000, loss: 2.3",
-    # "step: 100 total_loss: nan" (not "step: 1172.13", a duration; not "at step 200", a mention);
+    # "step: 100 total_loss: nan" (not "step: 1172.13", a duration; not "at step 200", a mention; not nccl-tests'
+    # "step: 2(factor)", its message sizes' growth);
     # "[Loss] nan | ... | [step]   104 |" too
-    r"(?i)(?<!at )(?<!to )(?<!from )(?<!after )(?<!before )\bstep\]?[\s=:]+(?P<step>\d+)(?![.\d])"
+    r"(?i)(?<!at )(?<!to )(?<!from )(?<!after )(?<!before )\bstep\]?[\s=:]+(?P<step>\d+)(?![.\d(])"
     r"(?:\s*/\s*(?P<total>\d+))?"
     r"(?=(?:.*?\b(?:\w+_)?loss\]?[\s=:]+(?P<loss>[-+\w.]+))?)"
     r"(?=(?:.*?\bgrad[_ ]norm[\s=:]+(?P<grad_norm>[-+\w.]+))?)"

@@ -17,10 +17,15 @@ _WATCHDOG = re.compile(
     _TAG + r"Watchdog caught collective operation timeout: "
     r"WorkNCCL\((?P<args>[^()]{0,600}(?:\([^()]{0,20}\)[^()]{0,600})*)\)?(?: ran for (?P<elapsed>\d+) milliseconds)?"
 )
+# PyTorch 2.2-2.5: "Exception (either an error or timeout) detected by watchdog at work: 5, last enqueued NCCL work:
+# 5, last completed NCCL work: 4."; 2.6+: "failure detected by watchdog at work sequence id: 2398459 PG status: last
+# enqueued work: 2398578, last completed work: 2398458"
 _WD_EXC = re.compile(
-    _TAG + r"(?:Exception \(either an error or timeout\) detected by watchdog "
-    r"at work|(?P<timeout>Timeout) at NCCL work): (?P<seq>\d+)(?:, last enqueued NCCL work: (?P<enq>-?\d+))?"
-    r"(?:, last completed NCCL work: (?P<done>-?\d+))?"
+    _TAG + r"(?:Exception \(either an error or timeout\) detected by watchdog at work"
+    r"|(?P<failure>failure) detected by watchdog at work sequence id"
+    r"|(?P<timeout>Timeout) at NCCL work): (?P<seq>\d+)"
+    r"(?:,? (?:PG status: )?last enqueued (?:NCCL )?work: (?P<enq>-?\d+))?"
+    r"(?:, last completed (?:NCCL )?work: (?P<done>-?\d+))?"
 )
 # The heartbeat monitor: the watchdog thread itself stopped making progress (a CUDA/NCCL call hangs).
 _STUCK = re.compile(
@@ -101,7 +106,8 @@ def rule_watchdog(body: str, low: str, emit: Emit, rank: int | None) -> bool:
             "seq": int(m.group("seq")),
             "last_enqueued": int_or_none(m.group("enq")),
             "last_completed": int_or_none(m.group("done")),
-            "timeout": m.group("timeout") is not None,
+            # The newest wording does not say whether it was a timeout or an error.
+            "timeout": None if m.group("failure") else m.group("timeout") is not None,
         }
         fields.update(_tag(m.group("tag")))
         emit("watchdog_exception", "error", fields, _tag_rank(fields, rank))

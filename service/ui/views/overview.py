@@ -19,6 +19,7 @@ from service.incidents import service as incidents
 from service.jobs import progress
 from service.nodes import attention
 from service.nodes import service as nodes
+from service.unknown_lines import service as unknown_lines
 
 # The ring on a tile: none below 0.3, then three steps up to a confident suspect.
 _SCORE_STEPS = (0.3, 0.6, 0.85)
@@ -80,6 +81,11 @@ class Overview:
     attention: list[Tile]  # ringed (accused) nodes first, then every node not healthy: findable at a glance
     group_by: str  # job, rack or switch
     groupings: list[str]  # those the inventory allows: job always; rack, switch where some node is labelled
+    unknown: unknown_lines.Summary  # error-looking lines no rule knows, of the last UNKNOWN_HOURS: new messages
+
+
+# The overview's count of unknown lines looks back this far (the /unknown-lines page's default window).
+UNKNOWN_HOURS = 24
 
 
 # Node labels that name where a machine sits, by the grouping they serve.
@@ -155,4 +161,5 @@ def overview(
         ),
         group_by=group_by if group_by in groupings else "job",
         groupings=groupings,
+        unknown=unknown_lines.summary(session, since=now - timedelta(hours=UNKNOWN_HOURS)),
     )

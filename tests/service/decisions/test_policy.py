@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ml.demarcation import demarcate
+from ml.demarcation import IncidentProposal, Suspect, demarcate
 from ml.findings import Finding
 from service.config import Settings
 from service.decisions.policy import PolicyContext, decide
@@ -120,6 +120,17 @@ def test_network_fault_needs_a_second_flap_within_the_window() -> None:
     assert "flap_tolerance" in plan.guard_rails
 
 
+def test_a_failed_network_adapter_is_not_a_flap() -> None:
+    # IBV_EVENT_DEVICE_FATAL (tests/fixtures/logs/nccl_ib_async_catastrophic_mpirun_nccl_230.txt): the HCA itself
+    # failed, so one occurrence is enough; a link error on another node still waits for its second flap.
+    (incident,) = demarcate([(1, finding("network", node="n2"))])
+    one = {"n2": [NOW - timedelta(seconds=10)]}
+    (plan,) = decide(incident, context(network_events=one, network_fatal={"n2"}), settings())
+    assert (plan.kind, plan.node) == ("evict", "n2")
+    assert "not a flap" in plan.guard_rails["flap_tolerance"]
+    assert decide(incident, context(network_events=one, network_fatal={"n3"}), settings()) == []
+
+
 def test_blast_radius_holds_evictions_beyond_the_share_for_approval() -> None:
     found = [(i, finding("gpu_hardware", node=f"n{i}")) for i in range(1, 4)]
     # Three machines' faults are three incidents; the rail counts the job's evictions across them.
@@ -178,3 +189,56 @@ def test_a_localized_stall_adds_the_job_level_evidence_to_its_only_suspect() -> 
     # Two candidates: the job-level finding cannot tell which, so it adds nothing.
     (incident,) = demarcate([*found, (3, finding("straggler", node="n3", confidence=0.7))])
     assert [s.confidence for s in incident.suspects] == [0.7, 0.7]
+
+
+def _resettable(node: str = "node-3", address: str = "0000:3b:00") -> IncidentProposal:
+    """A fault whose Xid line names one GPU by PCI address and whose catalog action is a reset of that GPU."""
+    suspect = Suspect(node, 0.9, "evict", (7,), f"Xid 119 (GSP RPC timeout) on {node} GPU {address}", address)
+    return IncidentProposal("gpu_hardware", "infrastructure", 0.9, "major", "gpu hardware", [7], [suspect])
+
+
+def test_a_gpu_the_inventory_knows_is_reset_by_index() -> None:
+    ctx = context(gpu_indexes={("node-3", "0000:3b:00"): 2})
+    (plan,) = decide(_resettable(), ctx, settings())
+    assert (plan.kind, plan.node, plan.gpu, plan.gpu_pci, plan.state) == ("reset_gpu", "node-3", 2, None, "pending")
+    assert plan.reason.startswith("reset GPU 2 on node-3: Xid 119 ")
+    assert plan.guard_rails["gpu_reset"] == "0 earlier reset(s) of GPU 2 in the last 24 h (at most 1)"
+    assert "gpu_address" not in plan.guard_rails
+
+
+def test_a_node_without_gpu_inventory_gets_a_reset_by_pci_bus_id_not_an_eviction() -> None:
+    (plan,) = decide(_resettable(), context(), settings())
+    assert (plan.kind, plan.node, plan.gpu, plan.gpu_pci) == ("reset_gpu", "node-3", None, "0000:3b:00.0")
+    assert plan.reason.startswith(
+        "reset GPU 0000:3b:00.0 on node-3 (not in its GPU inventory: addressed by PCI bus id): Xid 119 "
+    )
+    assert plan.guard_rails["gpu_reset"] == "0 earlier reset(s) of GPU 0000:3b:00.0 in the last 24 h (at most 1)"
+    assert plan.guard_rails["gpu_address"] == "not in node-3's GPU inventory: addressed by PCI bus id"
+    # Another node's inventory naming the same address says nothing of this node's GPU.
+    (other,) = decide(_resettable(), context(gpu_indexes={("node-4", "0000:3b:00"): 2}), settings())
+    assert (other.gpu, other.gpu_pci) == (None, "0000:3b:00.0")
+
+
+def test_too_many_resets_of_a_gpu_by_pci_evict_the_node() -> None:
+    earlier = {("node-3", "0000:3b:00"): [NOW - timedelta(hours=2)]}
+    (plan,) = decide(_resettable(), context(gpu_resets=earlier), settings())
+    assert (plan.kind, plan.gpu, plan.gpu_pci) == ("evict", None, None)
+    assert plan.reason.startswith(
+        "evict node-3: GPU 0000:3b:00.0 was already reset 1 time in the last 24 h (at most 1): escalated to "
+        "evicting the node; Xid 119 "
+    )
+    # The count is by address whichever way the earlier reset named the GPU: with the inventory, the same.
+    ctx = context(gpu_resets=earlier, gpu_indexes={("node-3", "0000:3b:00"): 2})
+    (by_index,) = decide(_resettable(), ctx, settings())
+    assert by_index.kind == "evict" and by_index.guard_rails["gpu_reset"].startswith("GPU 2 was already reset 1 time")
+    # Resets of another GPU, or outside the window, do not count.
+    other = {("node-3", "0000:5d:00"): [NOW], ("node-3", "0000:3b:00"): [NOW - timedelta(days=2)]}
+    (plan,) = decide(_resettable(), context(gpu_resets=other), settings())
+    assert (plan.kind, plan.gpu_pci) == ("reset_gpu", "0000:3b:00.0")
+    assert plan.guard_rails["gpu_reset"] == "0 earlier reset(s) of GPU 0000:3b:00.0 in the last 24 h (at most 1)"
+
+
+def test_a_reset_gpu_address_that_is_no_pci_address_evicts() -> None:
+    (plan,) = decide(_resettable(address="GPU-3"), context(), settings())
+    assert (plan.kind, plan.gpu, plan.gpu_pci) == ("evict", None, None)
+    assert plan.guard_rails["gpu_reset"] == "GPU GPU-3 is neither in node-3's GPU inventory nor a PCI address"

@@ -1,6 +1,7 @@
 """GPU-level remediation through the real diagnosis path: kernel lines in through the ingest API (the agent's
 own parser), the event fast pass, the policy; reset_gpu for a catalog GPU-reset Xid on one GPU, eviction for a
-repeat within the window and for a Xid that needs the node."""
+repeat within the window and for a Xid that needs the node; by PCI bus id on a node that reported no GPU
+inventory."""
 
 from __future__ import annotations
 
@@ -173,11 +174,71 @@ def test_disabled_reset_gpu_evicts_as_before(client, session, make_token) -> Non
     assert (decision.kind, decision.gpu) == ("evict", None)
 
 
-def test_a_gpu_missing_from_the_inventory_evicts_the_node_saying_why(client, session, make_token) -> None:
-    token, job = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}"
+def test_a_node_without_gpu_inventory_gets_a_reset_by_pci_bus_id_saying_why(client, session, make_token) -> None:
+    token, scheduler, job = make_token("agent"), make_token("scheduler"), f"job-{uuid.uuid4().hex[:6]}"
     now = datetime.now(UTC)
+    # A kernel-log-only agent: its heartbeat names no GPU, so only the Xid line's PCI address is known.
     _ship(client, token, job, {1: _xid(119, 3, now, "Timeout")}, at=now, inventory=False)
     (decision,) = _decisions(session, diagnose_events(session, job_id=job, settings=get_settings(), now=now))
-    assert (decision.kind, decision.gpu) == ("evict", None)
-    assert decision.evidence["guard_rails"]["gpu_reset"] == "GPU 0000:5d:00 is not in node-1's GPU inventory"
-    assert decision.reason.startswith("evict node-1: GPU 0000:5d:00 is not in node-1's GPU inventory; Xid 119 ")
+    assert (decision.kind, decision.gpu, decision.gpu_pci, decision.state) == (
+        "reset_gpu",
+        None,
+        "0000:5d:00.0",
+        "pending",
+    )
+    assert decision.reason.startswith(
+        "reset GPU 0000:5d:00.0 on node-1 (not in its GPU inventory: addressed by PCI bus id): Xid 119 "
+    )
+    rails = decision.evidence["guard_rails"]
+    assert rails["gpu_reset"] == "0 earlier reset(s) of GPU 0000:5d:00.0 in the last 24 h (at most 1)"
+    assert rails["gpu_address"] == "not in node-1's GPU inventory: addressed by PCI bus id"
+
+    # A scheduler reads the bus id in place of the index.
+    session.flush()
+    page = client.get(
+        "/api/v1/decisions", params={"job": job, "kind": "reset_gpu", "state": "pending"}, headers=bearer(scheduler)
+    ).json()
+    assert [(d["node"], d["gpu"], d["gpu_pci"]) for d in page["items"]] == [("node-1", None, "0000:5d:00.0")]
+
+
+def test_a_gpu_reset_by_pci_then_again_by_index_counts_as_one_gpu(client, session, make_token) -> None:
+    token, scheduler, job = make_token("agent"), make_token("scheduler"), f"job-{uuid.uuid4().hex[:6]}"
+    settings = get_settings()
+    first = datetime.now(UTC) - timedelta(minutes=4)
+    _ship(client, token, job, {1: _xid(119, 3, first, "Timeout")}, at=first, inventory=False)
+    (reset,) = _decisions(session, diagnose_events(session, job_id=job, settings=settings, now=first))
+    assert (reset.kind, reset.gpu, reset.gpu_pci) == ("reset_gpu", None, "0000:5d:00.0")
+    session.flush()
+    client.post(f"/api/v1/decisions/{reset.id}/ack", json={"outcome": "done"}, headers=bearer(scheduler))
+    session.get_one(Incident, reset.incident_id).resolved_at = first + timedelta(seconds=5)
+    session.flush()
+
+    # The node's agent now reports its GPUs (NVML came back): the same GPU, by index now, was reset already.
+    second = first + timedelta(minutes=3)
+    _ship(client, token, job, {1: _xid(119, 3, second, "Timeout")}, at=second)
+    (escalated,) = _decisions(session, diagnose_events(session, job_id=job, settings=settings, now=second))
+    assert (escalated.kind, escalated.gpu, escalated.gpu_pci) == ("evict", None, None)
+    assert escalated.reason.startswith(
+        "evict node-1: GPU 3 was already reset 1 time in the last 24 h (at most 1): escalated to evicting the node; "
+    )
+
+
+def test_a_gpu_reset_by_pci_twice_within_the_window_evicts(client, session, make_token) -> None:
+    token, scheduler, job = make_token("agent"), make_token("scheduler"), f"job-{uuid.uuid4().hex[:6]}"
+    settings = get_settings()
+    first = datetime.now(UTC) - timedelta(minutes=4)
+    _ship(client, token, job, {1: _xid(119, 3, first, "Timeout")}, at=first, inventory=False)
+    (reset,) = _decisions(session, diagnose_events(session, job_id=job, settings=settings, now=first))
+    session.flush()
+    client.post(f"/api/v1/decisions/{reset.id}/ack", json={"outcome": "done"}, headers=bearer(scheduler))
+    session.get_one(Incident, reset.incident_id).resolved_at = first + timedelta(seconds=5)
+    session.flush()
+
+    second = first + timedelta(minutes=3)
+    _ship(client, token, job, {1: _xid(119, 3, second, "Timeout")}, at=second, inventory=False)
+    (escalated,) = _decisions(session, diagnose_events(session, job_id=job, settings=settings, now=second))
+    assert (escalated.kind, escalated.gpu, escalated.gpu_pci) == ("evict", None, None)
+    assert escalated.reason.startswith(
+        "evict node-1: GPU 0000:5d:00.0 was already reset 1 time in the last 24 h (at most 1): escalated to "
+        "evicting the node; Xid 119 "
+    )

@@ -9,6 +9,7 @@ import uuid
 import psycopg
 import pytest
 from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from service import migrate
 from service.config import to_sqlalchemy_url
@@ -151,5 +152,48 @@ def test_partitioning_converts_tables_with_rows_and_keeps_every_row(empty_databa
                 assert _fingerprint(conn, table) == before[table], table
             assert conn.execute(text("SELECT count(*) FROM pg_class WHERE relispartition")).scalar_one() == 0
         migrate.upgrade(url)
+    finally:
+        engine.dispose()
+
+
+def _decision(conn, kind: str, gpu: int | None = None, gpu_pci: str | None = None) -> int:
+    columns = "kind, state, confidence, reason, evidence" + (", gpu" if gpu is not None else "")
+    columns += ", gpu_pci" if gpu_pci is not None else ""
+    values = f"'{kind}', 'pending', 0.9, 'test', '{{}}'::jsonb" + (f", {gpu}" if gpu is not None else "")
+    values += f", '{gpu_pci}'" if gpu_pci is not None else ""
+    return conn.execute(text(f"INSERT INTO decisions ({columns}) VALUES ({values}) RETURNING id")).scalar_one()
+
+
+def test_reset_gpu_by_pci_bus_id_up_and_down(empty_database):
+    url = to_sqlalchemy_url(empty_database)
+    migrate.upgrade(url, revision="0022")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            by_index = _decision(conn, "reset_gpu", gpu=3)
+        migrate.upgrade(url, revision="0023")
+        with engine.begin() as conn:
+            by_pci = _decision(conn, "reset_gpu", gpu_pci="0000:3b:00.0")
+            both = _decision(conn, "reset_gpu", gpu=2, gpu_pci="0000:5d:00.0")
+        # A reset names a GPU; nothing else names one; a bus id only in the form the policy writes.
+        for kind, gpu, pci in [
+            ("reset_gpu", None, None),
+            ("evict", None, "0000:3b:00.0"),
+            ("evict", 3, None),
+            ("reset_gpu", None, "0000:3B:00"),
+            ("reset_gpu", None, "00000000:3b:00.0"),
+        ]:
+            with pytest.raises(IntegrityError), engine.begin() as conn:
+                _decision(conn, kind, gpu=gpu, gpu_pci=pci)
+
+        migrate.downgrade(url, revision="0022")
+        with engine.begin() as conn:
+            # A reset by bus id alone cannot be written without an index: it goes; the others stay.
+            kept = set(conn.execute(text("SELECT id FROM decisions")).scalars())
+            assert kept == {by_index, both} and by_pci not in kept
+            assert "gpu_pci" not in {c["name"] for c in inspect(conn).get_columns("decisions")}
+        migrate.upgrade(url)
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT count(*) FROM decisions WHERE gpu_pci IS NOT NULL")).scalar_one() == 0
     finally:
         engine.dispose()

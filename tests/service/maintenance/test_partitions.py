@@ -203,6 +203,13 @@ def old_rows(committed):
         )
         conn.execute(
             text(
+                "INSERT INTO unknown_line_counts (hour, form_id, source, node_id, lines, first_seen_at, last_seen_at) "
+                "VALUES (date_trunc('hour', :old), '00000000000000aa', 'kmsg', :n, 3, :old, :old)"
+            ),
+            {"n": node_id, "old": old},
+        )
+        conn.execute(
+            text(
                 "INSERT INTO ui_sessions (key_hash, user_name, scope, csrf_token, expires_at) VALUES "
                 "('expired', 'alice', 'operator', 'c1', now() - interval '1 hour'), "
                 "('live', 'bob', 'operator', 'c2', now() + interval '1 hour')"
@@ -217,6 +224,7 @@ def test_prune_task_drops_old_signals_and_expired_ui_sessions(committed, old_row
     pruned = tasks.prune_old_signals()
 
     assert pruned["ui_sessions"] == 1
+    assert pruned["unknown_line_counts"] == 1  # registered by service/unknown_lines/retention.py, as ui_sessions
     assert pruned["agent_batches"] == 1
     assert pruned["metric_samples"]["default_rows"] == 1
     assert pruned["log_events"]["default_rows"] == 1
@@ -226,7 +234,7 @@ def test_prune_task_drops_old_signals_and_expired_ui_sessions(committed, old_row
             assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
         # The partitions of the current hour and day are within retention and stay.
         assert METRICS.partition_name(datetime.now(UTC)) in _partitions(conn, "metric_samples")
-    assert tasks.prune_old_signals() == {"agent_batches": 0, "ui_sessions": 0}
+    assert tasks.prune_old_signals() == {"agent_batches": 0, "ui_sessions": 0, "unknown_line_counts": 0}
 
 
 def test_ensure_task_is_a_no_op_once_partitions_exist(committed) -> None:

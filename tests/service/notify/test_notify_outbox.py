@@ -167,6 +167,7 @@ def test_record_writes_one_row_per_enabled_channel_once(session, enqueued):
             "confidence": 0.97,
             "reason": "evict gpu-node-017: Xid 79",
             "gpu": None,  # a reset_gpu decision's GPU index
+            "gpu_pci": None,  # or its PCI bus id, when the node's inventory lacks the index
         }
     ]
     assert enqueued == [], "nothing is sent before the transaction commits"

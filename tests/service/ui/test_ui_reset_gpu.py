@@ -45,3 +45,22 @@ def test_chat_messages_name_the_gpu() -> None:
     assert formats.title(payload) == "Incident #7 decided: reset GPU 3 on gpu-node-017 (pending, 90%)"
     slack = formats.render("slack", [payload])
     assert "reset GPU 3 on gpu-node-017" in slack["text"]
+
+
+def test_a_reset_by_pci_bus_id_names_the_gpu_by_it_in_the_list_the_flash_and_chat(ui, session) -> None:
+    job, node = rows.job(session), rows.node(session, "node-z")
+    incident = rows.incident(session, job=job, suspects=[node.name])
+    reason = "reset GPU 0000:3b:00.0 on node-z (not in its GPU inventory: addressed by PCI bus id): Xid 119"
+    reset = rows.decision(session, incident=incident, node=node, kind="reset_gpu", gpu_pci="0000:3b:00.0",
+                          reason=reason, state="awaiting_approval")  # fmt: skip
+    assert reset.gpu is None
+
+    page = _text(ui.get("/decisions", params={"node": "node-z"}).text)
+    assert f"#{reset.id} reset GPU 0000:3b:00.0 on node-z" in page and "reset_gpu node-z" not in page
+    response = ui.post(f"/decisions/{reset.id}/approve", {"return_to": "/decisions"}, htmx=True)
+    assert response.status_code == 200, response.text
+    assert f"Decision {reset.id} approved: reset GPU 0000:3b:00.0 on node-z is now pending." in _text(response.text)
+
+    line = {"kind": "reset_gpu", "node": "node-z", "gpu": None, "gpu_pci": "0000:3b:00.0", "state": "pending",
+            "confidence": 0.9}  # fmt: skip
+    assert formats.decision_line(line) == "reset GPU 0000:3b:00.0 on node-z (pending, 90%)"
