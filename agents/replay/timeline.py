@@ -26,10 +26,12 @@ KINDS = ("kernel", "training", "dcgm")
 MAX_GAP_S = 30.0
 END_BEFORE_NOW_S = 1.0
 _TICK = timedelta(milliseconds=1)
-# A kernel log: NVRM/Xid/SXid/AER lines, dmesg's [seconds.micro] or -T stamps, syslog's "kernel:" field.
+# A kernel log or the system journal: NVRM/Xid/SXid/AER lines, dmesg's [seconds.micro] or -T stamps, syslog's
+# "kernel:" field, journald's "Mon DD HH:MM:SS host unit[pid]: " (the fabric manager and other daemons log there).
 _KERNEL_LINE = re.compile(
     r"NVRM: |\bSXid\b|\bnvidia-nvswitch|pcieport |\bAER: |\bkernel: |^\s*\[\s*\d+\.\d+\] |"
-    r"^\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] |\bmlx5_core\b"
+    r"^\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] |\bmlx5_core\b|"
+    r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.@/-]+\[\d+\]: |(?i:fabric ?manager)"
 )
 _DCGM_LINE = re.compile(r"^DCGM_(?:FI|EXP)_\w+\{", re.MULTILINE)
 _HEADER_END = "\n---\n"
@@ -59,8 +61,9 @@ class NodeReplay:
 
 
 def guess_kind(text: str) -> str:
-    """`dcgm` for an exporter scrape, `kernel` when a tenth of the lines (or 3) look like a kernel log, else
-    `training`."""
+    """`dcgm` for an exporter scrape, `kernel` when a tenth of the lines (or 3) look like a kernel log or the
+    system journal, else `training` (a job's own output; `training:` in front of a file says so when it went through
+    the journal)."""
     if _DCGM_LINE.search(text):
         return "dcgm"
     lines = [line for line in text.splitlines() if line.strip()]

@@ -23,6 +23,8 @@ NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 def test_kinds_are_guessed_from_the_lines() -> None:
     assert guess_kind(log_text(LOGS / "xid79_fallen_off_bus_multiline_nvsentinel_155.txt")) == "kernel"
     assert guess_kind(log_text(LOGS / "xid13_xid109_gpud_pr46.txt")) == "kernel"
+    # The fabric manager's journal lines (systemd units), read by the kernel/journal parser as the agent reads them.
+    assert guess_kind(log_text(LOGS / "fabricmanager_nv_warn_nothing_to_do_2x4090_cubestudio_29.txt")) == "kernel"
     assert guess_kind(log_text(LOGS / "nccl_timeout_internlm_290.txt")) == "training"
     assert guess_kind(log_text(LOGS / "torchtitan_step_lines_pr1287.txt")) == "training"
     scrape = (paths.FIXTURES / "formats" / "dcgm_exporter_metrics_v100_issue250.txt").read_text()
