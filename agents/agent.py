@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import logging
 import math
+import os
 import queue
 import signal
 import sys
@@ -26,12 +27,16 @@ from typing import Any, TextIO
 
 import orjson
 
+from agents import bundle as bundles
+from agents.bundle_upload import upload
 from agents.checks.collectives import Peer
 from agents.checks.suite import Options, Refused, run_suite
+from agents.cloud_events import CloudEventPoller, reporter
 from agents.config import AgentConfig
 from agents.events import Event
 from agents.follow import GlobFollower, LineSource, Position, open_kernel_log
 from agents.gpu import DcgmExporter, GpuReading, GpuSource
+from agents.history import RecentBatches
 from agents.node import NodeCollectors
 from agents.nvml import Nvml, open_nvml
 from agents.nvml_xid import NvmlXids, open_nvml_xids
@@ -61,6 +66,9 @@ SHUTDOWN_S = 1.0
 JOB_LINGER_S = 600.0
 # --once reads the CPU counters twice this far apart, so a dry run prints real CPU percentages.
 ONCE_CPU_SPAN_S = 0.3
+# A metadata service answers in milliseconds; a node without one must not wait longer than this per provider.
+CLOUD_PROBE_TIMEOUT_S = 1.0
+BUNDLE_HISTORY_BYTES = 16 * 2**20  # the agent's last batches kept for bundles: at most this much memory
 
 try:
     AGENT_VERSION = version("faultline")
@@ -131,6 +139,9 @@ class Agent:
         self.stacks: queue.SimpleQueue[list[dict[str, Any]]] = queue.SimpleQueue()
         self.checks: queue.SimpleQueue[list[dict[str, Any]]] = queue.SimpleQueue()
         self._checking = threading.Lock()  # one suite at a time: two would measure each other
+        self._bundling = threading.Lock()  # one evidence bundle at a time: a second waits for the first
+        # The last minutes of shipped batches, for evidence bundles (a shipped batch leaves the spool).
+        self.recent = RecentBatches(max_age_s=config.bundle_history_s, max_bytes=BUNDLE_HISTORY_BYTES)
         self.workers: list[Worker] = []
         self._jobs_seen: dict[str, float] = {}  # job id -> when its processes were last seen here
         self.inventory: list[dict[str, Any]] = []
@@ -158,7 +169,13 @@ class Agent:
         self.gpus: GpuSource | None = DcgmExporter(config.dcgm_url) if config.dcgm_url else open_nvml()
         self.nvml_xids = self._open_nvml_xids()
         # Network ports, the host and the watched volumes: read once per ship tick, not every GPU sample.
-        self.node = NodeCollectors(sysfs_root=config.sysfs_root, procfs_root=config.procfs_root, volumes=config.volumes)
+        self.node = NodeCollectors(
+            sysfs_root=config.sysfs_root,
+            procfs_root=config.procfs_root,
+            volumes=config.volumes,
+            location=config.location,
+            storage_mounts=config.mounts,
+        )
         self.node.prime()
         self._primed = time.monotonic()
         self.node_metrics: list[dict[str, Any]] = []
@@ -170,6 +187,17 @@ class Agent:
                 self.spool, server=config.server, token=config.token, on_directives=self._on_directives
             )
             self._recover_samples()
+        # Cloud scheduled events, reported to the service as maintenance windows (agents/cloud_events.py).
+        self.cloud: CloudEventPoller | None = None
+        if config.cloud_events != "off" and self.shipper is not None and not config.once:
+            assert config.server and config.token
+            self.cloud = CloudEventPoller(
+                mode=config.cloud_events,
+                interval=config.cloud_events_interval,
+                timeout=CLOUD_PROBE_TIMEOUT_S,
+                base_url=config.cloud_metadata_url,
+                report=reporter(server=config.server, node=config.node_name, token=config.token),
+            )
 
     # -- sources ---------------------------------------------------------------------------------
 
@@ -282,8 +310,48 @@ class Agent:
                 ).start()
             elif kind == "run_checks":
                 threading.Thread(target=self._run_checks, args=(directive_id, directive), daemon=True).start()
+            elif kind == "bundle":
+                threading.Thread(target=self._send_bundle, args=(directive_id, directive), daemon=True).start()
+            elif kind == "checkpoint":
+                self._request_checkpoint(directive_id, directive)
             else:
                 log.warning("ignoring unknown directive %s", directive)
+
+    def _request_checkpoint(self, directive_id: str, directive: dict[str, Any]) -> None:
+        """Planned maintenance ahead: write the request where the training side reads it (checkpoint_file), and
+        signal the job's processes here when checkpoint_signal is set."""
+        request = {
+            "directive_id": directive_id,
+            "job_id": directive.get("job_id"),
+            "node": self.config.node_name,
+            "reason": directive.get("reason"),
+            "deadline": directive.get("deadline"),
+            "requested_at": datetime.now(UTC).isoformat(),
+        }
+        path = self.config.checkpoint_path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(orjson.dumps(request))
+            tmp.replace(path)  # whole or absent: a reader never sees half a request
+        except OSError as exc:
+            log.error("directive %s: cannot write the checkpoint request to %s: %s", directive_id, path, exc)
+        log.warning(
+            "directive %s: checkpoint job %s before %s (%s): written to %s",
+            directive_id,
+            request["job_id"],
+            request["deadline"],
+            request["reason"],
+            path,
+        )
+        if self.config.checkpoint_signal:
+            signum = getattr(signal, self.config.checkpoint_signal.upper())
+            for worker in self.workers:
+                if worker.job_id == request["job_id"]:
+                    try:
+                        os.kill(worker.pid, signum)
+                    except OSError as exc:
+                        log.warning("directive %s: cannot signal pid %d: %s", directive_id, worker.pid, exc)
 
     def _dump_stacks(self, directive_id: str, job_id: str | None) -> None:
         workers = self.scan()
@@ -297,6 +365,56 @@ class Agent:
         log.info("directive %s: dumping stacks of %d processes (job %s)", directive_id, len(targets), job_id)
         if targets:
             self.stacks.put(dump_all(targets, directive_id=directive_id, timeout=self.config.stack_timeout))
+
+    def _bundle_targets(self) -> list[dict[str, Any]]:
+        """The training processes whose stacks go into a bundle: every rank on the node."""
+        return [{"pid": w.pid, "job_id": w.job_id, "rank": w.rank} for w in self.scan()]
+
+    def _send_bundle(self, directive_id: str, directive: dict[str, Any]) -> None:
+        """Collect an evidence bundle (agents/bundle.py) within the directive's bounds and upload it."""
+        config = self.config
+        try:
+            timeout = min(config.bundle_timeout, float(directive.get("timeout_s") or config.bundle_timeout))
+            max_bytes = int(config.bundle_max_mb * 2**20)
+            max_bytes = min(max_bytes, int(directive.get("max_bytes") or max_bytes))
+        except (TypeError, ValueError) as exc:
+            log.warning("directive %s: bad bundle directive (%s); ignoring it", directive_id, exc)
+            return
+        with self._bundling:
+            started = time.monotonic()
+            sources = bundles.Sources(
+                kmsg=config.kmsg,
+                history=self.recent.snapshot,
+                targets=self._bundle_targets if config.processes else None,
+                stack_timeout=config.stack_timeout,
+            )
+            try:
+                body, manifest = bundles.collect(
+                    sources,
+                    bundle_id=directive_id,
+                    node=config.node_name,
+                    decision_id=directive.get("decision_id"),
+                    timeout_s=timeout,
+                    max_bytes=max_bytes,
+                    agent_version=AGENT_VERSION,
+                )
+            except Exception:  # a bug here must not cost the agent; the service shows "agent unreachable"
+                log.exception("directive %s: the evidence bundle could not be collected", directive_id)
+                return
+            parts = ", ".join(f"{p['name']} {p['status']}" for p in manifest["parts"])
+            log.info(
+                "directive %s: bundle of %d bytes collected in %.1f s (%s)",
+                directive_id, len(body), time.monotonic() - started, parts,
+            )  # fmt: skip
+            if config.server is None or config.token is None:
+                return
+            answer = upload(
+                server=config.server, token=config.token, node=config.node_name, bundle_id=directive_id, body=body
+            )
+            if answer.stored:
+                log.info("directive %s: bundle uploaded (HTTP %d)", directive_id, answer.status)
+            else:
+                log.error("directive %s: bundle not uploaded: %s %s", directive_id, answer.status or "", answer.message)
 
     def _run_checks(self, directive_id: str, directive: dict[str, Any]) -> None:
         """The stop-time checks the service asked for; their results (or the refusal) go with the next batch."""
@@ -396,7 +514,9 @@ class Agent:
     def _spool(self, batch: dict[str, Any]) -> None:
         assert self.spool is not None
         counts = {kind: len(batch.get(kind, ())) for kind in KINDS}
-        self.spool.put(gzip.compress(orjson.dumps(batch), compresslevel=5), counts)
+        raw = orjson.dumps(batch)
+        self.recent.add(raw)
+        self.spool.put(gzip.compress(raw, compresslevel=5), counts)
 
     def _recover_samples(self) -> None:
         """Spool the samples a killed agent had taken but not yet shipped, under the batch id they had."""
@@ -443,6 +563,8 @@ class Agent:
         if self.shipper is not None:
             self._ship_thread = threading.Thread(target=self.shipper.run, name="shipper", daemon=True)
             self._ship_thread.start()
+        if self.cloud is not None:
+            self.cloud.start()
         config = self.config
         assert config.sample_interval is not None  # resolved by AgentConfig.check
         log.info(
@@ -513,6 +635,8 @@ class Agent:
         stays spooled (batches leave the spool only when the service acknowledges them), and the next start
         ships it; the service stores a batch sent twice once (by its batch_id)."""
         deadline = time.monotonic() + SHUTDOWN_S
+        if self.cloud is not None:
+            self.cloud.stopping.set()  # its thread is a daemon: a poll in flight does not hold the exit
         log.info("stopping: shipping what is left (for at most %g s)", SHUTDOWN_S)
         self.poll_logs(time.monotonic())  # lines written since the last tick
         self.flush_parsers()

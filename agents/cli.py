@@ -91,6 +91,24 @@ def add_parser(sub: Any) -> None:
         help="extra step-progress regex with a named group `step` (optional: loss, grad_norm, elapsed_ms, lr)",
     )
     agent.add_argument("--stack-timeout", type=float, help="seconds py-spy may take per process (default 10)")
+    agent.add_argument(
+        "--bundle-timeout", type=float, help="seconds an evidence bundle may take to collect, in all (default 60)"
+    )
+    agent.add_argument("--bundle-max-mb", type=float, help="largest evidence bundle in MiB, packed (default 20)")
+    agent.add_argument(
+        "--bundle-history-s", type=float, help="seconds of the agent's last batches kept for bundles (default 300)"
+    )
+    agent.add_argument(
+        "--cloud-events",
+        choices=["off", "auto", "aws", "gcp", "azure"],
+        help="read the cloud's scheduled maintenance from its metadata service (default off; auto probes all three)",
+    )
+    agent.add_argument("--cloud-events-interval", type=float, help="seconds between metadata polls (default 60)")
+    agent.add_argument("--cloud-metadata-url", help="the metadata service's address instead of the provider's own")
+    agent.add_argument(
+        "--checkpoint-file", type=Path, help="where a checkpoint request (planned maintenance) is written for the job"
+    )
+    agent.add_argument("--checkpoint-signal", help="also send the job's processes this signal on one, e.g. SIGUSR1")
     agent.add_argument("--spool-dir", type=Path, help="disk spool (default ~/.local/state/faultline-agent/NODE)")
     agent.add_argument("--spool-max-mb", type=float, help="spool bound in MiB (default 256); the oldest go first")
     agent.add_argument("--from-start", action="store_true", default=None, help="read existing log files whole")
@@ -111,6 +129,21 @@ def add_parser(sub: Any) -> None:
         action="append",
         metavar="PATH",
         help="a checkpoint or log folder whose free space is shipped (repeatable)",
+    )
+    agent.add_argument(
+        "--node-label",
+        dest="node_labels",
+        action="append",
+        metavar="KEY=VALUE",
+        help="where the node sits: rack=..., switch=..., power_domain=... (repeatable; env FAULTLINE_AGENT_NODE_LABELS "
+        "takes them comma-separated): kept as the node's labels, to find a cause several nodes share",
+    )
+    agent.add_argument(
+        "--storage-mount",
+        dest="storage_mounts",
+        action="append",
+        metavar="PATH",
+        help="a shared storage mount the node's jobs read (repeatable; default: the --volume paths)",
     )
 
 
@@ -135,6 +168,14 @@ def run(args: argparse.Namespace) -> int:
             "job_env",
             "step_patterns",
             "stack_timeout",
+            "bundle_timeout",
+            "bundle_max_mb",
+            "bundle_history_s",
+            "cloud_events",
+            "cloud_events_interval",
+            "cloud_metadata_url",
+            "checkpoint_file",
+            "checkpoint_signal",
             "spool_dir",
             "spool_max_mb",
             "from_start",
@@ -144,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
             "sysfs_root",
             "procfs_root",
             "volumes",
+            "node_labels",
+            "storage_mounts",
         )
     }
     try:

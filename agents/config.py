@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
 import tomllib
 from collections.abc import Callable
@@ -17,6 +18,9 @@ ENV_PREFIX = "FAULTLINE_AGENT_"
 DEFAULT_SAMPLE_INTERVAL = 1.0
 DEFAULT_SHIP_INTERVAL = 5.0
 NVML_XID_MODES = ("auto", "on", "off")
+# The location labels an operator may give a node (node_labels): the heartbeat's HostFacts fields of the same names.
+LOCATION_LABELS = ("rack", "switch", "power_domain")
+CLOUD_EVENT_MODES = ("off", "auto", "aws", "gcp", "azure")  # agents/cloud_events.py MODES
 # `interval`, the agent's first setting, meant "seconds between batches" (one GPU scrape per batch): it is
 # the ship interval now, and the sample interval follows it down below one second.
 _ALIASES = {"interval": "ship_interval"}
@@ -68,6 +72,37 @@ class AgentConfig:
     sysfs_root: Path = field(default_factory=lambda: Path("/sys"))
     procfs_root: Path = field(default_factory=lambda: Path("/proc"))
     volumes: list[str] = field(default_factory=list)  # checkpoint and log folders whose free space is shipped
+    # Where the machine sits, as the operator knows it: "rack=r12,switch=leaf-7,power_domain=pdu-3"
+    # (FAULTLINE_AGENT_NODE_LABELS); and the shared storage mounts its jobs read (default: the volumes). Sent in
+    # the heartbeat, kept as the node's labels: several nodes failing together behind one of them is a shared cause.
+    node_labels: list[str] = field(default_factory=list)
+    storage_mounts: list[str] = field(default_factory=list)
+    # Cloud scheduled events (agents/cloud_events.py): "off", "auto" (probe AWS, GCP and Azure once, 1 s each, in a
+    # thread of its own) or one provider; polled every cloud_events_interval s. cloud_metadata_url replaces the
+    # provider's metadata address (a proxy; tests).
+    cloud_events: str = "off"
+    cloud_events_interval: float = 60.0
+    cloud_metadata_url: str | None = None
+    # A `checkpoint` directive (planned maintenance ahead) is written to this JSON file for the training side to read
+    # (default <spool dir's parent>/<node name>.checkpoint.json); with checkpoint_signal (e.g. SIGUSR1) the job's
+    # processes on this node are also sent that signal (only for jobs that handle it: the default action kills).
+    checkpoint_file: Path | None = None
+    checkpoint_signal: str | None = None
+    # Evidence bundles (agents/bundle.py), on the service's `bundle` directive: at most this long and this large
+    # (the directive's own bounds, when smaller, win), with this many seconds of the agent's last batches.
+    bundle_timeout: float = 60.0
+    bundle_max_mb: float = 20.0
+    bundle_history_s: float = 300.0
+
+    @property
+    def location(self) -> dict[str, str]:
+        """The node_labels setting as a mapping (check() has refused anything else)."""
+        return dict(item.split("=", 1) for item in self.node_labels)
+
+    @property
+    def mounts(self) -> list[str]:
+        """The storage mounts the heartbeat names: the setting, else the watched volumes."""
+        return [os.path.abspath(m) for m in (self.storage_mounts or self.volumes)]
 
     @property
     def interval(self) -> float:
@@ -77,6 +112,11 @@ class AgentConfig:
     @property
     def spool_path(self) -> Path:
         return self.spool_dir or _default_spool_root() / self.node_name
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where a checkpoint request (planned maintenance) is written for the training side."""
+        return self.checkpoint_file or self.spool_path.parent / f"{self.node_name}.checkpoint.json"
 
     @property
     def token_path(self) -> Path:
@@ -98,6 +138,20 @@ class AgentConfig:
         self._check_intervals()
         if not self.node_name:
             raise ConfigError("--node-name must not be empty")
+        if self.cloud_events not in CLOUD_EVENT_MODES:
+            modes = ", ".join(CLOUD_EVENT_MODES)
+            raise ConfigError(f"--cloud-events must be one of {modes}, not {self.cloud_events!r}")
+        if not (math.isfinite(self.cloud_events_interval) and self.cloud_events_interval > 0):
+            raise ConfigError("cloud_events_interval must be a number of seconds > 0")
+        if self.checkpoint_signal is not None and not hasattr(signal, self.checkpoint_signal.upper()):
+            raise ConfigError(f"--checkpoint-signal must name a signal such as SIGUSR1, not {self.checkpoint_signal!r}")
+        for item in self.node_labels:
+            key, _, value = item.partition("=")
+            if key not in LOCATION_LABELS or not value.strip() or len(value) > 128:
+                raise ConfigError(
+                    f"node_labels: {item!r} must be key=value with key one of {', '.join(LOCATION_LABELS)} and a "
+                    "value of 1-128 characters (e.g. rack=r12,switch=leaf-7,power_domain=pdu-3)"
+                )
         if self.nvml_xid not in NVML_XID_MODES:
             raise ConfigError(f"--nvml-xid must be one of {', '.join(NVML_XID_MODES)}, not {self.nvml_xid!r}")
 
@@ -113,6 +167,9 @@ class AgentConfig:
             )
         if self.process_interval <= 0 or self.stack_timeout <= 0:
             raise ConfigError("process_interval and stack_timeout must be positive")
+        bundle = (self.bundle_timeout, self.bundle_max_mb, self.bundle_history_s)
+        if not all(math.isfinite(v) and v > 0 for v in bundle):
+            raise ConfigError("bundle_timeout, bundle_max_mb and bundle_history_s must be positive")
 
 
 def _positive(name: str, seconds: float) -> None:
@@ -120,7 +177,7 @@ def _positive(name: str, seconds: float) -> None:
         raise ConfigError(f"{name} must be a number of seconds > 0, not {seconds:g}")
 
 
-_LISTS = {"logs", "job_env", "step_patterns", "volumes"}
+_LISTS = {"logs", "job_env", "step_patterns", "volumes", "node_labels", "storage_mounts"}
 _NAMES = {f.name for f in fields(AgentConfig)}
 _KNOWN = _NAMES | set(_ALIASES)
 SETTINGS = frozenset(_KNOWN)  # every setting name a file, FAULTLINE_AGENT_<NAME> or a flag may give

@@ -35,9 +35,17 @@ class GpuReading:
     # What the exporter says holds the GPU (pod, namespace, container, hpc_job): the service's way to the job
     # when the agent cannot see the training processes.
     workload: dict[str, str] = field(default_factory=dict)
+    # The GPU's NVLink fabric (NVML's fabric info: cluster, clique, state), on NVSwitch-fabric GPUs only.
+    fabric: dict[str, Any] | None = None
 
     def inventory(self) -> dict[str, Any]:
-        out = {"index": self.gpu, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id, "model": self.model}
+        out = {
+            "index": self.gpu,
+            "uuid": self.uuid,
+            "pci_bus_id": self.pci_bus_id,
+            "model": self.model,
+            "fabric": self.fabric,
+        }
         return {k: v for k, v in out.items() if v is not None}
 
 

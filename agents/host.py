@@ -36,6 +36,8 @@ _AVG10 = re.compile(r"avg10=([0-9.]+)")
 _DRIVER_VERSION = re.compile(r"Kernel Module(?: for [\w]+)?\s+([0-9][\w.-]*)")
 # TASK_COMM_LEN is 16: "nv-fabricmanager" shows as "nv-fabricmanage".
 _FABRIC_MANAGER_COMM = "nv-fabricmanager"[:15]
+# /proc/driver/nvidia/gpus/<pci>/information: "Video BIOS: \t 96.00.99.00.01" (nv-procfs.c), the GPU firmware.
+_VBIOS = re.compile(r"^Video BIOS:\s*(\S+)", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,12 +200,36 @@ class HostCollector:
         return items
 
     def facts(self) -> dict[str, str | None]:
-        """Text facts for the heartbeat: the NVIDIA driver version and the kernel release."""
+        """Text facts for the heartbeat: the NVIDIA driver version, the kernel release and the GPUs' firmware."""
         version = read_text(os.path.join(self.proc, "driver", "nvidia", "version"))
         return {
             "driver_version": driver_version(version) if version else None,
             "kernel": read_text(os.path.join(self.proc, "sys", "kernel", "osrelease")),
+            "firmware_version": self.vbios_version(),
         }
+
+    def vbios_version(self) -> str | None:
+        """The GPUs' video BIOS (firmware) version, from the driver's per-GPU information files; the most common
+        one when they differ (a GPU flashed apart from the others is the exception, the node's version the rule)."""
+        gpus = os.path.join(self.proc, "driver", "nvidia", "gpus")
+        seen: dict[str, int] = {}
+        for pci in list_dir(gpus):
+            text = read_text(os.path.join(gpus, pci, "information"))
+            match = _VBIOS.search(text or "")
+            if match and match.group(1) != "??.??.??.??.??":  # what the driver prints when it cannot read it
+                seen[match.group(1)] = seen.get(match.group(1), 0) + 1
+        return max(sorted(seen), key=lambda v: seen[v]) if seen else None
+
+    def fabric_manager_state(self) -> str | None:
+        """The fabric manager on an NVSwitch host: "running" or "stopped" (None: no NVSwitch, nothing to manage).
+
+        Read from /proc (its process, as `fabric_manager_running`), not from systemd: the agent runs in a container
+        with the host's /proc but without its D-Bus, and a unit that is "active" while the process died says less.
+        A GB200 compute tray has no local NVSwitch: its GPUs' fabric info says whether the global fabric manager on
+        the switch trays still talks to them (agents/nvml_fabric.py, `gfm`)."""
+        if not self.nvswitch_host():
+            return None
+        return "running" if self._fabric_manager_running() else "stopped"
 
     def nvswitch_host(self) -> bool:
         # The test NVIDIA's driver container applies before starting the fabric manager.

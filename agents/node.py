@@ -30,8 +30,18 @@ class NodeCollectors:
     """The network and host collectors of one agent, read together once per ship tick."""
 
     def __init__(
-        self, *, sysfs_root: str | os.PathLike[str], procfs_root: str | os.PathLike[str], volumes: list[str]
+        self,
+        *,
+        sysfs_root: str | os.PathLike[str],
+        procfs_root: str | os.PathLike[str],
+        volumes: list[str],
+        location: dict[str, str] | None = None,
+        storage_mounts: list[str] | None = None,
     ) -> None:
+        # Where the machine sits (rack, switch, power domain: the operator's settings) and the storage it reads:
+        # heartbeat facts the service keeps as the node's labels, to find a cause several nodes share.
+        self.location = dict(location or {})
+        self.storage_mounts = list(storage_mounts or [])
         tracker = CounterTracker()
         self.network = NetworkCollector(sysfs_root, tracker=tracker)
         self.host = HostCollector(procfs_root, sysfs_root, volumes=volumes, tracker=tracker)
@@ -50,10 +60,15 @@ class NodeCollectors:
         return [item for item in items if self._valid(item["subject"])]
 
     def facts(self) -> dict[str, Any]:
-        """The heartbeat's `host` object (wire.md): driver version, kernel, RDMA presence, ports seen."""
+        """The heartbeat's `host` object (wire.md): driver, kernel, GPU firmware, RDMA presence, fabric manager, ports
+        seen, and the operator's location labels and storage mounts."""
         facts: dict[str, Any] = self._guard("host facts", self.host.facts) or {"driver_version": None, "kernel": None}
         facts["rdma"] = self.network.rdma
+        facts["fabric_manager"] = self._guard("fabric manager", self.host.fabric_manager_state)
         facts["ports"] = [s for s in self.network.subjects if self._valid(s)][:256]
+        facts.update(self.location)
+        if self.storage_mounts:
+            facts["storage_mounts"] = self.storage_mounts[:32]
         return facts
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agents.gpu import GpuReading
+from agents.nvml_fabric import FabricReader
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,8 @@ class _Gpu:
         self.link_skip: set[tuple[int, int]] = set()  # (link, counter) the driver does not count
         self.failing: set[str] = set()  # readings whose failure was logged, until they answer again
         self.slowdown: frozenset[str] = frozenset()
+        self.fabric: dict[str, Any] | None = None  # the NVLink fabric info last read (agents/nvml_fabric.py)
+        self.fabric_reader: FabricReader | None = None
 
 
 class Nvml:
@@ -285,6 +288,7 @@ class Nvml:
                 )
             )
             gpu = _Gpu(i, h, *_probes(nv))
+            gpu.fabric_reader = FabricReader(nv)
             gpu.gpm = self._open_gpm(gpu)
             self._find_links(gpu)
             self.gpus.append(gpu)
@@ -341,11 +345,14 @@ class Nvml:
             if now >= gpu.next_slow:
                 self._run(gpu, gpu.slow, fields)
                 self._read_nvlink(gpu, fields)
+                # Its registration with the fabric manager can change at any time: read again every slow period.
+                if gpu.fabric_reader is not None and gpu.fabric_reader.supported:
+                    gpu.fabric = gpu.fabric_reader.read(gpu.handle)
                 # Staggered: one GPU's slow readings per tick rather than all eight on the same one.
                 first = gpu.next_slow == 0.0
                 gpu.next_slow = now + self.slow_period * ((1 + n / len(self.gpus)) if first else 1)
             self._note_slowdown(gpu, fields.get("DCGM_FI_DEV_CLOCKS_EVENT_REASONS"))
-            readings.append(GpuReading(g.gpu, fields, g.uuid, g.pci_bus_id, g.model))
+            readings.append(GpuReading(g.gpu, fields, g.uuid, g.pci_bus_id, g.model, fabric=gpu.fabric))
         return readings
 
     def _run(self, gpu: _Gpu, probes: list[_Probe], out: dict[str, float | None]) -> None:

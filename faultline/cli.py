@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agents import cli as agent_cli
 from agents.checks import cli as check_cli
+from agents.preflight import cli as preflight_cli
 from agents.replay import cli as replay_cli
 from agents.schedulers import cli as adapter_cli
 from agents.schedulers import slurm_jobs
@@ -87,6 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("token_id", type=int)
     _data_dir_option(revoke)
 
+    breaker = sub.add_parser(
+        "breaker",
+        help="the fleet circuit breaker: its state, or a person's reset that resumes automatic take-outs",
+    )
+    breaker_sub = breaker.add_subparsers(dest="breaker_command", required=True, metavar="ACTION")
+    breaker_status = breaker_sub.add_parser("status", help="closed or tripped, why, and what is out now")
+    breaker_status.add_argument("--json", action="store_true", help="print the API's JSON instead of text")
+    _data_dir_option(breaker_status)
+    breaker_reset = breaker_sub.add_parser("reset", help="resume automatic take-outs after a trip (audited)")
+    breaker_reset.add_argument("--reason", required=True, help="why automation may resume (kept in the audit trail)")
+    breaker_reset.add_argument(
+        "--by", help="who resets it, for the audit trail (default: operator:cli:$USER)", default=None
+    )
+    _data_dir_option(breaker_reset)
+
     backtest = sub.add_parser(
         "backtest",
         help="replay stored incidents through another policy and say what it would decide differently (read-only)",
@@ -109,12 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument("--json", type=Path, metavar="PATH", help="also write the result as JSON to this file")
     _data_dir_option(backtest)
 
+    _maintenance_parser(sub)
+
     agent_cli.add_parser(sub)
     check_cli.add_parser(sub)
+    preflight_cli.add_parser(sub)
     replay_cli.add_parser(sub)
     sub.add_parser(
         "sim",
-        help="run a simulated GPU cluster (exporters, logs, rank processes, agents) and inject faults",
+        help="run a simulated GPU cluster (exporters, logs, rank processes, agents) and inject faults; "
+        "`sim preflight`: the preflight over a simulated allocation with three faults planted",
         add_help=False,
     )
     adapter_cli.add_parser(sub)
@@ -174,6 +194,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _maintenance_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    maintenance = sub.add_parser(
+        "maintenance",
+        help="announce, list and cancel nodes' planned maintenance windows",
+        description="A window's node is drained (and its job asked to checkpoint) FAULTLINE_MAINTENANCE_LEAD_S ahead, "
+        "its going down is no fault, and it comes back through the return gate after it.",
+    )
+    action = maintenance.add_subparsers(dest="maintenance_command", required=True, metavar="ACTION")
+    announce = action.add_parser("announce", help="announce a node's window")
+    announce.add_argument("node")
+    announce.add_argument("--start", required=True, help="ISO 8601 time (no zone: UTC), or +DURATION from now (+30m)")
+    end = announce.add_mutually_exclusive_group(required=True)
+    end.add_argument("--end", help="ISO 8601 time (no zone: UTC)")
+    end.add_argument("--duration", help="length from the start: 2h, 90m")
+    announce.add_argument("--reason", required=True, help="the work, a ticket")
+    _data_dir_option(announce)
+    listing = action.add_parser("list", help="windows, newest first")
+    listing.add_argument("--node", help="only this node's")
+    listing.add_argument("--current", action="store_true", help="only windows not over nor cancelled")
+    _data_dir_option(listing)
+    cancel = action.add_parser("cancel", help="cancel a window (a node it drained goes back through its return gate)")
+    cancel.add_argument("node")
+    cancel.add_argument("window_id", type=int)
+    _data_dir_option(cancel)
+
+
 # Prefix of argv -> "module:function" taking the rest of argv: commands that parse their own options.
 _PASSTHROUGH: dict[tuple[str, ...], str] = {
     ("ml",): "ml.classifier.cli:main",  # takes `train ...` / `predict ...` itself
@@ -182,6 +228,7 @@ _PASSTHROUGH: dict[tuple[str, ...], str] = {
     ("bench", "diagnosis"): "lab.bench.diagnosis:main",
     ("bench", "scale-eval"): "lab.bench.scale_eval:main",
     ("eval",): "lab.evaluation.cli:main",
+    ("sim", "preflight"): "lab.sim.preflight:main",  # before ("sim",): the longest prefix first
     ("sim",): "lab.sim.cli:main",
     ("bench", "agent"): "lab.bench.agent:main",
 }
@@ -224,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         return agent_cli.run(args)
     if args.command == "check":
         return check_cli.run(args)
+    if args.command == "preflight":
+        return preflight_cli.run_command(args)
     if args.command == "adapter":
         return adapter_cli.run(args)
     if args.command == "slurm":

@@ -252,7 +252,9 @@ def _errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str
         if total < ERRORS_MIN:
             continue
         span = _span_s(rows)
-        median = sum(peers.get(subject, {}).get(c, 0.0) or 0.0 for c in PORT_ERRORS) * span
+        # No peer with a reading of the port (every node's errs at once: a switch down) is a median of 0, never NaN,
+        # which JSON cannot store.
+        median = sum(_finite(peers.get(subject, {}).get(c, 0.0)) for c in PORT_ERRORS) * span
         if total < ERRORS_FACTOR * max(median, 1.0):
             continue
         per_min = total / span * 60.0
@@ -283,6 +285,15 @@ def _errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str
             )
         )
     return found
+
+
+def _finite(value: Any) -> float:
+    """A number, or 0.0 for None, NaN and infinities."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 def _rates(rows: pd.DataFrame, column: str) -> pd.Series:

@@ -17,6 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import api_docs, health, openapi
 from service.alerts import routes as alerts_routes
+from service.breaker import routes as breaker_routes
+from service.bundles import routes as bundles_routes
 from service.checks import routes as checks_routes
 from service.config import Settings, get_settings
 from service.db import get_engine, make_sessionmaker
@@ -33,7 +35,11 @@ from service.ingest.writer import IngestWriter
 from service.jobs import routes as jobs_routes
 from service.nodes import routes as nodes_routes
 from service.notify import routes as notify_routes
+from service.nvlink import routes as nvlink_routes
+from service.planned import routes as planned_routes
+from service.preflight import routes as preflight_routes
 from service.security import AuthenticateBeforeBody, TokenCache
+from service.shared_causes import routes as shared_causes_routes
 from service.silences import routes as silences_routes
 from service.strict_input import RejectUnstorableText
 from service.tokens import routes as tokens_routes
@@ -104,11 +110,20 @@ def create_app(settings: Settings | None = None, *, factory: sessionmaker[Sessio
     # caller without a token can make a process hold. Alertmanager's notifications may be as large as
     # agents' batches; everything else is small JSON or a form.
     app.include_router(alerts_routes.router, max_body_size=settings.ingest_max_body_bytes)
+    # Evidence bundles are agents' tar.gz uploads: the route refuses one over its cap with a 413 that names it
+    # (after the token check); the router's limit, a chunk above, is the backstop.
+    app.include_router(bundles_routes.router, max_body_size=settings.bundle_max_bytes + 1024 * 1024)
     small = settings.api_max_body_bytes
     for routes in (jobs_routes, directives_routes, incidents_routes, decisions_routes, nodes_routes, checks_routes):
         app.include_router(routes.router, max_body_size=small)
     for routes in (notify_routes, silences_routes, tokens_routes, fleet_routes, unknown_lines_routes):
         app.include_router(routes.router, max_body_size=small)
+    app.include_router(breaker_routes.router, max_body_size=small)
+    app.include_router(planned_routes.router, max_body_size=small)
+    # A preflight's outcome lists every group of every round: a large allocation's is as large as a batch.
+    app.include_router(preflight_routes.router, max_body_size=settings.ingest_max_body_bytes)
+    app.include_router(nvlink_routes.router, max_body_size=small)
+    app.include_router(shared_causes_routes.router, max_body_size=small)
     ui_router.install(app, max_body_size=small)
     _install_error_handlers(app)
     app.openapi = lambda: openapi.build(app)  # type: ignore[method-assign]

@@ -9,10 +9,15 @@ import sys
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from service.config import Settings, get_settings
+
+if TYPE_CHECKING:
+    from service.breaker.schemas import BreakerOut
+    from service.planned.schemas import WindowIn
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -45,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         "migrate": _migrate,
         "token": _token,
         "backtest": _backtest,
+        "breaker": _breaker,
+        "maintenance": _maintenance,
     }[args.command]
     return handler(args)
 
@@ -187,3 +194,103 @@ def _backtest(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(backtest_report.as_dict(result), indent=2) + "\n")
     return 0
+
+
+def _breaker(args: argparse.Namespace) -> int:
+    """`faultline breaker status|reset`: run where the database is reachable, as `faultline token` is."""
+    import getpass
+
+    from service.breaker import service as breaker
+    from service.db import session_scope
+    from service.errors import FaultlineError
+
+    settings = _settings(args)
+    now = datetime.now(UTC)
+    try:
+        with session_scope() as session:
+            if args.breaker_command == "reset":
+                reason = args.reason.strip()
+                if not reason:
+                    print("faultline breaker reset: --reason must say why automation may resume", file=sys.stderr)
+                    return 2
+                actor = args.by or f"operator:cli:{getpass.getuser()}"
+                state = breaker.reset(session, reason=reason[:1000], actor=actor, now=now, settings=settings)
+                print(f"fleet breaker reset by {actor}: automatic take-outs resume", file=sys.stderr)
+            else:
+                state = breaker.status(session, now=now, settings=settings)
+    except FaultlineError as exc:
+        print(f"faultline breaker: {exc.message}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(state.model_dump_json(indent=2))
+        return 0
+    print(breaker_text(state))
+    return 0
+
+
+def breaker_text(state: BreakerOut) -> str:
+    """The breaker's state in a few lines for a terminal."""
+    lines = [f"state: {state.state}" + ("" if state.enabled else " (disabled: FAULTLINE_BREAKER_ENABLED=false)")]
+    if state.state == "tripped":
+        lines.append(f"tripped at: {state.tripped_at:%Y-%m-%d %H:%M:%S} UTC" if state.tripped_at else "tripped")
+        lines.append(f"why: {state.tripped_reason}")
+    lines.append(
+        f"out now: {state.out_now} of {state.fleet_now} nodes by automatic decisions (limit {state.limit_now}), "
+        f"counting since {state.counting_since:%Y-%m-%d %H:%M:%S} UTC"
+    )
+    lines.append(f"decisions held for a person: {state.held_decisions}")
+    if state.reset_at is not None:
+        lines.append(f"last reset: {state.reset_at:%Y-%m-%d %H:%M:%S} UTC by {state.reset_by}: {state.reset_reason}")
+    return "\n".join(lines)
+
+
+def _maintenance(args: argparse.Namespace) -> int:
+    """`faultline maintenance announce|list|cancel`: planned maintenance windows (service/planned/)."""
+    from service.db import session_scope
+    from service.errors import FaultlineError
+    from service.planned import service as planned
+
+    _settings(args)
+    now = datetime.now(UTC)
+    actor = f"operator:cli:{os.environ.get('USER') or 'unknown'}"
+    try:
+        with session_scope() as session:
+            if args.maintenance_command == "announce":
+                window_in = _window_in(args, now=now)
+                window = planned.announce(session, name=args.node, window_in=window_in, actor=actor, now=now)
+                print(f"announced window {window.id} of {window.node}: {window.starts_at} to {window.ends_at}")
+            elif args.maintenance_command == "list":
+                page = planned.list_windows(
+                    session, name=args.node, current=args.current, limit=1000, cursor=None, now=now
+                )
+                for w in page.items:
+                    print(
+                        f"{w.id}\t{w.node}\t{w.state}\t{w.starts_at.isoformat()}\t{w.ends_at.isoformat()}\t"
+                        f"{w.source}\t{w.reason}"
+                    )
+            else:
+                window = planned.cancel(session, name=args.node, window_id=args.window_id, actor=actor, now=now)
+                print(f"maintenance window {window.id} of {window.node} is {window.state}")
+    except (argparse.ArgumentTypeError, ValidationError) as exc:
+        print(f"faultline maintenance: {_messages(exc)}", file=sys.stderr)
+        return 2
+    except FaultlineError as exc:
+        print(f"faultline maintenance: {exc.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _window_in(args: argparse.Namespace, *, now: datetime) -> WindowIn:
+    from service.arguments import duration_s, utc_time
+    from service.planned.schemas import WindowIn
+
+    relative = args.start.startswith("+")
+    start = now + timedelta(seconds=duration_s(args.start[1:])) if relative else utc_time(args.start)
+    end = start + timedelta(seconds=duration_s(args.duration)) if args.duration else utc_time(args.end)
+    return WindowIn(starts_at=start, ends_at=end, reason=args.reason)
+
+
+def _messages(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors())
+    return str(exc)

@@ -83,6 +83,38 @@ class Settings(BaseSettings):
     # A machine whose decision a person rejected is not accused again on the same kind of evidence (see
     # service/decisions/rejects.py) for this long, unless different evidence about it arrives.
     policy_reject_memory_s: float = Field(default=86400.0, ge=0)
+    # The escalation ladder (ml/ladder.py): restart -> reset_gpu -> reboot -> repair -> rma. A remedy did not hold
+    # when its node faults again with a finding of the same family within `policy_ladder_hold_s` (faults within
+    # `policy_ladder_settle_s` of it are its own burst); the next remedy then stands a rung higher. At least a
+    # reboot from `policy_ladder_fatal_count` faults of a family within `policy_ladder_fatal_window_s`; a vendor
+    # replacement (RMA) from `policy_ladder_rma_count` remedies of the node within `policy_ladder_rma_window_s`.
+    policy_ladder_enabled: bool = True
+    policy_ladder_hold_s: float = Field(default=86400.0, gt=0)
+    policy_ladder_settle_s: float = Field(default=120.0, ge=0)
+    policy_ladder_fatal_count: int = Field(default=3, ge=2)
+    policy_ladder_fatal_window_s: float = Field(default=86400.0, gt=0)
+    policy_ladder_rma_count: int = Field(default=4, ge=2)
+    policy_ladder_rma_window_s: float = Field(default=7 * 86400.0, gt=0)
+    # Shared causes (service/shared_causes/, ml/shared_causes.py): findings of one category starting within
+    # `shared_cause_window_s` on at least `shared_cause_min_nodes` nodes (or `shared_cause_min_share` of the nodes
+    # with one label value, when that is more) that share a rack, switch, power domain, driver, firmware, kernel or
+    # storage mount, and are concentrated in it (at least `shared_cause_min_lift` times the label's share of the
+    # fleet), open one shared incident: its members are cordoned from new work, with no per-node eviction.
+    shared_causes_enabled: bool = True
+    shared_cause_window_s: float = Field(default=300.0, gt=0)
+    shared_cause_min_nodes: int = Field(default=3, ge=2)
+    shared_cause_min_share: float = Field(default=0.5, gt=0, le=1)
+    shared_cause_min_lift: float = Field(default=2.0, ge=1)
+    # An open shared incident none of whose members found anything for this long resolves itself.
+    shared_cause_quiet_resolve_s: float = Field(default=1800.0, gt=0)
+    # NVLink domains (service/nvlink/, GB200 NVL72): fabric trouble (NVLink findings within `nvlink_domain_window_s`,
+    # GPU fabric state not completed or unhealthy) on at least `nvlink_domain_min_trays` trays of one domain, or its
+    # fabric manager degraded, opens one domain incident that cordons the domain's trays; one tray alone is evicted.
+    nvlink_domains_enabled: bool = True
+    nvlink_domain_window_s: float = Field(default=300.0, gt=0)
+    nvlink_domain_min_trays: int = Field(default=2, ge=2)
+    # A tray's NVLink findings wait this long before it is decided alone: its domain's other trays report within it.
+    nvlink_domain_settle_s: float = Field(default=15.0, ge=0)
     # A decision nobody acknowledged by then expires.
     decision_ttl_s: float = Field(default=1800.0, gt=0)
     # The longest a `GET /decisions?wait=` long poll may hold a request.
@@ -99,6 +131,17 @@ class Settings(BaseSettings):
     # job has logged a step this long after the incident's last evidence (relaunched or rolled back, it trains again).
     incident_recovered_after_s: float = Field(default=120.0, gt=0)
 
+    # Fleet circuit breaker (service/breaker/): automatic take-outs (evict, cordon, diagnose) stop once the nodes
+    # faultline took out within the window, and that are still out, would exceed `breaker_max_share` of the fleet
+    # (at least `breaker_min_nodes`, at most `breaker_max_nodes` when set); from then on every decision that would
+    # take a node out or reset a GPU waits for a person, one chat alert goes out, and only an operator's reset (API,
+    # CLI, UI) resumes automation. Counting restarts at each reset.
+    breaker_enabled: bool = True
+    breaker_max_share: float = Field(default=0.10, gt=0, le=1)
+    breaker_max_nodes: int | None = Field(default=None, ge=1)
+    breaker_min_nodes: int = Field(default=3, ge=1)
+    breaker_window_s: float = Field(default=86400.0, gt=0)
+
     # Node lifecycle. An evicted node stays out at least this long; a lemon (a suspect in this many
     # different jobs within the window) this long, and comes back only with passing diagnostics.
     node_quarantine_s: float = Field(default=3600.0, ge=0)
@@ -108,11 +151,27 @@ class Settings(BaseSettings):
     # Every return to service needs a passing diagnostics report, not only a lemon's.
     node_return_requires_diagnostics: bool = False
 
+    # Planned maintenance (service/planned/): this long before a window starts, its node's job is asked to checkpoint
+    # and the node is drained (a `cordon` decision); the node's silence lasts this long past the window's end (its
+    # reboot, its agent's first report), and it returns through the return gate once its agent reports after the end.
+    maintenance_lead_s: float = Field(default=900.0, ge=0)
+    maintenance_grace_s: float = Field(default=900.0, ge=0)
+
     # Stop-time checks on idle spares (service/checks/spares.py): a node with no ranks in a running job, in service,
     # whose agent reports, is sent the level-1 checks when its last check is older than this (0: never), at most
     # this many at once.
     checks_spare_interval_s: float = Field(default=6 * 3600.0, ge=0)
     checks_spare_max_concurrent: int = Field(default=2, ge=1)
+
+    # Evidence bundles (service/bundles/): an evict, diagnose or RMA decision asks its node's agent for a tar.gz of
+    # the kernel log, GPU state, diagnostics, its last samples and stacks, collected within `bundle_timeout_s` and
+    # at most `bundle_max_bytes` (uploads over it get 413). Nothing stored `bundle_grace_s` after the collection
+    # time is up reads "no bundle: agent unreachable". Bundles are deleted after `bundle_retention_days`.
+    bundle_enabled: bool = True
+    bundle_max_bytes: int = Field(default=20 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
+    bundle_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    bundle_grace_s: float = Field(default=30.0, ge=0, le=3600)
+    bundle_retention_days: float = Field(default=90.0, gt=0)
 
     # Chat webhooks: hosts a channel may post to (shell patterns, e.g. "hooks.slack.com", "*.larksuite.com");
     # empty allows any host.

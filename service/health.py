@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from service.breaker import collector as breaker_gauges
 from service.fleet import collector as repair_gauges
 from service.unknown_lines import collector as unknown_gauges
 
@@ -77,4 +78,8 @@ def metrics(request: Request) -> Response:
     if not hasattr(state, "unknown_gauges"):
         state.unknown_gauges = {}
     body += unknown_gauges.exposition(state.sessionmaker, state.unknown_gauges)
+    # The fleet circuit breaker's state, from its row (service/breaker/collector.py).
+    if not hasattr(state, "breaker_gauges"):
+        state.breaker_gauges = {}
+    body += breaker_gauges.exposition(state.sessionmaker, state.settings, state.breaker_gauges)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

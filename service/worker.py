@@ -29,10 +29,15 @@ def create_celery() -> Celery:
             "service.ui.retention",
             # No tasks: it registers the unknown-line counts with the retention pass (log retention).
             "service.unknown_lines.retention",
+            # No tasks: it registers old evidence bundles with the retention pass (bundle_retention_days).
+            "service.bundles.retention",
             # No tasks: it registers the diagnose loop (stop-time checks after a diagnose decision) with decisions.
             "service.checks.loop",
             "service.checks.tasks",
             "service.jobs.tasks",
+            "service.planned.tasks",
+            "service.nvlink.tasks",
+            "service.shared_causes.tasks",
         ],
     )
     app.conf.update(
@@ -79,6 +84,11 @@ def create_celery() -> Celery:
                 "schedule": timedelta(seconds=60),
                 "options": {"expires": 60},
             },
+            "resolve-quiet-shared-incidents": {
+                "task": "maintenance.resolve_quiet_shared_incidents",
+                "schedule": timedelta(seconds=60),
+                "options": {"expires": 60},
+            },
             # Idle spares due for their checks (service/checks/spares.py), within the budget.
             "check-idle-spares": {
                 "task": "maintenance.check_idle_spares",
@@ -91,6 +101,19 @@ def create_celery() -> Celery:
                 "task": "maintenance.track_job_progress",
                 "schedule": timedelta(seconds=15),
                 "options": {"expires": 15},
+            },
+            # Planned maintenance windows (service/planned/): drain ahead of each, the return gate after it.
+            "planned-maintenance": {
+                "task": "maintenance.planned_windows",
+                "schedule": timedelta(seconds=30),
+                "options": {"expires": 30},
+            },
+            # NVLink domains (service/nvlink/): a domain whose fabric fails gets its domain incident even when no
+            # job's diagnosis pass looks at it (its trays idle, or their fabric state the only sign).
+            "check-nvlink-domains": {
+                "task": "nvlink.check_domains",
+                "schedule": timedelta(seconds=30),
+                "options": {"expires": 30},
             },
             "detect-active-jobs": {
                 "task": "diagnosis.detect_active_jobs",

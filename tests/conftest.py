@@ -202,7 +202,7 @@ TABLES = (
     "notification_deliveries, notification_channels, node_events, decisions, findings, incidents, silences, "
     "metric_samples, metric_windows, node_samples, node_windows, job_columns, detector_states, log_events, "
     "stack_dumps, process_snapshots, agent_batches, unknown_line_counts, unknown_line_forms, "
-    "ranks, gpus, nodes, jobs, ui_sessions, "
+    "ranks, gpus, nodes, jobs, ui_sessions, fleet_breaker, breaker_events, "
     "api_tokens"
 )
 

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 
 def main() -> int:
@@ -19,6 +20,10 @@ def main() -> int:
     size = int(os.environ.get("FAULTLINE_CHECK_BYTES", str(256 * 2**20))) // 4
     iters = int(os.environ.get("FAULTLINE_CHECK_ITERS", "20"))
     timeout = float(os.environ.get("FAULTLINE_CHECK_TIMEOUT", "120"))
+    # The preflight's extras (agents/preflight/): small-message latency, and an all-to-all, which (unlike the
+    # all-reduce's ring) sends between every pair of ranks, so one broken link between two nodes shows.
+    latency_iters = int(os.environ.get("FAULTLINE_CHECK_LATENCY_ITERS", "0"))
+    alltoall = os.environ.get("FAULTLINE_CHECK_ALLTOALL") == "1"
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(local)
@@ -37,6 +42,23 @@ def main() -> int:
         if backend == "nccl":
             torch.cuda.synchronize(local)
         seconds = (time.perf_counter() - started) / iters
+        extra: dict[str, float] = {}
+        if latency_iters:
+            tiny = torch.ones(1, dtype=torch.float32, device=device)
+            dist.all_reduce(tiny)
+            _sync(torch, backend, local)
+            started = time.perf_counter()
+            for _ in range(latency_iters):
+                dist.all_reduce(tiny)
+            _sync(torch, backend, local)
+            extra["latency_us"] = (time.perf_counter() - started) / latency_iters * 1e6
+        if alltoall:
+            chunk = 1024
+            sent = torch.full((world * chunk,), float(rank + 1), dtype=torch.float32, device=device)
+            got = torch.empty_like(sent)
+            dist.all_to_all_single(got, sent)
+            expected_parts = torch.arange(1, world + 1, dtype=torch.float32, device=device).repeat_interleave(chunk)
+            wrong += int((got != expected_parts).sum().item())
     finally:
         dist.destroy_process_group()
     algbw = size * 4 / seconds / 1e9
@@ -50,10 +72,16 @@ def main() -> int:
                 "algbw_gbps": algbw,
                 "wrong_elements": wrong,
                 "seconds_per_op": seconds,
+                **extra,
             }
         )
     )
     return 0
+
+
+def _sync(torch: Any, backend: str, local: int) -> None:
+    if backend == "nccl":
+        torch.cuda.synchronize(local)
 
 
 if __name__ == "__main__":

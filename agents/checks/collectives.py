@@ -57,8 +57,12 @@ def allreduce(
     nbytes: int = ALLREDUCE_BYTES,
     iters: int = 20,
     timeout: float = 180.0,
+    latency_iters: int = 0,
+    alltoall: bool = False,
 ) -> CheckResult:
-    """Run `nproc` local ranks (of `nproc * nnodes`) and report what they measured."""
+    """Run `nproc` local ranks (of `nproc * nnodes`) and report what they measured; with `latency_iters`, also a
+    one-element all-reduce's latency (the slowest rank's, in the evidence), with `alltoall`, also an all-to-all
+    whose sums are checked (the preflight's: it crosses every pair of nodes)."""
     addr, port = (peer.addr, peer.port) if peer else ("127.0.0.1", free_port())
     node_rank, nnodes = (peer.node_rank, peer.nnodes) if peer else (0, 1)
     world = nproc * nnodes
@@ -84,6 +88,8 @@ def allreduce(
                 "FAULTLINE_CHECK_BYTES": str(nbytes),
                 "FAULTLINE_CHECK_ITERS": str(iters),
                 "FAULTLINE_CHECK_TIMEOUT": str(timeout),
+                "FAULTLINE_CHECK_LATENCY_ITERS": str(latency_iters),
+                "FAULTLINE_CHECK_ALLTOALL": "1" if alltoall else "0",
             }
             # Files, not pipes: the ranks are waited on together, and a rank that logs much (NCCL_DEBUG=INFO)
             # must not block on a full pipe nobody reads yet.
@@ -109,6 +115,9 @@ def allreduce(
     busbw = round(min(r["busbw_gbps"] for r in ranks), 2)  # the slowest rank is what a job would see
     wrong = sum(r["wrong_elements"] for r in ranks)
     evidence["ranks"] = ranks
+    latencies = [r["latency_us"] for r in ranks if "latency_us" in r]
+    if latencies:
+        evidence["latency_us"] = round(max(latencies), 1)
     if wrong:
         evidence["problems"] = [f"{wrong} elements summed wrongly"]
     return CheckResult(

@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from lab.bench.agent_node import NodeLoad, node_load
+from lab.bench.busy import note, watch_other_load
 
 CPU_TARGET_PCT = 2.0
 RSS_TARGET_MB = 80.0
@@ -389,9 +390,10 @@ def run(args: argparse.Namespace) -> int:
         pynvml.nvmlInit()
         settings["gpus"] = pynvml.nvmlDeviceGetCount()
     label = f"sample {args.sample_interval:g}s/ship {args.ship_interval:g}s"
-    runs = {label: run_bench(sample_interval=args.sample_interval, ship_interval=args.ship_interval, **settings)}
-    if not args.no_baseline and (args.sample_interval, args.ship_interval) != (1.0, 1.0):
-        runs["ship every 1s"] = run_bench(sample_interval=1.0, ship_interval=1.0, **settings)
+    with watch_other_load() as watched:
+        runs = {label: run_bench(sample_interval=args.sample_interval, ship_interval=args.ship_interval, **settings)}
+        if not args.no_baseline and (args.sample_interval, args.ship_interval) != (1.0, 1.0):
+            runs["ship every 1s"] = run_bench(sample_interval=1.0, ship_interval=1.0, **settings)
     _print_table(runs)
     _print_budget(runs)
     if args.gpu_source in ("nvml", "nvml-fake"):
@@ -399,6 +401,7 @@ def run(args: argparse.Namespace) -> int:
         runs["nvml source"] = nvml_source_cost(gpus=args.gpus, sample_interval=args.sample_interval, real=real)
         print(f"\nthe NVML reader alone ({'this host' if real else 'fake'} driver):")
         _print_table({"nvml source": runs["nvml source"]})
+    print(note(runs, watched))
     if args.json:
         args.json.write_text(orjson.dumps(runs, option=orjson.OPT_INDENT_2).decode())
     return 0

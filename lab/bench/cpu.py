@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PROC = Path("/proc")
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,10 @@ def _stat(pid: int) -> _Stat | None:
     # The command name may hold spaces and parentheses: fields start after the last ')'.
     fields = raw[raw.rindex(")") + 2 :].split()
     utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
-    return _Stat(ppid=int(fields[1]), cpu_s=(utime + stime + cutime + cstime) / _TICK)
+    return _Stat(ppid=int(fields[1]), cpu_s=(utime + stime + cutime + cstime) / TICK)
 
 
-def _all_stats() -> dict[int, _Stat]:
+def all_stats() -> dict[int, _Stat]:
     stats = {}
     for entry in _PROC.iterdir() if _PROC.is_dir() else ():
         if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
@@ -41,21 +41,23 @@ def _all_stats() -> dict[int, _Stat]:
 
 def tree_cpu_seconds(roots: dict[str, int]) -> dict[str, float]:
     """CPU seconds used so far by each named process and all its descendants."""
-    stats = _all_stats()
+    stats = all_stats()
+    return {
+        name: sum(stats[pid].cpu_s for pid in tree_pids(stats, root)) for name, root in roots.items() if root in stats
+    }
+
+
+def tree_pids(stats: dict[int, _Stat], root: int) -> list[int]:
+    """`root` and all its descendants among `stats`' processes."""
     children: dict[int, list[int]] = {}
     for pid, stat in stats.items():
         children.setdefault(stat.ppid, []).append(pid)
-    totals = {}
-    for name, root in roots.items():
-        if root not in stats:
-            continue
-        total, todo = 0.0, [root]
-        while todo:
-            pid = todo.pop()
-            total += stats[pid].cpu_s
-            todo.extend(children.get(pid, ()))
-        totals[name] = total
-    return totals
+    found, todo = [], [root] if root in stats else []
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
 
 
 def machine_ticks() -> tuple[int, int] | None:

@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from lab.bench.backend import say, start_backend
+from lab.bench.busy import note, watch_other_load
 from ml.windows import floor_time
 
 GPUS_PER_NODE = 8
@@ -81,8 +82,10 @@ def main(argv: list[str]) -> int:
         say(f"database: {backend.kind}; applying migrations ...")
         migrate.upgrade(backend.database_url)
         columns = "every metric column" if args.every_column else "the generated (reported) columns"
-        figures = {"columns": columns, "sizes": [_size(gpus, args) for gpus in sizes]}
+        with watch_other_load(backend.dsn) as watched:
+            figures = {"columns": columns, "sizes": [_size(gpus, args) for gpus in sizes]}
     print(format_report(figures))
+    print(note(figures, watched))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         say(f"figures written to {args.json}")

@@ -30,6 +30,7 @@ import psycopg
 
 from lab.bench.backend import Backend, create_token, follow_load, say, start_backend, start_load, start_service
 from lab.bench.baseline import run_copy
+from lab.bench.busy import line_in, note, watch_other_load
 from lab.bench.ingest_report import _targets, format_report
 from lab.bench.loadgen_protocol import LoadConfig, samples_per_batch
 from lab.bench.synthetic import FIELD_COUNT
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 shutil.rmtree(workdir / data, ignore_errors=True)
             say(f"logs kept in {logs}")
     print(format_report(figures))
+    print(line_in(figures))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         say(f"figures written to {args.json}")
@@ -142,17 +144,19 @@ def _bench(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack)
         f"{args.ship_interval:g} s, for {args.duration:g} s, then {args.capacity_seconds:g} s unpaced, over "
         f"{args.connections} connections (job {job_name})"
     )
-    load = follow_load(start_load(config, stack), service.cpu_roots)
-    service.check()
+    with watch_other_load(backend.dsn) as watched:
+        load = follow_load(start_load(config, stack), service.cpu_roots)
+        service.check()
 
-    answered = sum(load[phase]["ok_samples"] for phase in ("warmup", "paced", "capacity"))
-    # Requests cut off by a hung server may have been stored without an answer.
-    unanswered = sum(load[phase]["unanswered"] for phase in ("warmup", "paced", "capacity")) * (
-        args.gpus_per_node * samples_per_batch(args.ship_interval, args.sample_interval)
-    )
-    stored = _count_rows(backend.dsn, job_name)
-    copy = _copy_baseline(backend.dsn, args, job_name, rows=max(answered, MIN_COPY_ROWS))
+        answered = sum(load[phase]["ok_samples"] for phase in ("warmup", "paced", "capacity"))
+        # Requests cut off by a hung server may have been stored without an answer.
+        unanswered = sum(load[phase]["unanswered"] for phase in ("warmup", "paced", "capacity")) * (
+            args.gpus_per_node * samples_per_batch(args.ship_interval, args.sample_interval)
+        )
+        stored = _count_rows(backend.dsn, job_name)
+        copy = _copy_baseline(backend.dsn, args, job_name, rows=max(answered, MIN_COPY_ROWS))
     figures = _figures(args, backend, load, copy)
+    note(figures, watched)
     figures["rows"] = {
         "stored": stored,
         "ok_samples": answered,

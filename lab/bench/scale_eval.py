@@ -40,11 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.backend import create_token, start_backend, start_service
+from lab.bench.busy import OtherLoad, note, watch_other_load
 from lab.bench.loadgen_protocol import LoadConfig, samples_per_batch
 from lab.bench.scale_eval_report import Outcome, _report, _verdict_line, format_table
 from lab.bench.scale_eval_watch import Context, DecisionWatch, LoadRun, PassLog, register_job
 from lab.evaluation.records import NOT_EVICTING_STATES, Decision, parse_decisions, parse_incidents, parse_time
 from service.arguments import non_negative, positive, positive_int
+from service.config import to_libpq_url
 
 # Scenarios run in this order by default: the job of a finished scenario stays "active" (diagnosed by beat)
 # for FAULTLINE_ACTIVE_JOB_S after its load stops, so the short Xid scenario goes first and its leftover
@@ -165,12 +167,15 @@ def run(args: argparse.Namespace) -> int:
     # A plain kill must stop the children too, as Ctrl-C does.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     outcomes: list[Outcome] = []
+    watched: list[OtherLoad] = []
     try:
         with contextlib.ExitStack() as stack:
             context = _setup(args, workdir, stack)
-            for scenario in scenarios:
-                outcomes.append(run_scenario(context, scenario))
-                _say(_verdict_line(outcomes[-1]))
+            dsn = to_libpq_url(context.service.env["FAULTLINE_DATABASE_URL"])
+            with watch_other_load(dsn) as watched:
+                for scenario in scenarios:
+                    outcomes.append(run_scenario(context, scenario))
+                    _say(_verdict_line(outcomes[-1]))
     except SetupError as exc:
         _say(f"error: {exc}")
         return 2
@@ -181,8 +186,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         _clean(workdir, keep_logs=not outcomes or not all(o.passed for o in outcomes))
     print(format_table(outcomes, args))
+    report = _report(outcomes, args)
+    print(note(report, watched))
     if args.json:
-        args.json.write_text(json.dumps(_report(outcomes, args), indent=2, default=str) + "\n")
+        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
         _say(f"figures written to {args.json}")
     return 0 if all(o.passed for o in outcomes) else 1
 

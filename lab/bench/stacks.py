@@ -16,6 +16,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from lab.bench.busy import note, watch_other_load
 from ml.findings import JobInfo, StackSample
 from ml.stacks import analyze, findings
 
@@ -192,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     frames = [len(s.threads[0 if s.rank % 3 else -1]["frames"]) for s in samples]
     timings = []
     analysis = None
-    for _ in range(max(1, args.repeat)):
-        t0 = time.perf_counter()
-        analysis = analyze(job, samples)
-        timings.append(time.perf_counter() - t0)
+    with watch_other_load() as watched:
+        for _ in range(max(1, args.repeat)):
+            t0 = time.perf_counter()
+            analysis = analyze(job, samples)
+            timings.append(time.perf_counter() - t0)
     assert analysis is not None
     t0 = time.perf_counter()
     found = findings(job, analysis, observed_at=datetime.now(UTC))
@@ -213,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"expected: rank {culprit} on {node}; {len(found)} finding(s)")
     ok = analysis.method == "named" and named == [node]
     print("result: " + ("found the culprit's machine" if ok else "MISSED the culprit's machine"))
+    print(note({}, watched))
     return 0 if ok else 1
 
 

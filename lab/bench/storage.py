@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, text
 
 from lab.bench.backend import say, start_backend
+from lab.bench.busy import note, watch_other_load
 from lab.bench.storage_measurements import (
     BIG_DAY,
     OLD_CHUNK,
@@ -46,6 +47,7 @@ from lab.bench.storage_measurements import (
     _wal_since,
 )
 from lab.bench.synthetic import COUNTERS, GAUGES
+from service.config import to_libpq_url
 
 TARGET_GPUS = 16_384
 SMALL_GPUS = 10
@@ -287,11 +289,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with _database(args) as (engine, kind):
-            figures = _measure(args, engine, kind)
+            dsn = to_libpq_url(engine.url.render_as_string(hide_password=False))
+            with watch_other_load(dsn) as watched:
+                figures = _measure(args, engine, kind)
     except KeyboardInterrupt:
         say("interrupted")
         return 130
     print(format_report(figures))
+    print(note(figures, watched))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         say(f"figures written to {args.json}")

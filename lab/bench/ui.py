@@ -24,6 +24,7 @@ from sqlalchemy import select
 
 from lab.bench import uidata
 from lab.bench.backend import say, spawn, start_backend
+from lab.bench.busy import note, watch_other_load
 from service import embedded, migrate, processes
 
 PREFIX = "bench"
@@ -95,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
         }
         api = spawn(["faultline", "serve", "--port", str(port)], env, workdir / "api.log", stack)
         processes.wait_healthy(url, api, timeout=60, log=workdir / "api.log")
-        figures = _time_pages(url, token, pages, rounds=args.rounds)
+        with watch_other_load(backend.dsn) as watched:
+            figures = _time_pages(url, token, pages, rounds=args.rounds)
     _print(figures, args)
+    print(note(figures, watched))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         say(f"figures written to {args.json}")

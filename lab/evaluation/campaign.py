@@ -31,6 +31,7 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -49,17 +50,18 @@ from lab.evaluation.soak_config import MAX_SIMULATED_S, SoakConfig, SoakJob
 from lab.sim.actions import LOOP_KINDS, act
 from lab.sim.config import SimConfig
 from lab.sim.job import RESTART_PAUSE
-from lab.sim.mix import LLAMA3_405B, Category, Draw, draws, spec_of
+from lab.sim.mix import LLAMA3_405B, SHARED_CATEGORY, Category, Draw, draws, spec_of
 from lab.sim.model import Cluster
-from lab.sim.pool import REPAIR
-from lab.sim.scenarios import FAULT_KINDS
+from lab.sim.pool import IN_JOB, REPAIR
+from lab.sim.scenarios import FAULT_KINDS, SHARED_FAULT_KINDS
 from service.config import Settings
 from service.db import session_scope
 from service.decisions.lifecycle import acknowledge
 from service.jobs.schemas import JobIn, Parallelism, RankPlacement
 from service.jobs.service import register
-from service.models import Decision, Incident, Job, Node
+from service.models import Decision, Incident, Job, Node, SharedIncident
 from service.security import Principal
+from service.shared_causes import service as shared_causes
 from service.silences import service as silences
 from service.silences.schemas import SilenceIn
 
@@ -72,6 +74,9 @@ SPARES_PER_JOB = 2
 HEALTHY_S = (45.0, 90.0)  # the healthy stretch before each fault, drawn uniformly
 FAULT_TIMEOUT_S = 480.0  # a fault nobody acted on this long is drained by hand (4 cycles of the flapping straggler)
 USER_FIX_S = 120.0  # a user's bug: the user reads the traceback, fixes the code and restarts the job
+# A shared component's fault: its machines cordoned, the operator repairs it this long after (a switch swapped, a
+# driver rolled back, the mount back), then puts the machines back.
+COMPONENT_REPAIR_S = 60.0
 REPAIR_S = 300.0  # an evicted machine is back in the spare pool this long after: a quick shop, so spares never run out
 ACTOR = "faultline-campaign"
 # The policy's blast-radius rail (at most a share of a job's nodes evicted per hour) is sized for real fault rates:
@@ -82,10 +87,17 @@ ACTOR = "faultline-campaign"
 # repaired machine is past it when it rejoins; the campaign's shop takes REPAIR_S, so the cooldown is scaled
 # below that (a machine back from repair is a fresh one), and so is the node quarantine (1 h: an evicted node the
 # shop gave back to the pool would otherwise fail to return when its stop-time checks pass).
+# The fleet circuit breaker likewise (at most 10% of the fleet, at least 3 nodes, out by automatic decisions): the
+# campaign keeps several of its few machines out at once by design; the breaker's own tests are in
+# tests/service/breaker.
 CAMPAIGN_POLICY = {
     "policy_max_evict_share_per_hour": 1000.0,
     "policy_node_cooldown_s": 0.8 * REPAIR_S,
     "node_quarantine_s": 0.8 * REPAIR_S,
+    "breaker_enabled": False,
+    # The escalation ladder too: the campaign draws independent faults back to back on the same few machines, minutes
+    # apart, which the ladder would read as remedies that did not hold (its tests: tests/service/decisions/).
+    "policy_ladder_enabled": False,
 }
 STALE_AFTER_S = scoring.STALE_AFTER_S
 
@@ -108,17 +120,24 @@ class Campaign(Soak):
         indices: list[int] | None = None,
         mix: tuple[Category, ...] = LLAMA3_405B,
         service_checks: bool = True,
+        shared_rate: float = 0.0,
     ) -> None:
-        self.service_checks = service_checks  # False: the placeholder check, as before issue 28 (a baseline)
+        self.service_checks = service_checks
+        # The share of draws that is a shared component's fault (a leaf switch, a driver rollout, a storage outage,
+        # a rack's power: lab/sim/shared_faults.py), the kinds in turn.
+        self.shared_rate = shared_rate  # False: the placeholder check, as before issue 28 (a baseline)
         # model_copy: the rail's field is validated <= 1 for operators; the campaign's value is deliberate.
         super().__init__(config, settings.model_copy(update=CAMPAIGN_POLICY), say=say, indices=indices)
         self.total_faults, self.mix = faults, mix
-        self.localizable = frozenset(c.name for c in mix if c.localizable)
+        # A shared cause has its component and machines to name: localizable.
+        self.localizable = frozenset(c.name for c in mix if c.localizable) | {SHARED_CATEGORY}
         self.mix_name = "Llama 3 405B" if mix == LLAMA3_405B else "given"
         self.campaign: list[CampaignJob] = []
         self.outcomes: list[scoring.FaultOutcome] = []
         self.decision_rows: dict[int, scoring.DecisionRow] = {}
         self.incident_rows: dict[int, scoring.IncidentRow] = {}
+        self.shared_rows: dict[int, scoring.SharedIncidentRow] = {}
+        self._cordoned_at: dict[int, float] = {}  # a shared fault's index -> when its machines were all cordoned
         self.stale: dict[int, list[int]] = {}  # fault index -> its stale incidents
         self.loop_acts: list[dict[str, Any]] = []
         # Every job draws its share of the faults: job k the k-th, (k + jobs)-th, ... of the campaign.
@@ -161,7 +180,11 @@ class Campaign(Soak):
             self.jobs.append(run)
             rng = random.Random(self.config.seed * 7919 + i)
             stream = draws(
-                self.config.seed * 104729 + i, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, mix=self.mix
+                self.config.seed * 104729 + i,
+                nodes=spec.nodes,
+                gpus_per_node=spec.gpus_per_node,
+                mix=self.mix,
+                shared_rate=self.shared_rate,
             )
             self.campaign.append(
                 CampaignJob(
@@ -217,6 +240,7 @@ class Campaign(Soak):
             stale=self.stale,
             decision_rows=self.decision_rows,
             incident_rows=self.incident_rows,
+            shared_rows=self.shared_rows,
             loop_acts=self.loop_acts,
             spares=SPARES_PER_JOB,
             seed=self.config.seed,
@@ -303,6 +327,10 @@ class Campaign(Soak):
     def _inject(self, job: CampaignJob, t: float, now: datetime) -> None:
         c = job.run.cluster
         d: Draw = next(job.draws)
+        if d.kind in SHARED_FAULT_KINDS and not c.component_fault_ready(d.kind):
+            # The job has too few machines behind any one switch or rack now (its spares took their places): the
+            # dataset's storage fails instead, which every machine of the job mounts.
+            d = replace(d, kind="storage_outage")
         spec = spec_of(d, t)
         node = c.node_names[c.slots[d.node]] if spec.node is not None else None
         if d.kind == "host_maintenance":  # the operator silences the node before draining it
@@ -345,6 +373,9 @@ class Campaign(Soak):
     def _maybe_dealt(self, job: CampaignJob, a: Active, t: float, now: datetime) -> None:
         kind = FAULT_KINDS[a.draw.kind]
         c = job.run.cluster
+        if a.draw.kind in SHARED_FAULT_KINDS:
+            self._maybe_component_dealt(job, a, t, now)
+            return
         if a.record.resolved_by or a.record.repaired_at is not None:  # the loop took it out of the job, or reset it
             self._dealt(a, t, "acted")
         elif kind.scope == "job" and t - a.t >= USER_FIX_S:
@@ -357,6 +388,38 @@ class Campaign(Soak):
             else:
                 c.repair(a.record)
             self._dealt(a, t, "by_hand")
+
+    def _maybe_component_dealt(self, job: CampaignJob, a: Active, t: float, now: datetime) -> None:
+        """A shared component's fault is dealt with once the loop cordoned every machine of it (the service's decision
+        for the component) and, COMPONENT_REPAIR_S later, the operator repaired the component (the switch replaced,
+        the driver rolled back), closed its shared incident and put the machines back, which the scheduler reports
+        back in service (their return gate). Nobody cordoned them within FAULT_TIMEOUT_S: repaired all the same."""
+        c = job.run.cluster
+        machines = (a.record.details or {}).get("machines", [])
+        cordoned = all(m in c.cordoned or c.place[m] != IN_JOB for m in machines)
+        if cordoned:
+            self._cordoned_at.setdefault(a.index, t)
+        if (not cordoned or t - self._cordoned_at[a.index] < COMPONENT_REPAIR_S) and t - a.t < FAULT_TIMEOUT_S:
+            return
+        if c.vacant:
+            return  # a machine left the job meanwhile and no spare is free: the job restarts once one is
+        c.repair(a.record)
+        for m in machines:
+            c.put_back(m)
+        details = a.record.details or {}
+        with session_scope() as session:
+            incident_id = session.scalar(
+                select(SharedIncident.id).where(
+                    SharedIncident.component_kind == details.get("component_kind"),
+                    SharedIncident.component == details.get("component"),
+                    SharedIncident.state == "open",
+                )
+            )
+            if incident_id is not None:
+                shared_causes.resolve_by_hand(
+                    session, incident_id=incident_id, reason="component repaired (campaign)", actor=ACTOR, now=now
+                )
+        self._dealt(a, t, "acted" if cordoned else "by_hand")
 
     @staticmethod
     def _dealt(a: Active, t: float, how: str) -> None:
@@ -387,8 +450,21 @@ class Campaign(Soak):
                 how=a.how,
                 lost_s=round(lost, 1),
                 ideal_lost_s=round(min(lost, ideal), 1),
+                **self._component_of(a),
             )
         )
+
+    @staticmethod
+    def _component_of(a: Active) -> dict[str, Any]:
+        """A shared component's fault: its machines and the component, for the scoring."""
+        if a.draw.kind not in SHARED_FAULT_KINDS:
+            return {}
+        details = a.record.details or {}
+        return {
+            "members": tuple(a.record.nodes),
+            "component_kind": str(details.get("component_kind", "")),
+            "component": str(details.get("component", "")),
+        }
 
     @staticmethod
     def config_restart_s(c: Cluster) -> float:
@@ -434,8 +510,21 @@ class Campaign(Soak):
         super()._pass(run, now, fast=fast)
         job = next(j for j in self.campaign if j.run is run)
         t = (now - self.start).total_seconds()
+        mine = set(run.cluster.node_names)
         with session_scope() as session:
             self._note_incidents(session, job, t)
+            # A shared component's cordons are decided by whichever job's pass saw the group form: the scheduler of
+            # the machines acts on them (the other process's pass may have made them).
+            for decision_id in session.scalars(
+                select(Decision.id)
+                .join(Node, Node.id == Decision.node_id)
+                .where(
+                    Decision.shared_incident_id.is_not(None),
+                    Node.name.in_(mine),
+                    Decision.id.not_in(job.decided or {0}),
+                )
+            ):
+                run.decision_times.setdefault(decision_id, t)
             new = [d for d in run.decision_times if d not in job.decided]
             if not new:
                 return
@@ -444,6 +533,8 @@ class Campaign(Soak):
             ).all()
             for decision, node in sorted(rows, key=lambda r: r[0].id):
                 job.decided.add(decision.id)
+                if node is not None and node not in mine:
+                    continue  # another job's machine (a shared cordon this pass made): its own process acts on it
                 self.decision_rows[decision.id] = scoring.DecisionRow(
                     decision.id,
                     run.job_id,
@@ -485,6 +576,15 @@ class Campaign(Soak):
             self.incident_rows[incident_id] = scoring.IncidentRow(
                 incident_id, job.run.job_id, t, blame, silenced=silence_id is not None
             )
+        # Shared incidents naming this job's machines (the cluster's names carry the job's prefix).
+        names = set(job.run.cluster.node_names)
+        for s in session.scalars(select(SharedIncident).where(SharedIncident.id.not_in(self.shared_rows or [0]))):
+            members = tuple(str(m.get("node")) for m in s.members or [])
+            if names.isdisjoint(members):
+                continue
+            self.shared_rows[s.id] = scoring.SharedIncidentRow(
+                s.id, job.run.job_id, t, s.component_kind, s.component, members
+            )
 
 
 def run_campaign(
@@ -496,14 +596,20 @@ def run_campaign(
     processes: int,
     mix: tuple[Category, ...] = LLAMA3_405B,
     service_checks: bool = True,
+    shared_rate: float = 0.0,
 ) -> dict[str, Any]:
     """Every job of the config, spread over `processes` worker processes; one scored report."""
     groups = [list(range(len(config.jobs)))[k::processes] for k in range(min(processes, len(config.jobs)))]
     if len(groups) == 1:
-        return scored(Campaign(config, settings, faults=faults, say=say, mix=mix, service_checks=service_checks).run())
+        return scored(
+            Campaign(
+                config, settings, faults=faults, say=say, mix=mix, service_checks=service_checks,
+                shared_rate=shared_rate,
+            ).run()
+        )  # fmt: skip
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine or pool inherited
     with ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
-        args = [(config, settings, faults, say, g, mix, service_checks) for g in groups]
+        args = [(config, settings, faults, say, g, mix, service_checks, shared_rate) for g in groups]
         futures = [pool.submit(_run_group, a) for a in args]
         try:
             parts = [f.result() for f in futures]
@@ -519,20 +625,21 @@ def run_campaign(
         "wall_s": max(p["wall_s"] for p in parts),
         "simulated_s": max(p["simulated_s"] for p in parts),
     }
-    keys = ("jobs", "progress", "faults", "decisions", "incidents", "loop_acts", "checks")
+    keys = ("jobs", "progress", "faults", "decisions", "incidents", "shared_incidents", "loop_acts", "checks")
     for key in (*keys, "returns", "returns_refused", "gates", "node_ends", "node_notes"):
         merged[key] = [item for p in parts for item in p[key]]
     return scored(merged)
 
 
 def _run_group(
-    args: tuple[SoakConfig, Settings, int, Callable[[str], None], list[int], tuple[Category, ...], bool],
+    args: tuple[SoakConfig, Settings, int, Callable[[str], None], list[int], tuple[Category, ...], bool, float],
 ) -> dict[str, Any]:
-    config, settings, faults, say, indices, mix, service_checks = args
+    config, settings, faults, say, indices, mix, service_checks, shared_rate = args
     signal.signal(signal.SIGINT, signal.default_int_handler)
     return Campaign(
-        config, settings, faults=faults, say=say, indices=indices, mix=mix, service_checks=service_checks
-    ).run()
+        config, settings, faults=faults, say=say, indices=indices, mix=mix, service_checks=service_checks,
+        shared_rate=shared_rate,
+    ).run()  # fmt: skip
 
 
 def default_duration(faults: int, jobs: int) -> float:

@@ -26,6 +26,7 @@ def campaign_report(
     stale: Mapping[int, Sequence[int]],
     decision_rows: Mapping[int, scoring.DecisionRow],
     incident_rows: Mapping[int, scoring.IncidentRow],
+    shared_rows: Mapping[int, scoring.SharedIncidentRow],
     loop_acts: list[dict[str, Any]],
     spares: int,
     seed: int,
@@ -88,6 +89,7 @@ def campaign_report(
         "faults": [asdict(o) for o in faults],
         "decisions": [asdict(d) for d in decision_rows.values()],
         "incidents": [asdict(i) for i in incidents],
+        "shared_incidents": [asdict(s) for s in shared_rows.values()],
         "loop_acts": loop_acts,
         "checks": [asdict(r) for j in jobs if j.desk is not None for r in j.desk.records],
         "returns": [r for j in jobs for r in j.returns.returns],
@@ -101,7 +103,12 @@ def campaign_report(
 def scored(report: dict[str, Any]) -> dict[str, Any]:
     """The report with its `categories`, `totals`, `missed` and `targets` (from its plain records)."""
     faults = sorted(
-        (scoring.FaultOutcome(**{**f, "stale_incidents": tuple(f["stale_incidents"])}) for f in report["faults"]),
+        (
+            scoring.FaultOutcome(
+                **{**f, "stale_incidents": tuple(f["stale_incidents"]), "members": tuple(f.get("members", ()))}
+            )
+            for f in report["faults"]
+        ),
         key=lambda f: f.index,
     )
     unfinished = {j["job_id"]: j["unfinished_at"] for j in report["jobs"] if j.get("unfinished_at")}
@@ -113,6 +120,10 @@ def scored(report: dict[str, Any]) -> dict[str, Any]:
         [scoring.JobProgress(**p) for p in report["progress"]],
         [scoring.CheckRow(**c) for c in report.get("checks", [])],
         notes,
+        [
+            scoring.SharedIncidentRow(**{**s, "members": tuple(s["members"])})
+            for s in report.get("shared_incidents", [])
+        ],
     )
     result["totals"].update(
         scoring.returns_totals(

@@ -30,6 +30,12 @@ Definitions:
   failure makes an eviction, judged as any decision), the work placed before a gate (one chat alert each: none
   when the scheduler reports its returns) and the nodes still `returning` at the end, with or without a gate
   pending (without one, nothing will ever conclude them).
+- Shared causes (issue 42): a component's fault (a leaf switch, a driver rollout, a storage outage, a rack's power)
+  names its machines (`members`). It is caught when each member got a `cordon` in its window and none a per-node
+  decision (evict, diagnose, reset_gpu): those are counted as per-node decisions for a shared cause, not as
+  accusations of healthy machines; a decision in its window on any other machine is a false accusation. Each should
+  open exactly one shared incident naming its component (`SharedIncidentRow`); a shared incident no such fault
+  explains is a false one.
 - ETTR: simulated seconds of training progress over elapsed seconds; its ideal adds back what each fault cost
   beyond the restart and the recomputation since the last checkpoint that acting at once would still cost.
 """
@@ -77,6 +83,10 @@ class FaultOutcome:
     stale_incidents: tuple[int, ...] = ()  # its job's incidents still open STALE_AFTER_S after dealt_s
     lost_s: float = 0.0  # training time the fault cost the job
     ideal_lost_s: float = 0.0  # what it would have cost had it been acted on at once
+    # A shared component's fault: its machines, and the component as the service should name it.
+    members: tuple[str, ...] = ()
+    component_kind: str = ""
+    component: str = ""
 
     @property
     def window(self) -> tuple[float, float]:
@@ -168,6 +178,18 @@ class IncidentRow:
 
 
 @dataclass(frozen=True)
+class SharedIncidentRow:
+    """A shared-cause incident the service opened for machines of a job (issue 42)."""
+
+    id: int
+    job_id: str
+    first_seen_s: float
+    component_kind: str
+    component: str
+    members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class JobProgress:
     job_id: str
     elapsed_s: float
@@ -180,6 +202,7 @@ class FaultVerdict:
     caught: bool
     decision_s: float | None  # time from injection to the expected decision
     wrong: list[int] = field(default_factory=list)  # decisions in its window that accused another machine
+    per_node: list[int] = field(default_factory=list)  # a shared fault's: per-node decisions on its members
 
 
 def _right(fault: FaultOutcome, d: DecisionRow) -> bool:
@@ -209,10 +232,20 @@ def judge(faults: Sequence[FaultOutcome], decisions: Sequence[DecisionRow]) -> t
     verdicts = [FaultVerdict(f, caught=f.expect_action == "none", decision_s=None) for f in faults]
     accusations: list[int] = []
     at = _judged_at(decisions)
+    cordoned: dict[int, set[str]] = {}  # a shared fault's index -> its members cordoned in its window
     for d in sorted(decisions, key=lambda d: (d.t_s, d.id)):
         if d.kind not in NODE_KINDS or d.node is None:
             continue
         mine = [v for v in verdicts if v.fault.job_id == d.job_id and _in(v.fault.window, at[d.id])]
+        shared = next((v for v in mine if d.node in v.fault.members), None)
+        if shared is not None:
+            if d.kind == "cordon":
+                cordoned.setdefault(shared.fault.index, set()).add(d.node)
+                if cordoned[shared.fault.index] >= set(shared.fault.members) and shared.decision_s is None:
+                    shared.decision_s = max(0.0, d.t_s - shared.fault.injected_s)
+            else:
+                shared.per_node.append(d.id)
+            continue
         owner = next((v for v in mine if v.fault.node == d.node and v.fault.kind != "host_maintenance"), None)
         if owner is None:
             accusations.append(d.id)
@@ -226,7 +259,53 @@ def judge(faults: Sequence[FaultOutcome], decisions: Sequence[DecisionRow]) -> t
         elif _right(owner.fault, d) and owner.decision_s is None:
             owner.caught = True
             owner.decision_s = max(0.0, d.t_s - owner.fault.injected_s)
+    for v in verdicts:
+        if v.fault.members:
+            v.caught = cordoned.get(v.fault.index, set()) >= set(v.fault.members) and not v.per_node
     return verdicts, accusations
+
+
+def shared_totals(
+    faults: Sequence[FaultOutcome], decisions: Sequence[DecisionRow], shared: Sequence[SharedIncidentRow]
+) -> dict[str, Any]:
+    """Shared causes: how many incidents each opened (one expected), per-node decisions on their members (none
+    expected), and shared incidents no shared fault explains."""
+    verdicts, _ = judge(faults, decisions)
+    mine = [v for v in verdicts if v.fault.members]
+    per_fault: dict[int, list[int]] = {}
+    explained: set[int] = set()
+    for v in mine:
+        f = v.fault
+        hits = [
+            s.id for s in shared
+            if s.job_id == f.job_id and _in(f.window, s.first_seen_s) and set(s.members) & set(f.members)
+        ]  # fmt: skip
+        per_fault[f.index] = hits
+        explained.update(hits)
+    named = sum(
+        1 for v in mine if any(s.id in per_fault[v.fault.index] and s.component == v.fault.component for s in shared)
+    )
+    return {
+        "shared_faults": len(mine),
+        "shared_caught": sum(v.caught for v in mine),
+        "shared_incidents": len(shared),
+        "shared_one_incident_each": sum(1 for v in mine if len(per_fault[v.fault.index]) == 1),
+        "shared_component_named": named,
+        "shared_per_node_decisions": sum(len(v.per_node) for v in mine),
+        "shared_per_node_decision_ids": sorted(i for v in mine for i in v.per_node),
+        "shared_false_incidents": sorted(s.id for s in shared if s.id not in explained),
+        "shared_by_fault": {
+            str(v.fault.index): {
+                "kind": v.fault.kind,
+                "component": v.fault.component,
+                "members": list(v.fault.members),
+                "incidents": per_fault[v.fault.index],
+                "cordoned": v.caught,
+                "per_node_decisions": v.per_node,
+            }
+            for v in mine
+        },
+    }
 
 
 def _ratio(n: float, d: float) -> float | None:
@@ -284,6 +363,7 @@ def score(
     jobs: Sequence[JobProgress],
     checks: Sequence[CheckRow] = (),
     notes: Sequence[NodeNote] = (),
+    shared: Sequence[SharedIncidentRow] = (),
 ) -> dict[str, Any]:
     """The campaign's `categories` table, its `totals` and its `targets`."""
     verdicts, accusations = judge(faults, decisions)
@@ -344,6 +424,7 @@ def score(
         "ettr_ideal": _ratio(min(elapsed, productive + excess), elapsed),
         "dealt_with": dict(sorted(_count(f.how for f in faults).items())),
         **checks_totals(decisions, checks),
+        **shared_totals(faults, decisions, shared),
     }
     missed = [
         {**asdict(v.fault), "wrong_decisions": v.wrong}
@@ -374,7 +455,25 @@ def targets(totals: Mapping[str, Any]) -> list[dict[str, str]]:
     def row(name: str, ok: bool, detail: str) -> dict[str, str]:
         return {"name": name, "status": PASS if ok else FAIL, "detail": detail}
 
+    shared = []
+    if totals.get("shared_faults") or totals.get("shared_false_incidents"):
+        k = totals.get("shared_faults", 0)
+        shared = [
+            row(
+                "one shared incident per shared cause, naming its component",
+                totals["shared_one_incident_each"] == k and totals["shared_component_named"] == k,
+                f"{totals['shared_one_incident_each']} of {k} shared causes with exactly one, "
+                f"{totals['shared_component_named']} naming the component; "
+                f"{len(totals['shared_false_incidents'])} shared incidents no shared cause explains",
+            ),
+            row(
+                "no per-node eviction for a shared cause",
+                totals["shared_per_node_decisions"] == 0,
+                f"{totals['shared_per_node_decisions']} per-node decisions on their members",
+            ),
+        ]
     return [
+        *shared,
         row(f"at least {MIN_FAULTS} faults", n >= MIN_FAULTS, f"{n} faults"),
         row(
             f"recall >= {TARGET_RECALL} over the localizable categories",
@@ -464,6 +563,18 @@ def format_table(result: Mapping[str, Any]) -> str:
         f"gate (node_before_gate notifications) {t.get('node_before_gate_notifications', 0)}; nodes returning at the "
         f"end {t.get('returning_at_end', 0)} ({t.get('returning_without_gate', 0)} without a gate pending)",
     ]
+    if t.get("shared_faults") or t.get("shared_incidents"):
+        lines.append(
+            f"shared causes {t['shared_faults']}: cordoned whole {t['shared_caught']}; shared incidents "
+            f"{t['shared_incidents']} (exactly one for {t['shared_one_incident_each']}, the component named for "
+            f"{t['shared_component_named']}, {len(t['shared_false_incidents'])} no shared cause explains); per-node "
+            f"decisions on their members {t['shared_per_node_decisions']}"
+        )
+        for index, s in t["shared_by_fault"].items():
+            lines.append(
+                f"  #{index} {s['kind']} {s['component']} ({len(s['members'])} nodes): incidents {s['incidents']}, "
+                f"cordoned {'yes' if s['cordoned'] else 'no'}, per-node decisions {s['per_node_decisions'] or 'none'}"
+            )
     if result["missed"]:
         lines += ["", "missed:"]
         for m in result["missed"]:

@@ -60,7 +60,14 @@ class VirtualAgent:
         boot = datetime.fromtimestamp(self.cluster.hosts[self.node].btime).astimezone()
         self.kernel = KernelLogParser(boot_time=boot)
         self.training = TrainingLogParser(step_patterns=DEFAULT_STEP_PATTERNS, path=str(self.root / "train.log"))
-        self.collectors = NodeCollectors(sysfs_root=self.root / "sys", procfs_root=self.root / "proc", volumes=[])
+        place = self.cluster.location(self.node)  # where the machine sits (lab/sim/shared_faults.py)
+        self.collectors = NodeCollectors(
+            sysfs_root=self.root / "sys",
+            procfs_root=self.root / "proc",
+            volumes=[],
+            location={k: place[k] for k in ("rack", "switch", "power_domain")},
+            storage_mounts=place["storage_mounts"],
+        )
         self.collectors.prime()
         held, self.held = self.held, []
         if self.ever_started:  # its saved positions: it goes on where it stopped

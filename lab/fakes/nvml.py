@@ -15,6 +15,7 @@ import ctypes
 import queue
 import sys
 import threading
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,33 @@ def _gpm_defaults() -> dict[int, float]:
         real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 61.0,
         real.NVML_GPM_METRIC_DRAM_BW_UTIL: 47.0,
     }
+
+
+@dataclass
+class FakeFabric:
+    """A GPU's NVLink fabric info (nvmlDeviceGetGpuFabricInfoV), as a GB200 NVL72 compute tray's GPU answers it."""
+
+    cluster_uuid: str = "6a7c1f3e-2b5d-4e8f-9a01-3c4d5e6f7a8b"  # the NVLink domain (one per rack)
+    clique_id: int = 32766
+    state: int = real.NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = real.NVML_SUCCESS
+    degraded_bw: bool = False
+    gfm_connected: bool = True  # the global fabric manager on the switch trays still talks to the GPU
+    summary: int = real.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+    version: int = 3  # the newest structure the driver knows (2: a 550-era driver, no health summary)
+
+    @property
+    def health_mask(self) -> int:
+        bw = (real.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE, real.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE)[
+            self.degraded_bw
+        ]
+        gfm = (
+            real.NVML_GPU_FABRIC_HEALTH_MASK_GFM_STATE_DISCONNECTED,
+            real.NVML_GPU_FABRIC_HEALTH_MASK_GFM_STATE_CONNECTED,
+        )[self.gfm_connected]
+        return (bw << real.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) | (
+            gfm << real.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_GFM_STATE
+        )
 
 
 @dataclass
@@ -73,6 +101,7 @@ class FakeGpu:
     bus: int | None = None  # its PCI bus number; None: 0x18 + index
     uuid: str | None = None  # None: one made from the index
     name: str = "NVIDIA H100 80GB HBM3"
+    fabric: FakeFabric | None = None  # None: no multi-node NVLink fabric (an HGX board): NotSupported
 
     @property
     def bus_id(self) -> bytes:
@@ -292,6 +321,33 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
         return self._link("nvmlDeviceGetNvLinkErrorCounter", handle, link).nvlink_errors.get((link, counter), 0)
+
+    # -- the NVLink fabric (multi-node NVLink: GB200 NVL72) -------------------------------------------
+
+    def _fill_fabric(self, gpu: FakeGpu, info: Any) -> None:
+        fabric = gpu.fabric
+        if fabric is None:
+            raise real.NVMLError_NotSupported()
+        info.clusterUuid[:] = list(uuid.UUID(fabric.cluster_uuid).bytes)
+        info.cliqueId = fabric.clique_id
+        info.state = fabric.state
+        info.status = fabric.status
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetGpuFabricInfoV", handle)
+        known = {real.nvmlGpuFabricInfo_v2: 2, real.nvmlGpuFabricInfo_v3: 3}.get(info.version)
+        if known is None or (gpu.fabric is not None and known > gpu.fabric.version):
+            raise real.NVMLError_ArgumentVersionMismatch()
+        self._fill_fabric(gpu, info)
+        assert gpu.fabric is not None
+        info.healthMask = gpu.fabric.health_mask
+        if known >= 3:
+            info.healthSummary = gpu.fabric.summary
+        return real.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> int:
+        self._fill_fabric(self._gpu("nvmlDeviceGetGpuFabricInfo", handle), info)
+        return real.NVML_SUCCESS
 
     # -- GPM ---------------------------------------------------------------------------------------
 

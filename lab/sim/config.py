@@ -110,6 +110,9 @@ class SimConfig:
     # exactly as before. Some scenarios switch it on themselves (Scenario.realism).
     realism: bool = False
     realism_params: RealismParams = field(default_factory=RealismParams)
+    # The nodes are compute trays of one GB200 NVL72 rack (4 GPUs each, one NVLink domain: lab/sim/nvl72.py); the
+    # NVLink-domain scenarios switch it on themselves (Scenario.nvl72).
+    nvl72: bool = False
 
     # Runner only.
     duration: float | None = None

@@ -174,6 +174,9 @@ class FaultInjection:
             self._schedule(delay, lambda: self._repair(record, spec))
         return record
 
+    def _restore_component(self, record: FaultRecord) -> None:
+        """A shared component's repair (lab/sim/shared_faults.py overrides it); nothing for other faults."""
+
     def _hang_job(self, culprits: dict[int, str], watchdog: float) -> None:
         """Ranks in `culprits` go their own way; every other live rank blocks in the next collective (in a
         checkpoint, the barrier after the save)."""
@@ -243,6 +246,8 @@ class FaultInjection:
             self.hosts[spec.node].repair()
             self.fabrics[spec.node].repair()
             self._kern(spec.node, fmt.DRIVER_BANNER)
+        if record.details and record.details.get("machines"):
+            self._restore_component(record)  # a shared component's machines (lab/sim/shared_faults.py)
         job = self.job
         self._stop_pause()
         if spec.node is not None:

@@ -27,6 +27,8 @@ AVAILABLE_FLOOR = 0.02  # MemAvailable under pressure, as a share of MemTotal
 # with 72% of a step computing, 1.28x compute makes the whole synchronous job ~20% slower.
 MEM_PRESSURE_SLOWDOWN = 1.28
 KERNEL_RELEASE = "5.15.0-1042-nvidia"
+# An H100 SXM5's video BIOS (firmware), as /proc/driver/nvidia/gpus/*/information shows it.
+VBIOS_VERSION = "96.00.89.00.01"
 GCC = "gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)"
 DRIVER_VERSION = "550.90.07"
 DRIVER_BUILT = "Fri May 31 09:35:42 UTC 2024"
@@ -148,6 +150,7 @@ class Host:
         self.edac_ce = [rng.choice((0, 0, 0, 0, 0, 0, 1, 4)) for _ in range(EDAC_CONTROLLERS)]
         self.edac_ue = [0] * EDAC_CONTROLLERS
         self.driver_loaded = True
+        self.driver_version = DRIVER_VERSION  # a rollout (lab/sim/shared_faults.py) changes it
 
     def _since_boot(self, c: int, uptime: float, rng: random.Random) -> list[float]:
         ticks = uptime * USER_HZ

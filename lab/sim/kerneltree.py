@@ -25,6 +25,7 @@ from lab.sim.host import (
     KERNEL_RELEASE,
     MEM_TOTAL_KIB,
     SWAP_TOTAL_KIB,
+    VBIOS_VERSION,
     Host,
     Psi,
 )
@@ -46,6 +47,8 @@ class NodeTree:
     def files(self) -> dict[str, str]:
         """Every file of the tree with its current text."""
         out = dict(self._static)
+        if self.host.driver_version != DRIVER_VERSION:  # a rollout (lab/sim/shared_faults.py) replaced the driver
+            out.update(_driver_files(self.host.driver_version))
         for port in (*self.fabric.ports, self.fabric.roce):
             base = f"{IB}/{port.device}/ports/1"
             out[f"{base}/state"] = f"{port.state}: {STATE_NAMES[port.state]}\n"
@@ -106,16 +109,14 @@ class NodeTree:
             out[f"{EDAC}/mc{i}/size_mb"] = f"{MEM_TOTAL_KIB // 1024 // len(self.host.edac_ce)}\n"
             out[f"{EDAC}/mc{i}/ce_noinfo_count"] = "0\n"
             out[f"{EDAC}/mc{i}/ue_noinfo_count"] = "0\n"
-        out["sys/module/nvidia/version"] = f"{DRIVER_VERSION}\n"
-        out["proc/driver/nvidia/version"] = (
-            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER_VERSION}  {DRIVER_BUILT}\nGCC version:  {GCC} \n"
-        )
+        out.update(_driver_files(DRIVER_VERSION))
         # The driver's entry per GPU it probed (one that later fell off the bus keeps it): what the all-reduce
         # check counts its ranks from.
         for gpu in self.gpus:
             location = f"0000:{gpu.bus:02x}:00.0"
             out[f"proc/driver/nvidia/gpus/{location}/information"] = (
-                f"Model: \t\t {MODEL_NAME}\nGPU UUID: \t {gpu.uuid}\nBus Type: \t PCIe\n"
+                f"Model: \t\t {MODEL_NAME}\nGPU UUID: \t {gpu.uuid}\nVideo BIOS: \t {VBIOS_VERSION}\n"
+                "Bus Type: \t PCIe\n"
                 f"Bus Location: \t {location}\nDevice Minor: \t {gpu.index}\n"
             )
         out["proc/sys/kernel/osrelease"] = f"{KERNEL_RELEASE}\n"
@@ -124,6 +125,15 @@ class NodeTree:
             "GNU ld (GNU Binutils for Ubuntu) 2.38) #42-Ubuntu SMP Wed Nov 15 12:43:56 UTC 2023\n"
         )
         return out
+
+
+def _driver_files(version: str) -> dict[str, str]:
+    return {
+        "sys/module/nvidia/version": f"{version}\n",
+        "proc/driver/nvidia/version": (
+            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  {DRIVER_BUILT}\nGCC version:  {GCC} \n"
+        ),
+    }
 
 
 def _static_port(hostname: str, port: Port) -> dict[str, str]:

@@ -13,6 +13,7 @@ PYTHON = "/usr/bin/python3"
 SITE = "/usr/local/lib/python3.10/dist-packages"
 TRAIN_SCRIPT = "/workspace/llm/train.py"
 MODEL_FILE = "/workspace/llm/model/transformer.py"
+DATASET_FILE = "/workspace/llm/data/shards.py"
 ELASTIC_ERRORS_URL = "https://pytorch.org/docs/stable/elastic/errors.html"
 
 
@@ -43,6 +44,20 @@ def pci_addr(bus: int) -> str:
 def xid(bus: int, code: int, text: str, pid: int | None = None, name: str | None = None) -> str:
     who = f"pid={pid}, name={name}" if pid is not None else "pid='<unknown>', name=<unknown>"
     return f"NVRM: Xid ({xid_bus(bus)}): {code}, {who}, {text}"
+
+
+def nvlink5_xid(bus: int, code: int, unit: str, *, fatal: bool, link: int, info: int) -> str:
+    """A Blackwell NVLink5 Xid (144-150) as the driver logs it on GB200: the unit, its severity, the link, then six
+    words of interrupt info (tests/fixtures/logs/xid149_xid145_nvlink5_gb200_gpud_1174.txt)."""
+    words = " ".join([f"0x{info:08x}"] + ["0x00000000"] * 5)
+    severity = "Fatal" if fatal else "Nonfatal"
+    return f"NVRM: Xid ({xid_bus(bus)}): {code}, {unit} {severity} XC0 i0 Link {link:02d} ({words})"
+
+
+def sxid(chip: int, code: int, *, fatal: bool, link: int, text: str) -> str:
+    """An NVSwitch SXid as the nvidia-nvswitch driver logs it on the switch's host (a switch tray, an HGX board)."""
+    severity = "Fatal" if fatal else "Non-fatal"
+    return f"nvidia-nvswitch{chip}: SXid (PCI:0000:{0x05 + chip:02x}:00.0): {code}, {severity}, Link {link:02d} {text}"
 
 
 def fallen_off_bus(bus: int, pci_id: str) -> list[str]:
@@ -189,6 +204,21 @@ def traceback_cuda(rank: int, error: str) -> list[str]:
             "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
             "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
         ],
+    )
+
+
+def traceback_storage(rank: int, path: str) -> list[str]:
+    """A rank's data loader failing to read its shard: the file system answered EIO (a storage outage)."""
+    return _frames(
+        rank,
+        (
+            *_TRAIN_FRAMES[:2],
+            (TRAIN_SCRIPT, 305, "train", "batch = next(loader_iter)"),
+            (f"{SITE}/torch/utils/data/dataloader.py", 631, "__next__", "data = self._next_data()"),
+            (f"{SITE}/torch/utils/data/dataloader.py", 675, "_next_data", "data = self._dataset_fetcher.fetch(index)"),
+            (DATASET_FILE, 88, "__getitem__", "with open(self.shards[shard], 'rb') as f:"),
+        ),
+        [f"OSError: [Errno 5] Input/output error: '{path}'"],
     )
 
 

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from lab.sim.scenarios import FAULT_KINDS, GPU, NODE, FaultSpec
+from lab.sim.scenarios import FAULT_KINDS, GPU, NODE, SHARED_FAULT_KINDS, FaultSpec
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,14 @@ LLAMA3_405B: tuple[Category, ...] = (
     ),
 )
 
-CATEGORY_OF: dict[str, str] = {kind: c.name for c in LLAMA3_405B for kind, _ in c.kinds}
+# Faults of a component several machines share (a leaf switch, a driver rollout, a storage mount, a rack's power):
+# not in Llama 3's table by these names (its switch and cable share is counted per machine), drawn at a rate of
+# their own (`draws(shared_rate=...)`), the kinds in turn so that a few draws cover each.
+SHARED_CATEGORY = "shared_cause"
+CATEGORY_OF: dict[str, str] = {
+    **{kind: c.name for c in LLAMA3_405B for kind, _ in c.kinds},
+    **dict.fromkeys(SHARED_FAULT_KINDS, SHARED_CATEGORY),
+}
 LOCALIZABLE: frozenset[str] = frozenset(c.name for c in LLAMA3_405B if c.localizable)
 
 
@@ -78,8 +85,24 @@ def spec_of(d: Draw, at: float) -> FaultSpec:
     return FaultSpec(at, d.kind, node, d.gpu)
 
 
-def draws(seed: int, *, nodes: int, gpus_per_node: int, mix: tuple[Category, ...] = LLAMA3_405B) -> Iterator[Draw]:
-    """An endless, reproducible stream of faults for one job."""
+def draws(
+    seed: int,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    mix: tuple[Category, ...] = LLAMA3_405B,
+    shared_rate: float = 0.0,
+    shared_kinds: tuple[str, ...] = SHARED_FAULT_KINDS,
+) -> Iterator[Draw]:
+    """An endless, reproducible stream of faults for one job; with `shared_rate`, that share of the draws is a
+    shared component's fault instead (the kinds in turn), decided by a stream of its own so that the other draws
+    stay where they were without it."""
     rng = random.Random(seed)
+    shared_rng = random.Random(f"shared:{seed}")
+    turn = 0
     while True:
-        yield draw(rng, nodes=nodes, gpus_per_node=gpus_per_node, mix=mix)
+        d = draw(rng, nodes=nodes, gpus_per_node=gpus_per_node, mix=mix)
+        if shared_rate > 0 and shared_kinds and shared_rng.random() < shared_rate:
+            d = Draw(SHARED_CATEGORY, shared_kinds[turn % len(shared_kinds)], d.node, None)
+            turn += 1
+        yield d

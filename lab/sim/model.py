@@ -46,9 +46,12 @@ from lab.sim.host import Host
 from lab.sim.job import Job
 from lab.sim.modes import CHECKPOINT, CULPRITS, DEAD, NORMAL, TERMINATED, VICTIMS
 from lab.sim.network_faults import NetworkFaults
+from lab.sim.nvl72 import GPUS_PER_TRAY, Nvl72Domain
+from lab.sim.nvl72_faults import Nvl72Faults
 from lab.sim.pool import SparePool
 from lab.sim.realism import AgentAction, RealLife, RealState
 from lab.sim.scenarios import SCENARIOS, FaultSpec
+from lab.sim.shared_faults import SharedFaults
 
 COLLECTIVES_PER_STEP = 4  # NCCL SeqNum advances this much per step
 NODE_TICKS = 10  # host and network counters advance once per simulated second
@@ -66,7 +69,8 @@ class LogLine:
     text: str  # may hold several lines (a multi-line kernel record, a traceback)
 
 
-class Cluster(SparePool, GpuFaults, NetworkFaults, RealLife):  # each of the first three builds on FaultInjection
+# All but RealLife build on FaultInjection.
+class Cluster(SparePool, GpuFaults, NetworkFaults, Nvl72Faults, SharedFaults, RealLife):
     def __init__(self, config: SimConfig) -> None:
         config = config.resolved()
         if config.scenario not in SCENARIOS:
@@ -75,6 +79,10 @@ class Cluster(SparePool, GpuFaults, NetworkFaults, RealLife):  # each of the fir
         scenario = SCENARIOS[config.scenario]
         if scenario.realism and not config.realism:
             config = replace(config, realism=True)
+        if scenario.nvl72 and not config.nvl72:
+            config = replace(config, nvl72=True)
+        if config.nvl72 and config.gpus_per_node != GPUS_PER_TRAY:  # a GB200 compute tray holds 4 GPUs
+            config = replace(config, gpus_per_node=GPUS_PER_TRAY)
         if config.realism and scenario.realism_overrides:  # where the config left a default, the scenario's value
             defaults, params = RealismParams(), config.realism_params
             mine = {k: v for k, v in scenario.realism_overrides if getattr(params, k) == getattr(defaults, k)}
@@ -99,6 +107,10 @@ class Cluster(SparePool, GpuFaults, NetworkFaults, RealLife):  # each of the fir
         self.node_rng = random.Random(config.seed ^ 0x40DE)
         self.hosts = [Host(n, self.node_rng) for n in range(self.machines)]
         self.fabrics = [Fabric(n, self.node_rng) for n in range(self.machines)]
+        # One NVL72 rack's NVLink domain over the machines, when the nodes are its compute trays.
+        self.nvl72: Nvl72Domain | None = (
+            Nvl72Domain(rack=_rack(config.node_prefix), trays=self.machines) if config.nvl72 else None
+        )
         for h in self.hosts:
             h.btime = int(self.start.timestamp() - h.uptime)
         self._comm_sum = [[0.0] * self.gpn for _ in range(self.machines)]  # per GPU, over the current second
@@ -422,3 +434,8 @@ _BENIGN_KERNEL: tuple[Callable[[random.Random], str], ...] = (
         "a fill level at 75.0, suggesting rotation."
     ),
 )
+
+
+def _rack(node_prefix: str) -> str:
+    """The NVL72 rack's name from its trays' prefix: `nvl72-a-tray` -> `nvl72-a`."""
+    return node_prefix.removesuffix("tray").rstrip("-") or "nvl72"

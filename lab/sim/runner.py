@@ -128,6 +128,7 @@ class SimRunner:
         self.config = config
         self._t0 = time.monotonic()
         cluster = self.cluster = Cluster(config)
+        config = self.config = cluster.config  # as the scenario shaped it (an NVL72 rack: 4 GPUs a tray)
         self._first_step = cluster.job.step
         self._say(
             f"scenario {config.scenario}, job {config.job_id}, {config.nodes} nodes x {config.gpus_per_node} GPUs, "
@@ -212,6 +213,10 @@ class SimRunner:
         if config.sample_interval is not None:
             command += ["--sample-interval", str(config.sample_interval)]
         command += ["--sysfs-root", str(node_dir / "sys"), "--procfs-root", str(node_dir / "proc")]
+        if self.cluster is not None:  # where the machine sits, as its operator labels it (lab/sim/shared_faults.py)
+            place = self.cluster.location(n)
+            command += [f"--node-label={k}={place[k]}" for k in ("rack", "switch", "power_domain")]
+            command += [f"--storage-mount={m}" for m in place["storage_mounts"]]
         log = open(node_dir / "agent.log", "ab")  # noqa: SIM115
         self._proc_logs.append(log)
         # The token goes in the environment: command lines are visible to every user in `ps`.

@@ -13,6 +13,7 @@ from lab.sim.config import SimConfig
 
 GPU, NODE, JOB = "gpu", "node", "job"
 EVICT, DIAGNOSE, NO_ACTION = "evict", "diagnose", "none"
+CORDON_DOMAIN = "cordon"  # a shared component's fault: its nodes cordoned from new work, none evicted
 # two_faults: the fatal Xid comes this long after the straggler started, time enough for the straggler to be
 # told by peer comparison (its continuity window is ~2 minutes) before the job dies.
 TWO_FAULTS_GAP_S = 180.0
@@ -293,7 +294,71 @@ _COUNTER_KINDS = (
     ),
 )
 FAULT_KINDS.update((k.name, k) for k in _COUNTER_KINDS)
+# NVLink domain faults (issue 43): on an NVL72 rack (SimConfig.nvl72, lab/sim/nvl72.py, lab/sim/nvl72_faults.py).
+_NVL72_KINDS = (
+    FaultKind(
+        "nvswitch_tray_failure",
+        "NVL72: one of the rack's 9 NVSwitch trays fails; every compute tray's GPUs lose 2 links (fatal NVLink5 "
+        "Xid 149), their fabric degraded; the domain's fault: cordon its trays (one domain incident), evict none",
+        "infrastructure",
+        False,
+        JOB,
+        expect_action=CORDON_DOMAIN,
+    ),
+    FaultKind(
+        "nvl72_tray_nvlink",
+        "NVL72: one GPU's own NVLink links fail (fatal NVLink5 Xid 149 on that GPU only, its fabric unhealthy); "
+        "that tray's fault: evict it, leave the domain's other trays alone",
+        "infrastructure",
+        True,
+        GPU,
+    ),
+)
+FAULT_KINDS.update((k.name, k) for k in _NVL72_KINDS)
+NVL72_FAULT_KINDS = tuple(k.name for k in _NVL72_KINDS)
 COUNTER_FAULT_KINDS = tuple(k.name for k in _COUNTER_KINDS)
+# Shared-component faults (issue 42): a component several machines share fails (lab/sim/shared_faults.py). The
+# component is to blame, not the machines: one shared incident, its machines cordoned from new work, none evicted.
+_SHARED_KINDS = (
+    FaultKind(
+        "switch_down",
+        "a leaf switch fails: every IB port of the job's machines behind it goes down at once, each rank's NCCL "
+        "fails with IB error 12, the job dies; the switch's fault: cordon its machines, evict none",
+        "infrastructure",
+        False,
+        JOB,
+        expect_action=CORDON_DOMAIN,
+    ),
+    FaultKind(
+        "driver_rollout",
+        "a bad driver rollout reaches the job's machines: every GPU on the new version throws Xid 119 (GSP RPC "
+        "timeout), every rank dies; the driver's fault: cordon its machines, evict none",
+        "infrastructure",
+        False,
+        JOB,
+        expect_action=CORDON_DOMAIN,
+    ),
+    FaultKind(
+        "storage_outage",
+        "the dataset's file system stops answering: every rank's data loader fails with EIO, the job dies; the "
+        "storage's fault: cordon the machines that mount it, evict none",
+        "infrastructure",
+        False,
+        JOB,
+        expect_action=CORDON_DOMAIN,
+    ),
+    FaultKind(
+        "rack_power_loss",
+        "a rack's power feed drops: every GPU of its machines in the job falls off the bus at once (Xid 79), the "
+        "job dies; the power domain's fault: cordon its machines, evict none",
+        "infrastructure",
+        False,
+        JOB,
+        expect_action=CORDON_DOMAIN,
+    ),
+)
+FAULT_KINDS.update((k.name, k) for k in _SHARED_KINDS)
+SHARED_FAULT_KINDS = tuple(k.name for k in _SHARED_KINDS)
 
 # What `demo` draws from: faults that have a machine to blame.
 HARDWARE_FAULTS = ("gpu_lost", "ecc_dbe", "nvlink", "ib_flap", "straggler")
@@ -325,6 +390,8 @@ class Scenario:
     # The agents read dcgm-exporter only (no kernel log, no training log, no processes) and the job is known by
     # its registered rank map: a node with nothing but dcgm-exporter (issue 30).
     metrics_only: bool = False
+    # The cluster is one GB200 NVL72 rack's compute trays (4 GPUs each) in one NVLink domain (lab/sim/nvl72.py).
+    nvl72: bool = False
 
 
 def _nothing(config: SimConfig, rng: random.Random) -> Iterator[FaultSpec]:
@@ -394,7 +461,10 @@ _REALISTIC_KINDS = frozenset({"fault_in_checkpoint"})
 
 SCENARIOS: dict[str, Scenario] = {
     "healthy": Scenario("healthy", "nothing happens: a synchronous job training normally", _nothing),
-    **{k: Scenario(k, FAULT_KINDS[k].description, _one(k), realism=k in _REALISTIC_KINDS) for k in FAULT_KINDS},
+    **{
+        k: Scenario(k, FAULT_KINDS[k].description, _one(k), realism=k in _REALISTIC_KINDS, nvl72=k in NVL72_FAULT_KINDS)
+        for k in FAULT_KINDS
+    },
     "two_faults": Scenario(
         "two_faults",
         f"two faults in one job: a straggler GPU on one node, then {TWO_FAULTS_GAP_S:.0f} s later a GPU falls off "

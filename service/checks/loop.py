@@ -24,6 +24,8 @@ from sqlalchemy.orm import Session
 
 from ml.peer_spans import starved
 from ml.peers import DETECTOR as PEERS
+from service.breaker import service as breaker
+from service.bundles import service as bundles
 from service.checks.schemas import CheckResultIn
 from service.checks.service import record, request_checks
 from service.config import Settings
@@ -330,6 +332,11 @@ def _remedy(
         state = "shadow"
     elif settings.policy_mode == "approval" or kind in settings.policy_approval_required_for:
         state = "awaiting_approval"
+    rails: dict[str, str] = {}
+    if state == "pending":  # the fleet circuit breaker may hold it for a person (service/breaker/)
+        word = breaker.admit(session, candidates=[(kind, node.name)], now=now, settings=settings)[0]
+        rails = {breaker.RAIL: word.rail} if word.rail else {}
+        state = "pending" if word.admitted else "awaiting_approval"
     what = "; ".join(f"{r.check} {r.subject}" for r in failed[:5]) + (
         f" and {len(failed) - 5} more" if len(failed) > 5 else ""
     )
@@ -348,11 +355,13 @@ def _remedy(
                 "diagnose_decision": decision.id,
                 "check_results": [r.id for r in failed],
                 "findings": findings,
-            }
+            },
+            **({"guard_rails": rails} if rails else {}),
         },
         created_at=now,
         expires_at=now + timedelta(seconds=settings.decision_ttl_s),
     )
     session.add(remedy)
     session.flush()
+    bundles.request_for(session, decisions=[remedy], now=now, settings=settings)  # before the node leaves
     return f"checks failed: {kind} decision {remedy.id} ({state})"

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ml.check_criteria import judge, spec_of
+from ml.check_criteria import Criterion, criterion, judge, spec_of
 from service.checks.schemas import CheckResultIn
 from service.models import CheckResult, Directive, Finding, Gpu, Node
 
@@ -32,6 +32,7 @@ CATEGORY = {
     "memory_available": "host",
     "pressure": "host",
     "disk_free": "storage",
+    "preflight_network": "network",  # service/preflight: slow with every node, or a bad link to one
 }
 DETECTOR = "stop_checks"
 FAILED_CHECK_CONFIDENCE = 0.9  # a measured failure on a drained node: strong, but one run
@@ -52,6 +53,11 @@ def _history(session: Session, *, check: str, model: str | None, now: datetime) 
         .limit(HISTORY_MAX)
     )
     return [float(v) for v in rows if v is not None]
+
+
+def fleet_criterion(session: Session, *, check: str, model: str, now: datetime) -> Criterion:
+    """The cut-off a figure of this check on this GPU model is judged by now (what `record` applies)."""
+    return criterion(_history(session, check=check, model=model, now=now), spec=spec_of(model, check))
 
 
 def _verdict(

@@ -4,8 +4,10 @@ The replay runs the real demarcation (ml.demarcation) and the real policy (decis
 decide) over each incident's stored findings, one step per moment findings were stored (a diagnosis pass), in
 that order, all incidents on one timeline so cooldowns and blast radius see the candidate's own earlier
 decisions. It runs twice, with the current policy and with the candidate: the current replay explains a
-difference guard rail by guard rail. Not replayed: maintenance windows (silences), the job's membership at the
-time (today's node count is the blast radius denominator), and passes that stored no new finding.
+difference guard rail by guard rail. The escalation ladder climbs on the replay's own remedies (and those stored
+outside the replayed incidents) against the nodes' stored faults, so a candidate's ladder thresholds replay too.
+Not replayed: maintenance windows (silences), the job's membership at the time (today's node count is the blast
+radius denominator), the GPU reset limit's count of earlier resets, and passes that stored no new finding.
 
 It never writes: callers run it inside `read_only`, which Postgres enforces.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -24,12 +26,14 @@ from sqlalchemy import or_, select, text
 from sqlalchemy.orm import Session
 
 from ml import demarcation
+from ml.ladder import History, Remedy
 from service.config import Settings
 from service.decisions import overrides
 from service.decisions.policy import INACTIVE, PriorDecision, Skipped, build_context, decide, prior_window
 from service.decisions.service import network_fatal, network_times
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Incident, Job, Node
+from service.nodes import ladder as node_ladder
 
 # As the live path: findings older than this at a pass no longer join the incident (diagnosis.FINDING_HORIZON).
 FINDING_HORIZON = timedelta(hours=1)
@@ -156,8 +160,9 @@ def run(
     reach = max(prior_window(settings), prior_window(candidate))
     background = _background(session, ids=ids, since=since - reach, until=until)
     job_nodes = {s.job.id: len(jobs.node_ids(session, job=s.job)) for s in stored}
-    current_run = _replay(stored, background, job_nodes, settings)
-    candidate_run = _replay(stored, background, job_nodes, candidate)
+    ladders = _ladder_background(session, stored, settings=settings, candidate=candidate, since=since, until=until)
+    current_run = _replay(stored, background, job_nodes, settings, ladders)
+    candidate_run = _replay(stored, background, job_nodes, candidate, ladders)
 
     results = []
     for s in stored:
@@ -222,6 +227,50 @@ def _background(session: Session, *, ids: Sequence[int], since: datetime, until:
     return [PriorDecision(*row) for row in rows]
 
 
+def _ladder_background(
+    session: Session,
+    stored: Sequence[_Stored],
+    *,
+    settings: Settings,
+    candidate: Settings,
+    since: datetime,
+    until: datetime,
+) -> dict[str, History]:
+    """The escalation ladder's history of the replayed incidents' nodes: their faults, and the remedies decided
+    outside the replayed incidents (the replay makes its own)."""
+    names = {node for s in stored for _, node in s.findings if node}
+    reach = max(node_ladder.thresholds(settings).lookback_s, node_ladder.thresholds(candidate).lookback_s)
+    found = node_ladder.histories(
+        session, names=names, now=until, settings=settings, since=since - timedelta(seconds=reach), afresh=False
+    )
+    cuts = node_ladder.rma_cuts(session, names=names)
+    replayed = set(
+        session.scalars(select(Decision.id).where(Decision.incident_id.in_([s.incident.id for s in stored] or [0])))
+    )
+    return {
+        name: History([r for r in h.remedies if r.decision_id not in replayed], h.faults, cuts.get(name))
+        for name, h in found.items()
+    }
+
+
+def _ladders(
+    nodes: Sequence[str], found: Mapping[str, History], made: Sequence[tuple[str, Remedy]], at: datetime
+) -> dict[str, History]:
+    """The ladder's history of these nodes as it stood at `at`: stored, and what the replay decided so far; after
+    a node's vendor replacement (its RMA mark), only what came after it."""
+    out = {}
+    for node in nodes:
+        h = found.get(node, History())
+        start = h.since if h.since is not None and h.since <= at else None
+        mine = [r for n, r in made if n == node]
+        remedies = sorted([*(r for r in h.remedies if r.at <= at), *mine], key=lambda r: r.at)
+        faults = [f for f in h.faults if f.at <= at]
+        if start is not None:
+            remedies, faults = [r for r in remedies if r.at >= start], [f for f in faults if f.at >= start]
+        out[node] = History(remedies, faults)
+    return out
+
+
 def _stored_verdict(decision: Decision, node: str | None) -> Verdict:
     rails = {str(k): str(v) for k, v in ((decision.evidence or {}).get("guard_rails") or {}).items()}
     # Its state moves on once a person approves it; its guard rails still say it had to wait for one.
@@ -245,13 +294,18 @@ def _of_incident(proposals: Sequence[demarcation.IncidentProposal], incident: In
 
 
 def _replay(
-    stored: Sequence[_Stored], background: Sequence[PriorDecision], job_nodes: dict[int, int], policy: Settings
+    stored: Sequence[_Stored],
+    background: Sequence[PriorDecision],
+    job_nodes: dict[int, int],
+    policy: Settings,
+    ladders: Mapping[str, History] | None = None,
 ) -> dict[int, _Replayed]:
     """Every incident's steps on one timeline (by time, then incident), through the real demarcation and policy."""
     by_id = {s.incident.id: s for s in stored}
     steps = sorted({(f.created_at, s.incident.id) for s in stored for f, _ in s.findings})
     out = {s.incident.id: _Replayed() for s in stored}
     made: list[PriorDecision] = []
+    remedies: list[tuple[str, Remedy]] = []  # the replay's own, for the escalation ladder
     for at, iid in steps:
         s = by_id[iid]
         rows = [(f, node) for f, node in s.findings if at - FINDING_HORIZON <= f.created_at <= at]
@@ -276,12 +330,16 @@ def _replay(
             network_fatal=network_fatal(network_rows),
             already_decided={(v.kind, v.node) for v in replayed.verdicts},
             settings=policy,
+            ladders=_ladders([x.node for x in proposal.suspects], ladders or {}, remedies, at),
         )
         skipped: list[Skipped] = []
         for plan in decide(proposal, ctx, policy, skipped):
             approval = plan.state == "awaiting_approval"
             replayed.verdicts.append(Verdict(plan.kind, plan.node, plan.state, at, approval, dict(plan.guard_rails)))
             made.append(PriorDecision(plan.kind, plan.node, plan.state, at, s.job.id, iid))
+            rung = node_ladder.rung_of(plan.kind, {"ladder": plan.ladder})
+            if plan.node and rung:
+                remedies.append((plan.node, Remedy(rung, at, proposal.root_cause, None, plan.state)))
         for note in skipped:
             if note.rail != "already_decided":
                 replayed.skipped[note.node] = note

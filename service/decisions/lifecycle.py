@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, func, select, true, update
 from sqlalchemy.orm import Session
 
+from service.bundles import service as bundles
 from service.config import Settings
 from service.decisions import service
 from service.decisions.schemas import DecisionOut
@@ -159,6 +160,7 @@ def override(
     )
     session.add(replacement)
     session.flush()
+    bundles.request_for(session, decisions=[replacement], now=now, settings=settings)  # before the node leaves
     _finish(
         session,
         decision,

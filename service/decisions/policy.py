@@ -10,9 +10,12 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from ml.demarcation import IncidentProposal, Suspect
+from ml.ladder import History
 from service.config import Settings
+from service.decisions import ladder
 from service.gpu_names import bus_id, kernel_pci
 
 
@@ -34,6 +37,8 @@ class PolicyContext:
     overruled: Mapping[str, str] = field(default_factory=dict)
     # Nodes whose network adapter itself failed (a fatal async event): not a flap, so no flap tolerance.
     network_fatal: Collection[str] = frozenset()
+    # node -> its remedies and faults: the escalation ladder's history (service/nodes/ladder.py).
+    ladders: Mapping[str, History] = field(default_factory=dict)
 
 
 # Decisions in these states did not (and will not) act: they count for neither cooldowns nor blast radius.
@@ -66,6 +71,7 @@ def build_context(
     gpu_resets: Mapping[tuple[str, str], Sequence[datetime]] | None = None,
     overruled: Mapping[str, str] | None = None,
     network_fatal: Collection[str] = frozenset(),
+    ladders: Mapping[str, History] | None = None,
 ) -> PolicyContext:
     """The guard rails' view of the past: blast radius, cooldowns; shared by the live path and the backtest."""
     active = [d for d in prior if d.state not in INACTIVE]
@@ -88,6 +94,7 @@ def build_context(
         gpu_resets=gpu_resets or {},
         overruled=overruled or {},
         network_fatal=network_fatal,
+        ladders=ladders or {},
     )
 
 
@@ -107,6 +114,7 @@ class DecisionPlan:
     guard_rails: dict[str, str] = field(default_factory=dict)
     gpu: int | None = None  # the GPU index, for reset_gpu
     gpu_pci: str | None = None  # for reset_gpu, its PCI bus id ("0000:3b:00.0") when the index is unknown
+    ladder: dict[str, Any] | None = None  # its rung on the escalation ladder, and why (service/decisions/ladder.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +140,17 @@ def decide(
         plan = _for_suspect(proposal, suspect, ctx, settings, budget, notes)
         if plan is None:
             continue
+        ladder.escalate(
+            plan,
+            suspect_reason=suspect.reason,
+            root_cause=proposal.root_cause,
+            history=ctx.ladders.get(suspect.node, History()),
+            now=ctx.now,
+            settings=settings,
+            budget=budget,
+            job_nodes=ctx.job_nodes,
+            evicted_last_hour=ctx.evicted_last_hour,
+        )
         if (plan.kind, plan.node) in ctx.already_decided:
             notes.append(Skipped(plan.node, "already_decided", f"{plan.kind} {plan.node} already decided"))
             continue

@@ -65,6 +65,11 @@ class DecisionOut(BaseModel):
     outcome: str | None = None
     outcome_message: str | None = None
     actor: str | None = None
+    shared_incident_id: int | None = Field(
+        default=None,
+        description="For a cordon decided for a shared component (a switch, a driver version...): its shared incident "
+        "(GET /api/v1/shared-incidents/{id}); null otherwise.",
+    )
 
 
 class DecisionPage(BaseModel):

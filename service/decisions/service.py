@@ -12,6 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from ml.demarcation import IncidentProposal
+from service.breaker import service as breaker
 from service.config import Settings
 from service.decisions import rejects
 from service.decisions.policy import (
@@ -29,6 +30,7 @@ from service.fleet import stages as repair_stages
 from service.gpu_names import by_address, kernel_pci, name_gpus
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Gpu, Incident, Job, Node, Rank
+from service.nodes import ladder as node_ladder
 from service.pagination import decode_cursor, encode_cursor
 from service.schemas import Joined
 
@@ -59,6 +61,7 @@ def decide_incident(
     plans = [p for p in plans if p.node not in skip_nodes]
     if not plans:
         return []
+    _through_breaker(session, plans, now=now, settings=settings)
     node_ids = dict(
         session.execute(select(Node.name, Node.id).where(Node.name.in_({p.node for p in plans if p.node}))).all()
     )
@@ -90,6 +93,7 @@ def decide_incident(
                 "blame": proposal.blame,
                 "guard_rails": plan.guard_rails,
                 "findings": [chain[i] for i in plan.finding_ids[:_MAX_CHAIN_FINDINGS] if i in chain],
+                **({"ladder": plan.ladder} if plan.ladder else {}),
             },
             "expires_at": now + timedelta(seconds=settings.decision_ttl_s),
         }
@@ -101,6 +105,18 @@ def decide_incident(
     if stored and incident.state == "open":
         incident.state = "mitigating"
     return stored
+
+
+def _through_breaker(session: Session, plans: list[DecisionPlan], *, now: datetime, settings: Settings) -> None:
+    """The fleet circuit breaker's word on the plans about to go to schedulers (service/breaker/): one that would
+    take too much of the fleet out waits for a person instead, with the breaker named among its guard rails."""
+    going = [p for p in plans if p.state == "pending" and p.node]
+    words = breaker.admit(session, candidates=[(p.kind, p.node or "") for p in going], now=now, settings=settings)
+    for plan, word in zip(going, words, strict=True):
+        if word.rail:
+            plan.guard_rails[breaker.RAIL] = word.rail
+        if not word.admitted:
+            plan.state = "awaiting_approval"
 
 
 def rejoined_after_eviction(session: Session, *, nodes: Collection[str]) -> dict[str, tuple[datetime, datetime]]:
@@ -185,6 +201,9 @@ def _context(
         gpu_indexes=gpu_indexes,
         gpu_resets=gpu_resets,
         overruled=rejects.overruled(session, proposal=proposal, now=now, settings=settings),
+        ladders=node_ladder.histories(session, names=[s.node for s in proposal.suspects], now=now, settings=settings)
+        if settings.policy_ladder_enabled
+        else None,
     )
 
 

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from ml import demarcation
 from ml.findings import Finding
+from service.bundles import service as bundles
 from service.checks.service import DETECTOR as CHECKS_DETECTOR
 from service.config import Settings
 from service.decisions import service as decisions
@@ -36,6 +37,8 @@ from service.models import Decision, Incident, Job, Node, Silence
 from service.models import Finding as FindingRow
 from service.nodes import lifecycle as node_lifecycle
 from service.notify import service as notify
+from service.nvlink import service as nvlink
+from service.shared_causes import service as shared_causes
 from service.silences import service as silences
 
 log = logging.getLogger(__name__)
@@ -196,9 +199,23 @@ def _decide(
     """Store the pass's findings, group the open ones into incidents, decide, and ask for stacks."""
     fresh = store_findings(session, job=job, findings=findings, now=now)
     result.new_findings = len(fresh)
+    # A failing NVLink domain (GB200 NVL72) is decided for the whole domain, before its trays' NVLink findings
+    # could be decided one tray at a time (they are then explained by the domain's shared incident).
+    nvlink.check_nodes(
+        session,
+        node_names={f.node for f in findings if f.node and f.category in nvlink.CATEGORIES},
+        now=now,
+        settings=settings,
+    )
+    if fresh:
+        # Findings on several nodes that share a switch, rack, driver or mount: one shared incident decides for the
+        # component (its members cordoned), before the nodes are decided one by one (service/shared_causes/).
+        result.decisions += [d.id for d in shared_causes.detect_and_decide(session, now=now, settings=settings)]
 
     open_findings, checked = _without_check_results(_open_findings(session, job=job, now=now))
     open_findings = _late_to_their_incidents(session, job=job, open_findings=open_findings, now=now)
+    open_findings = _not_shared(session, job=job, open_findings=open_findings, now=now)
+    open_findings = _nvlink_settled(session, open_findings=open_findings, now=now, settings=settings)
     proposals = demarcation.demarcate(
         [(fid, f) for fid, f, _ in open_findings], earlier_faults=_earlier_faults(session, job=job, now=now)
     )
@@ -231,6 +248,22 @@ def _decide(
     result.recheck_in_s = ask_recheck
 
 
+def _nvlink_settled(
+    session: Session, *, open_findings: list[tuple[int, Finding, FindingRow]], now: datetime, settings: Settings
+) -> list[tuple[int, Finding, FindingRow]]:
+    """Without the NVLink findings of NVLink-domain trays still settling (service/nvlink/service.py `settling`):
+    they open an incident a few seconds later, or never, when their domain's incident explains them."""
+    loose = [(f.node, f.category, row.created_at) for _, f, row in open_findings if f.node and row.incident_id is None]
+    held = nvlink.settling(session, findings=loose, now=now, settings=settings)
+    if not held:
+        return open_findings
+    return [
+        (fid, f, row)
+        for fid, f, row in open_findings
+        if row.incident_id is not None or f.category != "nvlink" or f.node not in held
+    ]
+
+
 def _act(
     session: Session,
     *,
@@ -243,7 +276,18 @@ def _act(
     settings: Settings,
 ) -> list[int]:
     """Decide an incident and tell people, unless a maintenance window covers it; mark its suspects."""
-    suspects = [s.node for s in proposal.suspects if s.node]
+    # A suspect whose finding a shared incident explains (its switch is down) gets no decision of its own, and is not
+    # accused: the component is to blame. Its evidence of another category (its own Xid) is another incident.
+    spans = shared_causes.explained_members(session, now=now)
+    explained = {
+        s.node
+        for s in proposal.suspects
+        if s.node
+        and shared_causes.is_explained(spans, node=s.node, category=proposal.root_cause, observed_at=now, evidence=None)
+    }
+    suspects = [s.node for s in proposal.suspects if s.node and s.node not in explained]
+    if explained and not suspects:
+        return []
     job_silence = silences.covering(active_silences, job=job.external_id, nodes=())
     node_silences = silences.covered_nodes(active_silences, nodes=suspects, job=job.external_id)
     if job_silence is not None or (suspects and set(suspects) <= set(node_silences)):
@@ -261,14 +305,19 @@ def _act(
         proposal=proposal,
         now=now,
         settings=settings,
-        skip_nodes=set(node_silences),
+        skip_nodes=set(node_silences) | set(explained),
     )
     if made:
         notify.record_incident_event(session, incident=incident, event="decided", decisions=made, now=now)
+        # Before the node leaves (wiped, rebooted, shipped): its agent collects an evidence bundle.
+        bundles.request_for(session, decisions=made, now=now, settings=settings)
     accused = [
         s.node
         for s in proposal.suspects
-        if s.node and s.node not in node_silences and s.confidence >= settings.policy_diagnose_min_confidence
+        if s.node
+        and s.node not in node_silences
+        and s.node not in explained
+        and s.confidence >= settings.policy_diagnose_min_confidence
     ]
     if accused and proposal.blame != "user_code":
         node_lifecycle.mark_suspects(session, incident=incident, names=accused, now=now, settings=settings)
@@ -440,6 +489,29 @@ def _late_to_their_incidents(
     for row_id, incident_id in late.items():
         session.execute(update(FindingRow).where(FindingRow.id == row_id).values(incident_id=incident_id))
     return [item for item in open_findings if item[0] not in late]
+
+
+def _not_shared(
+    session: Session, *, job: Job, open_findings: list[tuple[int, Finding, FindingRow]], now: datetime
+) -> list[tuple[int, Finding, FindingRow]]:
+    """The open findings less those a shared incident explains (a member's IB errors behind a failed switch, the
+    job's victims of it): the component is their incident, not the job (service/shared_causes/)."""
+    explained = shared_causes.explained_members(session, now=now)
+    if not explained:
+        return open_findings
+    job_nodes = set(windows.node_names(session, node_ids=jobs.node_ids(session, job=job)).values())
+    return [
+        item
+        for item in open_findings
+        if not shared_causes.is_explained(
+            explained,
+            node=item[1].node,
+            category=item[1].category,
+            observed_at=item[1].observed_at,
+            evidence=item[1].evidence,
+            job_nodes=job_nodes,
+        )
+    ]
 
 
 def _without_check_results(

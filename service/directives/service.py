@@ -56,14 +56,17 @@ def request_stack_dump(
 def active_by_job(session: Session) -> dict[str, list[dict[str, Any]]]:
     """Unexpired directives as ingest answers carry them, keyed by the job's external id."""
     rows = session.execute(
-        select(Directive.id, Directive.kind, Job.external_id)
+        select(Directive.id, Directive.kind, Job.external_id, Directive.reason, Directive.params)
         .join(Job, Job.id == Directive.job_id)
         .where(Directive.expires_at > datetime.now(UTC))
         .order_by(Directive.created_at)
     )
     out: dict[str, list[dict[str, Any]]] = {}
-    for directive_id, kind, job_id in rows:
-        out.setdefault(job_id, []).append({"id": str(directive_id), "kind": kind, "job_id": job_id})
+    for directive_id, kind, job_id, reason, params in rows:
+        item = {"id": str(directive_id), "kind": kind, "job_id": job_id}
+        if kind == "checkpoint":  # the training side needs to know why and by when (service/planned/)
+            item |= {"reason": reason, "deadline": (params or {}).get("deadline")}
+        out.setdefault(job_id, []).append(item)
     return out
 
 

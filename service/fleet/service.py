@@ -18,6 +18,7 @@ from ml.repair_times import BACK, DecisionRow, IncidentTimes
 from service.errors import Conflict, NotFound
 from service.fleet.stages import OUT_OF_SERVICE, TAKEN_OUT
 from service.models import Decision, Finding, Incident, Job, Node, NodeEvent, Rank
+from service.models.planned import not_planned
 
 
 def _counted(since: datetime, now: datetime) -> Select[tuple[int]]:
@@ -26,6 +27,8 @@ def _counted(since: datetime, now: datetime) -> Select[tuple[int]]:
         Incident.opened_at >= since,
         Incident.opened_at <= now,
         func.coalesce(Incident.resolution, "").not_like("merged%"),
+        # A planned maintenance window's node going down is no failure (service/planned/).
+        not_planned(Incident.silence_id),
     )
 
 

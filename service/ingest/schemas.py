@@ -22,11 +22,34 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class GpuFabric(_In):
+    """The GPU's NVLink fabric, from NVML's fabric info (GB200 NVL72 and other multi-node NVLink systems)."""
+
+    cluster_uuid: str | None = Field(
+        default=None, max_length=64, description="The fabric cluster: the NVLink domain (one per NVL72 rack)."
+    )
+    clique_id: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = Field(
+        default=None, description="The clique: the GPUs of the domain this GPU reaches over NVLink."
+    )
+    state: str | None = Field(
+        default=None, max_length=32, description="Its registration: not_started, in_progress or completed."
+    )
+    status: int | None = Field(default=None, description="The registration's NVML return code (0: success).")
+    health: str | None = Field(
+        default=None, max_length=32, description="The driver's health summary: healthy, unhealthy, limited_capacity."
+    )
+    degraded_bw: bool | None = Field(default=None, description="Whether the fabric runs with degraded bandwidth.")
+    gfm: str | None = Field(
+        default=None, max_length=32, description="The global fabric manager's link: connected or disconnected."
+    )
+
+
 class GpuInfo(_In):
     index: Annotated[int, Field(ge=0, le=1023)]
     uuid: str | None = None
     pci_bus_id: str | None = None
     model: str | None = None
+    fabric: GpuFabric | None = Field(default=None, description="Its NVLink fabric, on multi-node NVLink GPUs only.")
 
 
 class HostFacts(_In):
@@ -35,7 +58,19 @@ class HostFacts(_In):
     driver_version: str | None = Field(default=None, max_length=100)
     kernel: str | None = Field(default=None, max_length=200)
     rdma: bool | None = Field(default=None, description="Whether the node has any RDMA (InfiniBand/RoCE) device.")
+    fabric_manager: str | None = Field(
+        default=None, max_length=32, description="The fabric manager on an NVSwitch host: running or stopped."
+    )
     ports: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=256)] = Field(default_factory=list)
+    firmware_version: str | None = Field(
+        default=None, max_length=100, description="The GPUs' video BIOS version (the most common one on the node)."
+    )
+    rack: str | None = Field(default=None, max_length=128, description="The rack, as the operator labels the node.")
+    switch: str | None = Field(default=None, max_length=128, description="The leaf switch the node's NICs reach.")
+    power_domain: str | None = Field(default=None, max_length=128, description="The power feed or PDU it hangs on.")
+    storage_mounts: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=32)] = Field(
+        default_factory=list, description="The shared storage mounts the node's jobs read."
+    )
 
 
 class Heartbeat(_In):
@@ -179,7 +214,7 @@ class Directive(BaseModel):
     """Something the service asks the agent to do now."""
 
     id: str
-    kind: Literal["dump_stacks", "run_checks"]
+    kind: Literal["dump_stacks", "run_checks", "bundle", "checkpoint"]
     job_id: str | None = None
     level: int | None = Field(default=None, description="run_checks: 1 seconds, 2 minutes, 3 long.")
     force: bool | None = Field(default=None, description="run_checks: run even while a job's ranks run.")
@@ -187,7 +222,17 @@ class Directive(BaseModel):
         default=None, description="run_checks level 3: {addr, port, node_rank} of the cross-node all-reduce."
     )
     only: list[str] | None = Field(default=None, description="run_checks: just these checks (a peer's all-reduce).")
-    decision_id: int | None = Field(default=None, description="run_checks: the diagnose decision it answers.")
+    decision_id: int | None = Field(
+        default=None, description="run_checks: the diagnose decision it answers; bundle: the decision that asked."
+    )
+    max_bytes: int | None = Field(
+        default=None, description="bundle: the largest tar.gz the service takes (PUT /api/v1/nodes/{node}/bundles/{id})"
+    )
+    timeout_s: float | None = Field(default=None, description="bundle: seconds the collection may take in all.")
+    reason: str | None = Field(default=None, description="checkpoint: why (the planned maintenance window).")
+    deadline: str | None = Field(
+        default=None, description="checkpoint: save before this time (ISO 8601), when the node goes down."
+    )
 
 
 class IngestResult(BaseModel):

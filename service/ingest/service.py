@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from ml.metrics import FIELD_TO_COLUMN
 from service.checks import loop as checks_loop
 from service.config import get_settings
-from service.ingest import attribution
+from service.ingest import attribution, fabric, inventory
 from service.ingest.attribution import Attribution
 from service.ingest.schemas import IngestBatch, MetricSample, Workload
 from service.models import METRIC_COPY_TYPES, METRIC_SAMPLE_COLUMNS, NODE_COPY_TYPES, NODE_SAMPLE_COLUMNS
@@ -139,6 +139,8 @@ def store_batches(session: Session, *, batches: list[IngestBatch], cache: Upsert
         _copy_processes(conn, fresh, keys)
         _upsert_ranks(conn, fresh, keys, cache)
         _upsert_gpus(conn, fresh, keys, cache)
+        fabric.record(conn, fresh, keys.nodes, cache)  # after the GPU rows it updates
+        inventory.record(conn, fresh, keys.nodes, cache)  # the node's place and versions as labels
         _record_columns(conn, fresh, keys, cache)  # in key order: the lock order above holds
         _record_unknown_lines(conn, fresh, keys)  # last, in key order too
         _record_checks(session, fresh, keys)

@@ -25,6 +25,7 @@ from service.jobs.schemas import (
     StallOut,
 )
 from service.models import Incident, Job, LogEvent
+from service.models.planned import not_planned
 from service.observability import JOB_ETTR
 
 # Step lines of one stream read back, the newest: a day of a step a second fits.
@@ -124,7 +125,8 @@ def incident_spans(session: Session, *, job: Job) -> list[ettr.IncidentSpan]:
     # Read here, not through service.incidents: incidents import jobs.
     rows = session.execute(
         select(Incident.id, Incident.opened_at, Incident.resolved_at, Incident.resolution)
-        .where(Incident.job_id == job.id)
+        # A planned maintenance window's node going down is no failure of the job's (service/planned/).
+        .where(Incident.job_id == job.id, not_planned(Incident.silence_id))
         .order_by(Incident.id)
     ).all()
     return [ettr.IncidentSpan(i, opened, resolved) for i, opened, resolved, why in rows if counts_against_ettr(why)]

@@ -162,6 +162,11 @@ class JobOut(BaseModel):
     scheduler_job_id: str | None = None
     nodes: list[str]
     ranks: list[RankOut]
+    nvlink_domains: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="NVLink domain (fabric cluster UUID) -> the job's nodes in it, for nodes in one (GB200 NVL72); "
+        "GET /api/v1/nvlink-domains/{uuid} says whether it is healthy.",
+    )
 
 
 # --- ETTR (ml/ettr.py has the definitions) -------------------------------------------------------------------

@@ -107,9 +107,30 @@ def describe(session: Session, *, job: Job) -> JobOut:
         else None
     )
     pods = PodSelector(namespace=job.pods_namespace, prefix=job.pods_prefix) if job.pods_namespace else None
+    nodes = sorted({r.node for r in ranks})
     return JobOut.model_validate(
-        Joined(job, parallelism=parallelism, pods=pods, nodes=sorted({r.node for r in ranks}), ranks=ranks)
+        Joined(
+            job,
+            parallelism=parallelism,
+            pods=pods,
+            nodes=nodes,
+            ranks=ranks,
+            nvlink_domains=_nvlink_domains(session, nodes=nodes),
+        )
     )
+
+
+def _nvlink_domains(session: Session, *, nodes: list[str]) -> dict[str, list[str]]:
+    """NVLink domain -> the job's nodes in it, from the labels their heartbeats keep (service/ingest/fabric.py)."""
+    if not nodes:
+        return {}
+    domain = Node.labels["nvlink_domain"].astext
+    out: dict[str, list[str]] = {}
+    for name, cluster in session.execute(
+        select(Node.name, domain).where(Node.name.in_(nodes), domain.is_not(None)).order_by(Node.name)
+    ):
+        out.setdefault(cluster, []).append(name)
+    return out
 
 
 def nodes_running(job_id: int | ColumnElement[int]) -> CompoundSelect[int]:

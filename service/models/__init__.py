@@ -2,12 +2,16 @@
 
 from service.models.auth import AgentEnrolment, ApiToken, UiSession
 from service.models.base import Base
+from service.models.breaker import BreakerEvent, FleetBreaker
+from service.models.bundles import EvidenceBundle
 from service.models.checks import CheckResult
 from service.models.diagnosis import Decision, Finding, Incident
 from service.models.directives import Directive
 from service.models.jobs import Job, Rank
 from service.models.nodes import Gpu, Node, NodeEvent
 from service.models.notify import NotificationChannel, NotificationDelivery
+from service.models.planned import MaintenanceWindow
+from service.models.shared_causes import SharedIncident
 from service.models.signals import (
     METRIC_COPY_TYPES,
     METRIC_SAMPLE_COLUMNS,
@@ -33,21 +37,26 @@ __all__ = [
     "AgentEnrolment",
     "ApiToken",
     "Base",
+    "BreakerEvent",
     "CheckResult",
     "Decision",
     "DetectorState",
     "Directive",
+    "EvidenceBundle",
     "Finding",
+    "FleetBreaker",
     "Gpu",
     "Incident",
     "Job",
     "LogEvent",
+    "MaintenanceWindow",
     "Node",
     "NodeEvent",
     "NotificationChannel",
     "NotificationDelivery",
     "ProcessSnapshot",
     "Rank",
+    "SharedIncident",
     "Silence",
     "StackDump",
     "UiSession",

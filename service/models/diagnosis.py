@@ -155,6 +155,15 @@ class Decision(Base):
             "created_at",
             postgresql_where=text("kind = 'reset_gpu'"),
         ),
+        # One cordon per shared incident and node.
+        Index(
+            "uq_decisions_shared_incident_kind_node",
+            "shared_incident_id",
+            "kind",
+            "node_id",
+            unique=True,
+            postgresql_where=text("shared_incident_id IS NOT NULL"),
+        ),
         # The expiry sweep reads only pending decisions.
         Index("ix_decisions_expires_at_pending", "expires_at", postgresql_where=text("state = 'pending'")),
     )
@@ -182,3 +191,6 @@ class Decision(Base):
     outcome: Mapped[str | None] = mapped_column(Text)
     outcome_message: Mapped[str | None] = mapped_column(Text)
     actor: Mapped[str | None] = mapped_column(Text)
+    # A cordon decided for a shared component (a switch, a driver version...): its shared incident
+    # (service/shared_causes/); incident_id is then null.
+    shared_incident_id: Mapped[int | None] = mapped_column(ForeignKey("shared_incidents.id", ondelete="CASCADE"))

@@ -13,7 +13,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, created_at_column, in_check
 
-DIRECTIVE_KINDS = ("dump_stacks", "run_checks")
+# checkpoint: a planned maintenance window is near; the job should save a checkpoint (service/planned/).
+# bundle: a decision is about to take the node out; its agent uploads an evidence bundle (service/bundles/).
+DIRECTIVE_KINDS = ("dump_stacks", "run_checks", "checkpoint", "bundle")
 
 
 class Directive(Base):
@@ -25,7 +27,7 @@ class Directive(Base):
         CheckConstraint(in_check("kind", DIRECTIVE_KINDS), name="kind"),
         Index("ix_directives_expires_at", "expires_at"),
         Index("ix_directives_job_id", "job_id"),
-        # A job's directives go to its agents (dump_stacks); a node's to its agent alone (run_checks).
+        # A job's directives go to its agents (dump_stacks); a node's to its agent alone (run_checks, bundle).
         CheckConstraint("(job_id IS NULL) <> (node_id IS NULL)", name="target"),
         Index("ix_directives_node_id", "node_id", postgresql_where=text("node_id IS NOT NULL")),
     )

@@ -16,6 +16,9 @@ INCIDENT_EVENTS = ("opened", "decided", "resolved")
 # About a machine rather than an incident: a scheduler put work on a node faultline held out of service, before its
 # return gate passed (service/nodes/returns.py).
 NODE_EVENTS = ("node_before_gate",)
+# About the fleet rather than one incident or node: a shared cause (a switch, a driver version...) opened
+# (service/shared_causes/); the fleet circuit breaker tripped (service/breaker/).
+FLEET_EVENTS = ("shared_cause", "breaker_tripped")
 # sending: claimed by a worker and committed before the POST, so a worker that dies mid-send never
 # leaves a row another worker would post again.
 DELIVERY_STATES = ("pending", "sending", "sent", "failed")

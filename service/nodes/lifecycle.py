@@ -30,6 +30,7 @@ from service.config import Settings
 from service.errors import Conflict
 from service.fleet import stages as repair_stages
 from service.models import Decision, Finding, Incident, Node, NodeEvent
+from service.nodes import ladder
 
 SYSTEM_ACTOR = "faultline"
 # States a node is out of service in (quarantined): a scheduler must not place work there, and it runs no job.
@@ -222,6 +223,7 @@ def on_acknowledged(session: Session, *, decision: Decision, node: Node, now: da
         # The state shows why it is out (the decision's reason, its GPU); what the scheduler did is in the details.
         reason = decision.reason
         details = {"gpus": _evicted_gpus(session, decision), "scheduler": decision.outcome_message}
+        ladder.mark_rma(node, decision=decision, now=now)  # the ladder's top rung: out for a vendor replacement
     record(
         session,
         node=node,

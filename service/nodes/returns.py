@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.breaker import service as breaker
 from service.config import Settings
 from service.errors import Conflict
 from service.models import Decision, Job, Node, NodeEvent, ProcessSnapshot
@@ -262,6 +263,10 @@ def gate_failed(
         mode = "shadow"
     elif settings.policy_mode == "approval" or "evict" in settings.policy_approval_required_for:
         mode = "awaiting_approval"
+    else:  # the fleet circuit breaker may hold it for a person (service/breaker/)
+        word = breaker.admit(session, candidates=[("evict", node.name)], now=now, settings=settings)[0]
+        mode = "pending" if word.admitted else "awaiting_approval"
+        evidence = {**evidence, "guard_rails": {breaker.RAIL: word.rail}} if word.rail else evidence
     decision = Decision(
         node_id=node.id,
         job_id=node.current_job_id,

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from service.deps import DbSession
 from service.errors import ErrorBody, InvalidInput
 from service.models.nodes import NODE_STATES
-from service.nodes import returns, service
-from service.nodes.schemas import CordonIn, NodeDetail, NodePage, ReturnIn
+from service.nodes import ladder, returns, service
+from service.nodes.schemas import CordonIn, LadderOut, NodeDetail, NodePage, ReturnIn
 from service.params import Cursor
 from service.security import Principal, require_scope
 
@@ -44,6 +44,13 @@ def list_nodes(
 def get_node(name: str, session: DbSession, _: Reader) -> NodeDetail:
     """State, GPUs, the open incidents that accuse it, and its history across jobs."""
     return service.describe(session, name=name)
+
+
+@router.get("/{name}/ladder", response_model=LadderOut, responses=_NOT_FOUND)
+def get_node_ladder(name: str, request: Request, session: DbSession, _: Reader) -> LadderOut:
+    """Its escalation ladder: each remedy (restart, GPU reset, reboot, repair, RMA), whether it held, the current
+    rung, its RMA mark, and the thresholds in force."""
+    return ladder.view(session, name=name, now=datetime.now(UTC), settings=request.app.state.settings)
 
 
 @router.post("/{name}/cordon", response_model=NodeDetail, responses={**_NOT_FOUND, **_CONFLICT})

@@ -48,6 +48,12 @@ class NodeOut(BaseModel):
     last_seen_at: datetime | None
     current_job: str | None
     gpus: int
+    nvlink_domain: str | None = Field(
+        default=None,
+        description="The NVLink domain its GPUs are in (the fabric cluster UUID; GB200 NVL72: its rack); "
+        "GET /api/v1/nvlink-domains/{uuid} says whether it is healthy.",
+    )
+    nvlink_clique: str | None = Field(default=None, description="Its GPUs' NVLink clique within the domain.")
 
 
 class NodePage(BaseModel):
@@ -65,6 +71,11 @@ class GpuOut(BaseModel):
     model: str | None
     pci_bus_id: str | None
     last_seen_at: datetime | None
+    fabric_cluster_uuid: str | None = Field(default=None, description="Its NVLink domain (NVML fabric info).")
+    fabric_clique_id: int | None = None
+    fabric_state: str | None = Field(default=None, description="not_started, in_progress or completed.")
+    fabric_health: str | None = Field(default=None, description="healthy, unhealthy or limited_capacity.")
+    fabric_degraded_bw: bool | None = None
 
 
 class NodeIncidentOut(BaseModel):
@@ -161,3 +172,73 @@ class ReturnIn(BaseModel):
         default=None, description="Required for a lemon, or for every node if the service is set so."
     )
     force: bool = Field(default=False, description="Return before the quarantine ends; recorded in the history.")
+
+
+class LadderStepOut(BaseModel):
+    """One remedy on a node's escalation ladder."""
+
+    decision_id: int | None
+    kind: str = Field(description="The decision's kind: restart, reset_gpu or evict.")
+    rung: str = Field(description="restart, reset_gpu, reboot, repair or rma.")
+    rung_number: int = Field(description="1 (restart) to 5 (rma).")
+    at: datetime = Field(description="When it was decided.")
+    family: str = Field(description="The root cause it was for (gpu_hardware, nvlink, ...).")
+    state: str
+    held: bool | None = Field(
+        description="False: the node faulted again with the same family within the hold time; true: it did not; "
+        "null: too early to tell."
+    )
+    failed_at: datetime | None = Field(description="The fault that showed it did not hold.")
+    outcome: str
+    reason: str | None
+
+
+class LadderOut(BaseModel):
+    """A node's escalation ladder: restart -> reset_gpu -> reboot -> repair -> rma."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "node": "gpu-node-017",
+                    "rung": "reboot",
+                    "rung_number": 3,
+                    "rungs": ["restart", "reset_gpu", "reboot", "repair", "rma"],
+                    "steps": [
+                        {
+                            "decision_id": 41,
+                            "kind": "reset_gpu",
+                            "rung": "reset_gpu",
+                            "rung_number": 2,
+                            "at": "2026-11-29T08:00:00Z",
+                            "family": "gpu_hardware",
+                            "state": "done",
+                            "held": False,
+                            "failed_at": "2026-11-29T10:00:00Z",
+                            "outcome": "done",
+                            "reason": "reset GPU 3 on gpu-node-017: Xid 119 (GSP RPC timeout)",
+                        }
+                    ],
+                    "rma_at": None,
+                    "rma_reason": None,
+                    "thresholds": {
+                        "hold_s": 86400.0,
+                        "settle_s": 120.0,
+                        "fatal_count": 3.0,
+                        "fatal_window_s": 86400.0,
+                        "rma_count": 4.0,
+                        "rma_window_s": 604800.0,
+                    },
+                }
+            ]
+        }
+    )
+
+    node: str
+    rung: str | None = Field(description="Its last remedy's rung, until that one held (then null: the foot).")
+    rung_number: int | None
+    rungs: list[str]
+    steps: list[LadderStepOut] = Field(description="Its remedies within the ladder's reach, oldest first.")
+    rma_at: datetime | None = Field(description="When it went out for a vendor replacement (RMA), if it did.")
+    rma_reason: str | None
+    thresholds: dict[str, float]

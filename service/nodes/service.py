@@ -64,8 +64,14 @@ def list_nodes(
     if cursor:
         query = query.where(Node.id > decode_cursor(cursor))
     rows = session.execute(query).all()
-    items = [NodeOut.model_validate(Joined(n, current_job=j, gpus=g)) for n, j, g in rows[:limit]]
+    items = [NodeOut.model_validate(Joined(n, current_job=j, gpus=g, **_nvlink(n))) for n, j, g in rows[:limit]]
     return NodePage(items=items, next_cursor=encode_cursor(rows[limit - 1][0].id) if len(rows) > limit else None)
+
+
+def _nvlink(node: Node) -> dict[str, str | None]:
+    """Its NVLink domain and clique, from the labels its heartbeats keep (service/ingest/fabric.py)."""
+    labels = node.labels or {}
+    return {"nvlink_domain": labels.get("nvlink_domain"), "nvlink_clique": labels.get("nvlink_clique")}
 
 
 def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDetail:
@@ -109,6 +115,7 @@ def describe(session: Session, *, name: str, history_limit: int = 100) -> NodeDe
             current_job=current_job,
             gpus=len(gpus),
             gpu_list=gpus,
+            **_nvlink(node),
             open_incidents=[
                 NodeIncidentOut.model_validate(
                     Joined(

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import case, func, select
+from sqlalchemy import Row, case, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -15,7 +15,7 @@ from service.config import Settings, get_settings
 from service.db import enqueue_after_commit
 from service.errors import Conflict, InvalidInput, NotFound
 from service.models import Decision, Incident, Job, Node, NotificationChannel, NotificationDelivery
-from service.models.notify import INCIDENT_EVENTS, NODE_EVENTS
+from service.models.notify import FLEET_EVENTS, INCIDENT_EVENTS, NODE_EVENTS
 from service.notify import formats, outbound, sender
 from service.notify.schemas import (
     ChannelIn,
@@ -65,28 +65,8 @@ def record_incident_event(
     )
     payload = snapshot(session, incident=incident, event=event, decisions=decisions, now=now, settings=get_settings())
     payload["event_key"] = event_key
-    written = session.scalars(
-        insert(NotificationDelivery)
-        .values(
-            [
-                {
-                    "channel_id": channel_id,
-                    "event_key": event_key,
-                    "event": event,
-                    "incident_id": incident.id,
-                    "decision_id": decision_id,
-                    "payload": payload,
-                    "next_attempt_at": now + timedelta(seconds=group_wait_s),
-                }
-                for channel_id, group_wait_s in channels
-            ]
-        )
-        .on_conflict_do_nothing(index_elements=["channel_id", "event_key"])
-        .returning(NotificationDelivery.id)
-    ).all()
-    if written:
-        _enqueue_send(session, countdown=min(group_wait_s for _, group_wait_s in channels) + _SEND_SLACK_S)
-    return len(written)
+    links = {"incident_id": incident.id, "decision_id": decision_id}
+    return _queue(session, channels, event=event, event_key=event_key, payload=payload, now=now, **links)
 
 
 def record_node_event(
@@ -111,6 +91,43 @@ def record_node_event(
         "node": node.name,
         "url": f"{get_settings().public_url.rstrip('/')}/nodes/{node.name}",
     }
+    return _queue(session, channels, event=event, event_key=event_key, payload=body, now=now)
+
+
+def record_fleet_event(
+    session: Session, *, event: str, key: str, payload: dict[str, Any], path: str, now: datetime
+) -> int:
+    """Queue a chat message about the fleet (a shared cause) on every enabled channel, once per (event, key,
+    channel); `path` is the UI page it links to. Returns the rows written."""
+    if event not in FLEET_EVENTS:
+        raise ValueError(f"unknown fleet event {event!r}; expected one of {', '.join(FLEET_EVENTS)}")
+    channels = session.execute(
+        select(NotificationChannel.id, NotificationChannel.group_wait_s).where(NotificationChannel.enabled)
+    ).all()
+    if not channels:
+        return 0
+    event_key = f"fleet:{event}:{key}"
+    body = {
+        **payload,
+        "event": event,
+        "event_key": event_key,
+        "time": now.isoformat(),
+        "url": f"{get_settings().public_url.rstrip('/')}{path}",
+    }
+    return _queue(session, channels, event=event, event_key=event_key, payload=body, now=now)
+
+
+def _queue(
+    session: Session,
+    channels: Sequence[Row[tuple[int, float]]],
+    *,
+    event: str,
+    event_key: str,
+    payload: dict[str, Any],
+    now: datetime,
+    **links: int | None,
+) -> int:
+    """One outbox row per channel (none where the channel already has `event_key`); the rows written."""
     written = session.scalars(
         insert(NotificationDelivery)
         .values(
@@ -119,8 +136,9 @@ def record_node_event(
                     "channel_id": channel_id,
                     "event_key": event_key,
                     "event": event,
-                    "payload": body,
+                    "payload": payload,
                     "next_attempt_at": now + timedelta(seconds=group_wait_s),
+                    **links,
                 }
                 for channel_id, group_wait_s in channels
             ]

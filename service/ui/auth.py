@@ -11,6 +11,7 @@ from urllib.parse import quote
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from service.breaker import service as breaker
 from service.config import Settings
 from service.db import session_scope
 from service.errors import FaultlineError, Forbidden
@@ -59,6 +60,8 @@ def _resolve(request: Request) -> Viewer | None:
     proxied = _proxied_user(request, settings)
     now = datetime.now(UTC)
     with session_scope(request.app.state.sessionmaker) as session:
+        # Every page shows a tripped fleet breaker (base.html's banner): read with the viewer, in one session.
+        request.state.breaker = breaker.tripped(session)
         viewer = sessions.lookup(session, key=key, now=now) if key else None
         if proxied is None or (viewer is not None and viewer.name == proxied and viewer.via_proxy):
             return viewer

@@ -102,6 +102,7 @@ def page(request: Request, template: str, context: dict[str, Any], *, status_cod
         template,
         {
             "viewer": getattr(request.state, "viewer", None),
+            "breaker": getattr(request.state, "breaker", None),
             "flash": flash.removeprefix("!") or None,
             "flash_refused": flash.startswith("!"),
             "now": datetime.now(UTC),

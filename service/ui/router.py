@@ -7,6 +7,8 @@ from starlette.staticfiles import StaticFiles
 
 from service.ui.render import STATIC_DIR
 from service.ui.routes import (
+    breaker,
+    bundles,
     channels,
     decisions,
     fleet,
@@ -15,6 +17,7 @@ from service.ui.routes import (
     jobs,
     nodes,
     overview,
+    shared_incidents,
     signin,
     silences,
     tokens,
@@ -29,4 +32,7 @@ def install(app: FastAPI, *, max_body_size: int) -> None:
     app.include_router(fleet.router, max_body_size=max_body_size)
     app.include_router(whatif.router, max_body_size=max_body_size)
     app.include_router(unknown_lines.router, max_body_size=max_body_size)
+    app.include_router(bundles.router, max_body_size=max_body_size)
+    app.include_router(breaker.router, max_body_size=max_body_size)
+    app.include_router(shared_incidents.router, max_body_size=max_body_size)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

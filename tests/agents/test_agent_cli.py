@@ -155,3 +155,28 @@ def test_no_processes_reports_no_training_process_even_with_one_running(tmp_path
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_node_labels_and_storage_mounts_reach_the_heartbeat(tmp_path: Path) -> None:
+    done = _agent(
+        "--dry-run", "--once", "--kmsg", "none", "--sysfs-root", str(paths.FIXTURES / "sysfs"),
+        "--procfs-root", str(paths.FIXTURES / "procfs"), "--node-label", "rack=r12", "--node-label", "switch=leaf-7",
+        "--volume", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    host = orjson.loads(done.stdout.splitlines()[0])["heartbeat"]["host"]
+    assert (host["rack"], host["switch"], "power_domain" in host) == ("r12", "leaf-7", False)
+    assert host["storage_mounts"] == [str(tmp_path)]  # the volumes, when no mount is named
+    assert host["firmware_version"] == "96.00.99.00.01"
+    # The environment's comma list; a key the service keeps no label for, or an empty value, is refused at start.
+    env = {**os.environ, "FAULTLINE_AGENT_NODE_LABELS": "rack=r1,power_domain=pdu-2"}
+    both = subprocess.run(
+        [sys.executable, "-m", "faultline", "agent", "--dry-run", "--once", "--kmsg", "none", "--storage-mount",
+         "/mnt/data", "--procfs-root", str(paths.FIXTURES / "procfs"), "--sysfs-root", str(paths.FIXTURES / "sysfs")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    host = orjson.loads(both.stdout.splitlines()[0])["heartbeat"]["host"]
+    assert (host["rack"], host["power_domain"], host["storage_mounts"]) == ("r1", "pdu-2", ["/mnt/data"])
+    for bad in ("row=7", "rack=", "rack"):
+        refused = _agent("--dry-run", "--once", "--kmsg", "none", "--node-label", bad)
+        assert refused.returncode == 2 and "node_labels" in refused.stderr, refused.stderr

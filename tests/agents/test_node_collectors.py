@@ -104,7 +104,9 @@ def test_every_name_and_subject_shipped_is_one_the_service_stores(tmp_path: Path
     assert facts == {
         "driver_version": "550.54.15",
         "kernel": "5.15.0-105-generic",
+        "firmware_version": "96.00.99.00.01",
         "rdma": True,
+        "fabric_manager": "running",
         "ports": [
             "ib:mlx5_0/1",
             "ib:mlx5_1/1",
@@ -307,7 +309,11 @@ def test_host_readings_from_the_fixture(tmp_path: Path) -> None:
     volume = items[f"vol:{tmp_path}"]
     st = os.statvfs(tmp_path)
     assert volume["disk_total_bytes"] == st.f_blocks * st.f_frsize and 0 <= volume["disk_free_pct"] <= 100
-    assert host.facts() == {"driver_version": "550.54.15", "kernel": "5.15.0-105-generic"}
+    assert host.facts() == {
+        "driver_version": "550.54.15",
+        "kernel": "5.15.0-105-generic",
+        "firmware_version": "96.00.99.00.01",
+    }
 
 
 def test_cpu_percentages_are_deltas_between_readings(tmp_path: Path) -> None:
@@ -343,7 +349,7 @@ def test_what_a_host_lacks_is_left_out_quietly(tmp_path: Path, caplog: pytest.Lo
         assert absent not in fields
     assert set(_by_subject(host.read(TS))) == {"host"}  # the missing volume is left out
     assert sum("watched volume" in r.message for r in caplog.records) == 1  # said once
-    assert host.facts() == {"driver_version": None, "kernel": None}
+    assert host.facts() == {"driver_version": None, "kernel": None, "firmware_version": None}
     assert HostCollector(tmp_path / "nothing", tmp_path / "nothing").read(TS) == [
         {"ts": TS, "subject": "host", "fields": {"nvidia_driver_loaded": 0}}
     ]
@@ -360,6 +366,37 @@ def test_fabric_manager_only_on_nvswitch_hosts_and_found_by_comm(tmp_path: Path)
     assert _by_subject(host.read(TS))["host"]["fabric_manager_running"] == 1
     shutil.rmtree(proc / "driver" / "nvidia-nvswitch")  # an HGX board without NVSwitches: no such reading
     assert "fabric_manager_running" not in _by_subject(host.read(TS))["host"]
+    assert host.fabric_manager_state() is None
+
+
+def test_fabric_manager_state_is_a_heartbeat_fact(tmp_path: Path) -> None:
+    proc = Path(shutil.copytree(PROCFS, tmp_path / "proc"))
+    node = NodeCollectors(sysfs_root=SYSFS, procfs_root=proc, volumes=[])
+    assert node.facts()["fabric_manager"] == "running"
+    shutil.rmtree(proc / "2871")  # the fabric manager died: the NVSwitches' routes are no longer managed
+    assert node.facts()["fabric_manager"] == "stopped"
+
+
+def test_location_versions_and_mounts_are_heartbeat_facts(tmp_path: Path) -> None:
+    node = NodeCollectors(
+        sysfs_root=SYSFS,
+        procfs_root=PROCFS,
+        volumes=[],
+        location={"rack": "r12", "switch": "leaf-7", "power_domain": "pdu-3"},
+        storage_mounts=["/mnt/datasets"],
+    )
+    facts = node.facts()
+    assert (facts["rack"], facts["switch"], facts["power_domain"]) == ("r12", "leaf-7", "pdu-3")
+    assert facts["storage_mounts"] == ["/mnt/datasets"]
+    # The GPUs' firmware: the most common video BIOS; one the driver cannot read ("??...") does not count.
+    proc = Path(shutil.copytree(PROCFS, tmp_path / "proc"))
+    gpus = proc / "driver" / "nvidia" / "gpus"
+    for pci, vbios in (("0000:3b:00.0", "96.00.74.00.0A"), ("0000:5d:00.0", "??.??.??.??.??"), ("0000:9a:00.0", "")):
+        (gpus / pci).mkdir()
+        (gpus / pci / "information").write_text(f"Model: \t\t NVIDIA H100 80GB HBM3\nVideo BIOS: \t {vbios}\n")
+    assert HostCollector(proc, SYSFS).vbios_version() == "96.00.99.00.01"
+    shutil.rmtree(gpus)
+    assert HostCollector(proc, SYSFS).facts()["firmware_version"] is None
 
 
 def test_mce_row_is_summed_over_cpus() -> None:

@@ -302,3 +302,16 @@ def test_a_port_flap_after_another_machines_fault_is_its_own_fault_and_congestio
     assert set(by_machine) == {("gpu_hardware", "node-005"), ("network", "node-002")}
     assert len(by_machine[("network", "node-002")].finding_ids) == len(flaps)
     assert len(flaps) + 1 in by_machine[("gpu_hardware", "node-005")].finding_ids  # the victim, as a symptom
+
+
+def test_link_errors_on_every_node_at_once_give_a_finite_peer_median() -> None:
+    # A switch down: every node's port errs, so the peers have no quiet reading to compare with. The evidence must
+    # still be JSON (a NaN median stopped the campaign's diagnosis pass when PostgreSQL refused it).
+    def errors(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if subject == "ib:mlx5_0/1":
+            acc["symbol_error"] += 30
+            row["symbol_error_max"] = float("nan") if i % 2 else acc["symbol_error"]
+
+    found = node_signals.detect(JOB, _frame(errors), now=NOW)
+    for f in found:
+        json.dumps(f.evidence, allow_nan=False)

@@ -18,6 +18,7 @@ from service.ingest.routes import PATH as INGEST_PATH
 from service.models.auth import SCOPES
 from tests.conftest import bearer
 
+BUNDLE_UPLOAD = "/api/v1/nodes/{node}/bundles/{bundle_id}"  # an agent's evidence bundle: like its batches
 AGENT = frozenset({"agent"})
 READ = frozenset({"scheduler", "operator", "admin"})
 OPERATOR = frozenset({"operator", "admin"})
@@ -37,6 +38,12 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/api/v1/stalled-jobs"): READ,
     ("POST", "/api/v1/jobs/{job_id}/stack-dumps"): OPERATOR,
     ("GET", "/api/v1/jobs/{job_id}/stack-dumps/{directive_id}"): READ,
+    # Evidence bundles: the node's agent uploads one per `bundle` directive; readers list and download them.
+    ("PUT", BUNDLE_UPLOAD): AGENT,
+    ("GET", "/api/v1/incidents/{incident_id}/bundles"): READ,
+    ("GET", "/api/v1/nodes/{node}/bundles"): READ,
+    ("GET", "/api/v1/bundles/{bundle_id}"): READ,
+    ("GET", "/api/v1/bundles/{bundle_id}/info"): READ,
     ("GET", "/api/v1/incidents"): READ,
     ("GET", "/api/v1/incidents/{incident_id}"): READ,
     ("GET", "/api/v1/incidents/{incident_id}/repair-times"): READ,
@@ -54,9 +61,18 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/api/v1/decisions/{decision_id}/override"): OPERATOR,
     ("GET", "/api/v1/nodes"): READ,
     ("GET", "/api/v1/nodes/{name}"): READ,
+    ("GET", "/api/v1/nodes/{name}/ladder"): READ,
+    ("GET", "/api/v1/nvlink-domains"): READ,
+    ("GET", "/api/v1/nvlink-domains/{cluster_uuid}"): READ,
+    ("GET", "/api/v1/shared-incidents"): READ,
+    ("GET", "/api/v1/shared-incidents/{incident_id}"): READ,
+    ("POST", "/api/v1/shared-incidents/{incident_id}/resolve"): OPERATOR,
     ("POST", "/api/v1/nodes/{name}/cordon"): OPERATOR,
     ("POST", "/api/v1/nodes/{name}/checks"): OPERATOR,
     ("GET", "/api/v1/nodes/{name}/checks"): READ,
+    # A job's preflight (agents/preflight/), run on the nodes with an agent's token: its results are data.
+    ("POST", "/api/v1/preflight"): frozenset({"agent", "admin"}),
+    ("GET", "/api/v1/preflight/criteria"): AGENT | READ,
     ("POST", "/api/v1/nodes/{name}/repair"): OPERATOR,
     # A person returns a node; a scheduler reports one it put back in service (service/nodes/returns.py).
     ("POST", "/api/v1/nodes/{name}/return"): READ,
@@ -64,6 +80,14 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/api/v1/silences/{silence_id}"): READ,
     ("POST", "/api/v1/silences"): OPERATOR,
     ("DELETE", "/api/v1/silences/{silence_id}"): OPERATOR,
+    # Planned maintenance windows (service/planned/): people announce and cancel; a node's agent reports its cloud's.
+    ("POST", "/api/v1/nodes/{name}/maintenance"): OPERATOR,
+    ("GET", "/api/v1/nodes/{name}/maintenance"): READ,
+    ("GET", "/api/v1/maintenance"): READ,
+    ("DELETE", "/api/v1/nodes/{name}/maintenance/{window_id}"): OPERATOR,
+    ("PUT", "/api/v1/nodes/{name}/maintenance/cloud"): AGENT,
+    ("GET", "/api/v1/breaker"): READ,
+    ("POST", "/api/v1/breaker/reset"): OPERATOR,
     # Chat channels hold webhook URLs (secrets): people only.
     ("POST", "/api/v1/channels"): OPERATOR,
     ("GET", "/api/v1/channels"): OPERATOR,
@@ -84,8 +108,10 @@ SCOPES_BY_ROUTE: dict[tuple[str, str], frozenset[str]] = {
 # Served without a token: probes and Prometheus scrapes.
 PUBLIC = {("GET", "/healthz"), ("GET", "/metrics")}
 # Endpoints an agent token reaches; and the one admin does not (agent data comes from agents).
-AGENT_ALLOWED = {("POST", INGEST_PATH), ("POST", "/api/v1/alertmanager")}
-NOT_FOR_ADMIN = {("POST", INGEST_PATH), ("POST", "/api/v1/tokens/enrol")}
+CLOUD_EVENTS = ("PUT", "/api/v1/nodes/{name}/maintenance/cloud")  # an agent's report of its cloud's scheduled events
+AGENT_ALLOWED = {("POST", INGEST_PATH), ("POST", "/api/v1/alertmanager"), ("PUT", BUNDLE_UPLOAD), CLOUD_EVENTS}
+AGENT_ALLOWED |= {("POST", "/api/v1/preflight"), ("GET", "/api/v1/preflight/criteria")}
+NOT_FOR_ADMIN = {("POST", INGEST_PATH), ("POST", "/api/v1/tokens/enrol"), ("PUT", BUNDLE_UPLOAD), CLOUD_EVENTS}
 # What a scheduler may change: its jobs and its acknowledgements. Everything else it only reads.
 SCHEDULER_WRITES = {
     ("POST", "/api/v1/jobs"),

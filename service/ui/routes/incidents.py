@@ -9,6 +9,7 @@ from fastapi import APIRouter, Form, Request
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from service.bundles import service as bundles
 from service.db import session_scope
 from service.deps import DbSession
 from service.errors import FaultlineError, NotFound
@@ -35,6 +36,7 @@ def incident(request: Request, incident_id: Id, session: DbSession, _: ViewerDep
     context = {"p": p, "i": p.incident, "gpus": p.gpus, "return_to": f"/incidents/{incident_id}"}
     diagnose = [d.id for d in p.decisions if d.kind == "diagnose"]
     context["checks"] = checks_view.incident_checks(session, diagnose_decisions=diagnose)
+    context["bundles"] = bundles.for_incident(session, incident_id=incident_id, now=datetime.now(UTC), known=True)
     return page(request, "incident.html", context)
 
 

@@ -12,11 +12,12 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from service.bundles import service as bundles
 from service.db import session_scope
 from service.deps import DbSession
 from service.errors import Conflict, FaultlineError, InvalidInput
 from service.models.nodes import NODE_STATES
-from service.nodes import history
+from service.nodes import history, ladder
 from service.nodes import service as nodes
 from service.nodes.schemas import CordonIn, NodeDetail, ReturnIn
 from service.ui.auth import FormViewer, ViewerDep
@@ -67,6 +68,8 @@ def node_detail(request: Request, name: str, session: DbSession, _: ViewerDep) -
     subjects = machine.machine_rows(session, name=name, now=now, window_s=view.COUNTERS_WINDOW_S)
     checks = checks_view.node_checks(session, name=name, now=now)
     context = {"v": v, "cells": [h for h, _ in view.COUNTER_CELLS], "subjects": subjects, "checks": checks}
+    context["bundles"] = bundles.for_node(session, node=name, now=now)
+    context["ladder"] = ladder.view(session, name=name, now=now, settings=request.app.state.settings)
     window_s = request.app.state.settings.node_repeat_window_s
     context |= {
         "repeats": history.repeat_failures(session, name=name, now=now, window_s=window_s),

@@ -16,6 +16,7 @@ from lab.evaluation.campaign_scoring import (
     JobProgress,
     NodeEnd,
     NodeNote,
+    SharedIncidentRow,
     checks_totals,
     format_table,
     judge,
@@ -307,3 +308,43 @@ def test_returns_their_gates_and_work_placed_before_a_gate_are_counted() -> None
     table = format_table(result)
     assert "work placed before its gate (node_before_gate notifications) 1" in table
     assert "nodes returning at the end 2 (1 without a gate pending)" in table
+
+
+def test_a_shared_cause_is_caught_by_its_members_cordons_and_scored_for_its_incidents() -> None:
+    members = ("n1", "n2", "n3")
+    switch = _fault(
+        0, "switch_down", None, 100.0, 200.0, members=members, component_kind="switch", component="leaf-0",
+        localizable=True,
+    )  # fmt: skip
+    driver = _fault(
+        1, "driver_rollout", None, 1000.0, 1100.0, members=members, component_kind="driver", component="570.86.10",
+        localizable=True,
+    )  # fmt: skip
+    lone = _fault(2, "gpu_lost", "n4", 2000.0, 2030.0)
+    decisions = [
+        *(DecisionRow(10 + k, "j", 105.0, "cordon", n) for k, n in enumerate(members)),
+        *(DecisionRow(20 + k, "j", 1005.0, "cordon", n) for k, n in enumerate(members)),
+        DecisionRow(30, "j", 1004.0, "evict", "n2"),  # a per-node eviction for the driver: a miss, no accusation
+        DecisionRow(31, "j", 1006.0, "evict", "n9"),  # a machine outside the component: an accusation
+        DecisionRow(40, "j", 2010.0, "evict", "n4"),
+    ]
+    shared = [
+        SharedIncidentRow(1, "j", 104.0, "switch", "leaf-0", members),
+        SharedIncidentRow(2, "j", 1004.0, "driver", "570.86.10", members),
+        SharedIncidentRow(3, "j", 1004.5, "rack", "rack-0", members),  # a second one for the same fault
+        SharedIncidentRow(4, "j", 5000.0, "switch", "leaf-3", ("n7", "n8", "n9")),  # no shared fault explains it
+    ]
+    verdicts, accusations = judge([switch, driver, lone], decisions)
+    assert [v.caught for v in verdicts] == [True, False, True]
+    assert verdicts[0].decision_s == 5.0 and verdicts[1].per_node == [30]
+    assert accusations == [31]
+    result = score([switch, driver, lone], decisions, [], [JobProgress("j", 9000.0, 8000.0)], shared=shared)
+    t = result["totals"]
+    assert (t["shared_faults"], t["shared_caught"], t["shared_incidents"]) == (2, 1, 4)
+    assert (t["shared_one_incident_each"], t["shared_component_named"]) == (1, 2)
+    assert (t["shared_per_node_decisions"], t["shared_false_incidents"]) == (1, [4])
+    targets = {r["name"]: r["status"] for r in result["targets"]}
+    assert targets["one shared incident per shared cause, naming its component"] == "FAIL"
+    assert targets["no per-node eviction for a shared cause"] == "FAIL"
+    table = format_table(result)
+    assert "shared causes 2: cordoned whole 1" in table and "#1 driver_rollout 570.86.10 (3 nodes)" in table

@@ -567,7 +567,10 @@ def test_real_run_agents_crash_and_sigkill(tmp_path: Path) -> None:
             rf"--dcgm-url http://127\.0\.0\.1:\d+/node-000/metrics --kmsg {node_dir.resolve()}/kern\.log "
             rf"--log {node_dir.resolve()}/train\.log --watch-pid {launcher} --spool-dir {node_dir.resolve()}/spool"
             # The agent's host and network collectors read the node's fake kernel tree.
-            rf" --sysfs-root {node_dir.resolve()}/sys --procfs-root {node_dir.resolve()}/proc",
+            rf" --sysfs-root {node_dir.resolve()}/sys --procfs-root {node_dir.resolve()}/proc"
+            # Where the machine sits, as its operator labels it (lab/sim/shared_faults.py).
+            r" --node-label=rack=node-rack-0 --node-label=switch=node-leaf-0 --node-label=power_domain=node-pdu-0"
+            r" --storage-mount=/mnt/datasets/node",
             argv,
         )
         port = argv.split("/node-000/metrics")[0].rsplit(":", 1)[1]

@@ -22,7 +22,7 @@ from lab.sim.kerneltree import NodeTree
 from lab.sim.model import Cluster, LogLine
 from lab.sim.modes import CHECKPOINT, CULPRIT_CKPT, CULPRIT_DATA, NORMAL, TERMINATED, VICTIM_BARRIER
 from lab.sim.realism import START, STOP
-from lab.sim.scenarios import FAULT_KINDS, FLAP_OFF_S, FLAP_ON_S, SCENARIOS, TWO_FAULTS_GAP_S
+from lab.sim.scenarios import FAULT_KINDS, FLAP_OFF_S, FLAP_ON_S, SCENARIOS, SHARED_FAULT_KINDS, TWO_FAULTS_GAP_S
 
 START_AT = datetime(2025, 11, 22, 10, 0, tzinfo=UTC)
 T = 10.0  # fault_after
@@ -573,6 +573,8 @@ def test_expect_action_for_every_kind() -> None:
             want = "diagnose"
         if kind.name in ("gpu_reset", "sram_ecc", "gsp_error"):
             want = "reset_gpu"  # the node keeps working: only its GPU is reset
+        if kind.name == "nvswitch_tray_failure" or kind.name in SHARED_FAULT_KINDS:
+            want = "cordon"  # the NVLink domain's (a shared component's) fault: its machines cordoned, none evicted
         assert kind.action == want, kind.name
     for name in (
         "two_faults",

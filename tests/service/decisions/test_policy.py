@@ -224,9 +224,18 @@ def test_too_many_resets_of_a_gpu_by_pci_evict_the_node() -> None:
     (plan,) = decide(_resettable(), context(gpu_resets=earlier), settings())
     assert (plan.kind, plan.gpu, plan.gpu_pci) == ("evict", None, None)
     assert plan.reason.startswith(
-        "evict node-3: GPU 0000:3b:00.0 was already reset 1 time in the last 24 h (at most 1): escalated to "
-        "evicting the node; Xid 119 "
+        "evict node-3 to reboot it, rung 3 of 5 (reboot): GPU 0000:3b:00.0 was already reset 1 time in the last 24 h "
+        "(at most 1); Xid 119 "
     )
+    # The reset limit's own escalation stays among the guard rails; the ladder says the reset did not hold.
+    assert plan.guard_rails["gpu_reset"].endswith("escalated to evicting the node")
+    assert plan.ladder == {
+        "rung": "reboot",
+        "number": 3,
+        "of": 5,
+        "base": "reboot",
+        "why": "GPU 0000:3b:00.0 was already reset 1 time in the last 24 h (at most 1)",
+    }
     # The count is by address whichever way the earlier reset named the GPU: with the inventory, the same.
     ctx = context(gpu_resets=earlier, gpu_indexes={("node-3", "0000:3b:00"): 2})
     (by_index,) = decide(_resettable(), ctx, settings())

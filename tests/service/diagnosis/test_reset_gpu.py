@@ -120,14 +120,15 @@ def test_a_gpu_reset_xid_on_one_gpu_resets_it_and_a_repeat_within_the_window_evi
     assert (escalated.kind, escalated.gpu, escalated.state) == ("evict", None, "pending")
     assert escalated.incident_id != decision.incident_id
     assert escalated.reason.startswith(
-        "evict node-1: GPU 3 was already reset 1 time in the last 24 h (at most 1): escalated to evicting the node; "
+        "evict node-1 to reboot it, rung 3 of 5 (reboot): GPU 3 was already reset 1 time in the last 24 h (at most 1); "
         "Xid 119 "
     )
 
 
 def test_a_repeat_beyond_the_window_resets_again(client, session, make_token) -> None:
     token, scheduler, job = make_token("agent"), make_token("scheduler"), f"job-{uuid.uuid4().hex[:6]}"
-    settings = get_settings().model_copy(update={"policy_reset_gpu_window_s": 120.0})
+    # The escalation ladder's hold time as short: a reset 3 minutes ago held by its measure too.
+    settings = get_settings().model_copy(update={"policy_reset_gpu_window_s": 120.0, "policy_ladder_hold_s": 120.0})
     first = datetime.now(UTC) - timedelta(minutes=4)
     _ship(client, token, job, {0: _xid(94, 5, first, "Contained: SM (0x1). RST: No, D-RST: No")}, at=first)
     (one,) = _decisions(session, diagnose_events(session, job_id=job, settings=settings, now=first))
@@ -219,7 +220,7 @@ def test_a_gpu_reset_by_pci_then_again_by_index_counts_as_one_gpu(client, sessio
     (escalated,) = _decisions(session, diagnose_events(session, job_id=job, settings=settings, now=second))
     assert (escalated.kind, escalated.gpu, escalated.gpu_pci) == ("evict", None, None)
     assert escalated.reason.startswith(
-        "evict node-1: GPU 3 was already reset 1 time in the last 24 h (at most 1): escalated to evicting the node; "
+        "evict node-1 to reboot it, rung 3 of 5 (reboot): GPU 3 was already reset 1 time in the last 24 h (at most 1); "
     )
 
 
@@ -239,6 +240,6 @@ def test_a_gpu_reset_by_pci_twice_within_the_window_evicts(client, session, make
     (escalated,) = _decisions(session, diagnose_events(session, job_id=job, settings=settings, now=second))
     assert (escalated.kind, escalated.gpu, escalated.gpu_pci) == ("evict", None, None)
     assert escalated.reason.startswith(
-        "evict node-1: GPU 0000:5d:00.0 was already reset 1 time in the last 24 h (at most 1): escalated to "
-        "evicting the node; Xid 119 "
+        "evict node-1 to reboot it, rung 3 of 5 (reboot): GPU 0000:5d:00.0 was already reset 1 time in the last 24 h "
+        "(at most 1); Xid 119 "
     )

@@ -234,7 +234,12 @@ def test_prune_task_drops_old_signals_and_expired_ui_sessions(committed, old_row
             assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
         # The partitions of the current hour and day are within retention and stay.
         assert METRICS.partition_name(datetime.now(UTC)) in _partitions(conn, "metric_samples")
-    assert tasks.prune_old_signals() == {"agent_batches": 0, "ui_sessions": 0, "unknown_line_counts": 0}
+    assert tasks.prune_old_signals() == {
+        "agent_batches": 0,
+        "ui_sessions": 0,
+        "unknown_line_counts": 0,
+        "evidence_bundles": 0,  # registered by service/bundles/retention.py
+    }
 
 
 def test_ensure_task_is_a_no_op_once_partitions_exist(committed) -> None:

@@ -1,0 +1,194 @@
+"""Shared causes through diagnosis's decide step: a switch down or a bad driver rollout is one shared incident whose
+members are cordoned and never evicted one by one; faults spread over the fleet, and a member's own fatal Xid, keep
+their per-node decisions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.models import Decision, Incident, Node, Rank, SharedIncident
+from service.shared_causes import service as shared
+from tests import rows
+from tests.decide import decide, finding
+
+NOW = datetime(2026, 11, 29, 1, 0, tzinfo=UTC)
+
+
+def _fleet(session: Session) -> list[str]:
+    """24 nodes: 8 behind each of three leaf switches; the 8 behind leaf-1 got the new driver."""
+    names = [f"gpu-{i:02d}" for i in range(24)]
+    for i, name in enumerate(names):
+        driver = "560.28.03" if 8 <= i < 16 else "550.54.15"
+        rows.node(session, name, labels={"switch": f"leaf-{i // 8}", "driver_version": driver})
+    session.flush()
+    return names
+
+
+def _network(node: str, at: datetime, n: int = 0) -> object:
+    return finding(node, detector="signatures", category="network", at=at, key=f"ib:{node}:{n}", confidence=0.95)
+
+
+def _xid(node: str, at: datetime) -> object:
+    return finding(node, detector="signatures", category="gpu_hardware", at=at, key=f"xid:{node}", confidence=0.99)
+
+
+def _decisions(session: Session) -> list[tuple[str, str | None, int | None]]:
+    return [
+        (kind, name, shared)
+        for kind, name, shared in session.execute(
+            select(Decision.kind, Node.name, Decision.shared_incident_id)
+            .join(Node, Node.id == Decision.node_id)
+            .where(Decision.state != "rejected")
+            .order_by(Node.name, Decision.kind)
+        )
+    ]
+
+
+def test_a_switch_down_is_one_shared_incident_and_no_per_node_eviction(session: Session) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-shared")
+    behind = names[8:16]  # leaf-1's nodes, two flaps each (past the flap tolerance)
+    findings = [_network(n, NOW + timedelta(seconds=k), r) for k, n in enumerate(behind) for r in range(2)]
+    decide(session, job, findings, NOW + timedelta(seconds=30))
+    (incident,) = session.scalars(select(SharedIncident)).all()
+    assert (incident.component_kind, incident.component, incident.state) == ("switch", "leaf-1", "open")
+    assert sorted(m["node"] for m in incident.members) == behind
+    made = _decisions(session)
+    assert made == [("cordon", n, incident.id) for n in behind]  # no evict, no diagnose
+    assert set(session.scalars(select(Node.state).where(Node.name.in_(behind)))) == {"cordoned"}
+    # Another pass with more evidence: still one incident, nothing new.
+    decide(session, job, [_network(n, NOW + timedelta(seconds=40), 3) for n in behind], NOW + timedelta(seconds=60))
+    assert len(session.scalars(select(SharedIncident)).all()) == 1
+    assert _decisions(session) == made
+
+
+def test_a_bad_driver_rollout_is_one_shared_incident_not_eight_evictions(session: Session) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-rollout")
+    rolled = names[8:16]
+    decide(
+        session, job, [_xid(n, NOW + timedelta(seconds=k)) for k, n in enumerate(rolled)], NOW + timedelta(seconds=20)
+    )
+    (incident,) = session.scalars(select(SharedIncident)).all()
+    # The switch throws no Xid: the driver the same nodes run is named.
+    assert (incident.component_kind, incident.component) == ("driver", "560.28.03")
+    assert _decisions(session) == [("cordon", n, incident.id) for n in rolled]
+
+
+def test_a_members_own_fatal_xid_keeps_its_eviction(session: Session) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-shared-xid")
+    behind = names[8:16]
+    findings = [_network(n, NOW + timedelta(seconds=k), r) for k, n in enumerate(behind) for r in range(2)]
+    decide(session, job, [*findings, _xid(behind[2], NOW)], NOW + timedelta(seconds=30))
+    made = _decisions(session)
+    assert [d for d in made if d[0] != "cordon"] == [("evict", behind[2], None)]
+    assert len([d for d in made if d[0] == "cordon"]) == 8
+
+
+def test_faults_spread_over_the_fleet_decide_per_node(session: Session) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-spread")
+    spread = [names[1], names[17], names[20]]  # three Xids on the old driver, which 16 of the 24 nodes run
+    decide(
+        session, job, [_xid(n, NOW + timedelta(seconds=k)) for k, n in enumerate(spread)], NOW + timedelta(seconds=20)
+    )
+    assert session.scalars(select(SharedIncident)).all() == []
+    assert _decisions(session) == [("evict", n, None) for n in spread]
+
+
+def test_a_waiting_eviction_before_the_group_formed_is_superseded(session: Session) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-early")
+    rolled = names[8:16]
+    # The first node's Xid arrives a pass before the others': decided alone, then superseded by the rollout's incident.
+    decide(session, job, [_xid(rolled[0], NOW)], NOW + timedelta(seconds=5))
+    assert [(k, n) for k, n, _ in _decisions(session)] == [("evict", rolled[0])]
+    later = [_xid(n, NOW + timedelta(seconds=10 + k)) for k, n in enumerate(rolled[1:])]
+    decide(session, job, later, NOW + timedelta(seconds=40))
+    assert {kind for kind, _, _ in _decisions(session)} == {"cordon"}
+    superseded = session.scalar(select(Decision).where(Decision.kind == "evict"))
+    assert superseded is not None and superseded.state == "rejected"
+    assert "shared incident" in (superseded.outcome_message or "")
+
+
+def test_a_members_incident_opened_before_the_group_resolves_and_later_findings_join_no_job_incident(
+    session: Session,
+) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-early-incident")
+    rolled = names[8:16]
+    decide(session, job, [_xid(rolled[0], NOW)], NOW + timedelta(seconds=5))
+    (early,) = session.scalars(select(Incident).where(Incident.job_id == job.id)).all()
+    later = [_xid(n, NOW + timedelta(seconds=10 + k)) for k, n in enumerate(rolled[1:])]
+    decide(session, job, later, NOW + timedelta(seconds=40))
+    session.refresh(early)
+    assert early.state == "resolved" and "shared incident" in (early.resolution or "")
+    # The members' Xids are the driver's: the job has no incident of its own about them.
+    assert [i.state for i in session.scalars(select(Incident).where(Incident.job_id == job.id))] == ["resolved"]
+
+
+def test_the_jobs_victims_of_a_shared_cause_open_no_incident_of_unknown_blame(session: Session) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-victims")
+    rolled = names[8:16]
+    session.add_all(
+        [Rank(job_id=job.id, rank=k, node_id=session.scalar(select(Node.id).where(Node.name == n)))
+         for k, n in enumerate([*rolled, names[0]])]
+    )  # fmt: skip
+    session.flush()
+    decide(
+        session, job, [_xid(n, NOW + timedelta(seconds=k)) for k, n in enumerate(rolled)], NOW + timedelta(seconds=20)
+    )
+    # The job's other node (names[0], no member) times out waiting: a victim's symptom, the driver's doing.
+    victims = finding(
+        None, detector="signatures", category="job_failure", at=NOW + timedelta(seconds=40), key="watchdog",
+        role="symptom", evidence={"nodes": [names[0]]},
+    )  # fmt: skip
+    decide(session, job, [victims], NOW + timedelta(seconds=60))
+    assert session.scalars(select(Incident).where(Incident.job_id == job.id)).all() == []
+
+
+def test_the_aftermath_of_a_repaired_component_opens_no_second_incident(session: Session) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-aftermath")
+    behind = names[8:16]
+    decide(
+        session,
+        job,
+        [_network(n, NOW + timedelta(seconds=k)) for k, n in enumerate(behind)],
+        NOW + timedelta(seconds=20),
+    )
+    (first,) = session.scalars(select(SharedIncident)).all()
+    shared.resolve_by_hand(
+        session, incident_id=first.id, reason="leaf-1 replaced", actor="ops", now=NOW + timedelta(seconds=290)
+    )
+    # Its links come back up after the repair, past the first findings' window: the counters' flaps on every member.
+    later = [_network(n, NOW + timedelta(seconds=320 + k), 5) for k, n in enumerate(behind)]
+    decide(session, job, later, NOW + timedelta(seconds=340))
+    assert [i.id for i in session.scalars(select(SharedIncident))] == [first.id]
+    assert session.scalars(select(Incident).where(Incident.job_id == job.id, Incident.state != "resolved")).all() == []
+
+
+def test_the_same_component_failing_again_after_its_repair_is_a_new_incident(session: Session) -> None:
+    names = _fleet(session)
+    job = rows.job(session, "llm-again")
+    behind = names[8:16]
+    decide(
+        session,
+        job,
+        [_network(n, NOW + timedelta(seconds=k)) for k, n in enumerate(behind)],
+        NOW + timedelta(seconds=20),
+    )
+    (first,) = session.scalars(select(SharedIncident)).all()
+    shared.resolve_by_hand(
+        session, incident_id=first.id, reason="leaf-1 replaced", actor="ops", now=NOW + timedelta(seconds=30)
+    )
+    # Ten minutes later it fails again: a new incident, not the first one's aftermath.
+    again = [_network(n, NOW + timedelta(seconds=630 + k), 7) for k, n in enumerate(behind)]
+    decide(session, job, again, NOW + timedelta(seconds=650))
+    incidents = session.scalars(select(SharedIncident).order_by(SharedIncident.id)).all()
+    assert [(i.component, i.state) for i in incidents] == [("leaf-1", "resolved"), ("leaf-1", "open")]
