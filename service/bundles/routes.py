@@ -14,8 +14,9 @@ from service.bundles import service
 from service.bundles.schemas import BundleOut
 from service.db import session_scope
 from service.deps import DbSession
-from service.errors import Forbidden, PayloadTooLarge
+from service.errors import Forbidden
 from service.params import Id
+from service.request_body import read_capped
 from service.security import Principal, authorize, require_scope
 
 router = APIRouter(tags=["bundles"])
@@ -23,21 +24,6 @@ Reader = Annotated[Principal, Depends(require_scope("scheduler", "operator", "ad
 _NOT_FOUND = {404: {"description": "Unknown incident, node or bundle"}}
 _GZIP = "application/gzip"
 _BYTES = "application/octet-stream"
-
-
-async def _read_capped(request: Request, *, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is over `limit` (declared or streamed): never held whole."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"bundle of {declared} bytes is over the limit of {limit} bytes (bundle_max_bytes)")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"bundle is over the limit of {limit} bytes (bundle_max_bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @router.put(
@@ -69,7 +55,7 @@ async def upload_bundle(node: str, bundle_id: uuid.UUID, request: Request) -> Re
     if principal.node_name is not None and principal.node_name != node:
         raise Forbidden(f"this token may only write data of node {principal.node_name!r}, not {node!r}")
     settings = request.app.state.settings
-    body = await _read_capped(request, limit=settings.bundle_max_bytes)
+    body = await read_capped(request, limit=settings.bundle_max_bytes, what="bundle", setting="bundle_max_bytes")
 
     def _store() -> tuple[BundleOut, bool]:
         with session_scope(request.app.state.sessionmaker) as session:

@@ -7,20 +7,11 @@ import zlib
 from fastapi import Request
 
 from service.errors import InvalidInput, PayloadTooLarge
+from service.request_body import read_capped
 
 
 async def read_body(request: Request, *, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
+    body = await read_capped(request, limit=limit)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding == "gzip":
         return _gunzip(body, limit=limit)
