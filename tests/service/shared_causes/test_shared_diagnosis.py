@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import Decision, Incident, Node, Rank, SharedIncident
+from service.models import Decision, Incident, Job, Node, Rank, SharedIncident
 from service.shared_causes import service as shared
 from tests import rows
 from tests.decide import decide, finding
@@ -152,9 +152,12 @@ def test_the_jobs_victims_of_a_shared_cause_open_no_incident_of_unknown_blame(se
     assert session.scalars(select(Incident).where(Incident.job_id == job.id)).all() == []
 
 
-def test_the_aftermath_of_a_repaired_component_opens_no_second_incident(session: Session) -> None:
+def _leaf_down_then_replaced(
+    session: Session, job_name: str, *, replaced_s: float
+) -> tuple[Job, list[str], SharedIncident]:
+    """leaf-1's eight nodes fail together, then a person resolves its shared incident `replaced_s` after NOW."""
     names = _fleet(session)
-    job = rows.job(session, "llm-aftermath")
+    job = rows.job(session, job_name)
     behind = names[8:16]
     decide(
         session,
@@ -164,8 +167,13 @@ def test_the_aftermath_of_a_repaired_component_opens_no_second_incident(session:
     )
     (first,) = session.scalars(select(SharedIncident)).all()
     shared.resolve_by_hand(
-        session, incident_id=first.id, reason="leaf-1 replaced", actor="ops", now=NOW + timedelta(seconds=290)
+        session, incident_id=first.id, reason="leaf-1 replaced", actor="ops", now=NOW + timedelta(seconds=replaced_s)
     )
+    return job, behind, first
+
+
+def test_the_aftermath_of_a_repaired_component_opens_no_second_incident(session: Session) -> None:
+    job, behind, first = _leaf_down_then_replaced(session, "llm-aftermath", replaced_s=290)
     # Its links come back up after the repair, past the first findings' window: the counters' flaps on every member.
     later = [_network(n, NOW + timedelta(seconds=320 + k), 5) for k, n in enumerate(behind)]
     decide(session, job, later, NOW + timedelta(seconds=340))
@@ -174,19 +182,7 @@ def test_the_aftermath_of_a_repaired_component_opens_no_second_incident(session:
 
 
 def test_the_same_component_failing_again_after_its_repair_is_a_new_incident(session: Session) -> None:
-    names = _fleet(session)
-    job = rows.job(session, "llm-again")
-    behind = names[8:16]
-    decide(
-        session,
-        job,
-        [_network(n, NOW + timedelta(seconds=k)) for k, n in enumerate(behind)],
-        NOW + timedelta(seconds=20),
-    )
-    (first,) = session.scalars(select(SharedIncident)).all()
-    shared.resolve_by_hand(
-        session, incident_id=first.id, reason="leaf-1 replaced", actor="ops", now=NOW + timedelta(seconds=30)
-    )
+    job, behind, _ = _leaf_down_then_replaced(session, "llm-again", replaced_s=30)
     # Ten minutes later it fails again: a new incident, not the first one's aftermath.
     again = [_network(n, NOW + timedelta(seconds=630 + k), 7) for k, n in enumerate(behind)]
     decide(session, job, again, NOW + timedelta(seconds=650))
