@@ -53,9 +53,7 @@ def record_incident_event(
     # A maintenance window's incidents are recorded but alert nobody.
     if incident.silence_id is not None:
         return 0
-    channels = session.execute(
-        select(NotificationChannel.id, NotificationChannel.group_wait_s).where(NotificationChannel.enabled)
-    ).all()
+    channels = _enabled_channels(session)
     if not channels:
         return 0
     session.flush()  # ids of a new incident and its decisions
@@ -77,9 +75,7 @@ def record_node_event(
     Returns the rows written."""
     if event not in NODE_EVENTS:
         raise ValueError(f"unknown node event {event!r}; expected one of {', '.join(NODE_EVENTS)}")
-    channels = session.execute(
-        select(NotificationChannel.id, NotificationChannel.group_wait_s).where(NotificationChannel.enabled)
-    ).all()
+    channels = _enabled_channels(session)
     if not channels:
         return 0
     event_key = f"node:{node.id}:{event}:{key}"
@@ -101,9 +97,7 @@ def record_fleet_event(
     channel); `path` is the UI page it links to. Returns the rows written."""
     if event not in FLEET_EVENTS:
         raise ValueError(f"unknown fleet event {event!r}; expected one of {', '.join(FLEET_EVENTS)}")
-    channels = session.execute(
-        select(NotificationChannel.id, NotificationChannel.group_wait_s).where(NotificationChannel.enabled)
-    ).all()
+    channels = _enabled_channels(session)
     if not channels:
         return 0
     event_key = f"fleet:{event}:{key}"
@@ -115,6 +109,13 @@ def record_fleet_event(
         "url": f"{get_settings().public_url.rstrip('/')}{path}",
     }
     return _queue(session, channels, event=event, event_key=event_key, payload=body, now=now)
+
+
+def _enabled_channels(session: Session) -> Sequence[Row[tuple[int, float]]]:
+    """(id, group wait) of every enabled channel: an event with none queues nothing."""
+    return session.execute(
+        select(NotificationChannel.id, NotificationChannel.group_wait_s).where(NotificationChannel.enabled)
+    ).all()
 
 
 def _queue(
