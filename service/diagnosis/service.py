@@ -214,7 +214,9 @@ def _decide(
 
     open_findings, checked = _without_check_results(_open_findings(session, job=job, now=now))
     open_findings = _late_to_their_incidents(session, job=job, open_findings=open_findings, now=now)
-    open_findings = _not_shared(session, job=job, open_findings=open_findings, now=now)
+    # What the open shared incidents explain, read once for the pass: its findings and its suspects.
+    spans = shared_causes.explained_members(session, now=now)
+    open_findings = _not_shared(session, job=job, open_findings=open_findings, spans=spans)
     open_findings = _nvlink_settled(session, open_findings=open_findings, now=now, settings=settings)
     proposals = demarcation.demarcate(
         [(fid, f) for fid, f, _ in open_findings], earlier_faults=_earlier_faults(session, job=job, now=now)
@@ -236,6 +238,7 @@ def _decide(
             proposal=proposal,
             opened=incident.id in applied.created,
             active_silences=active_silences,
+            spans=spans,
             now=now,
             settings=settings,
         )
@@ -272,13 +275,13 @@ def _act(
     proposal: demarcation.IncidentProposal,
     opened: bool,
     active_silences: list[Silence],
+    spans: list[shared_causes.Explained],
     now: datetime,
     settings: Settings,
 ) -> list[int]:
     """Decide an incident and tell people, unless a maintenance window covers it; mark its suspects."""
     # A suspect whose finding a shared incident explains (its switch is down) gets no decision of its own, and is not
     # accused: the component is to blame. Its evidence of another category (its own Xid) is another incident.
-    spans = shared_causes.explained_members(session, now=now)
     explained = {
         s.node
         for s in proposal.suspects
@@ -492,19 +495,22 @@ def _late_to_their_incidents(
 
 
 def _not_shared(
-    session: Session, *, job: Job, open_findings: list[tuple[int, Finding, FindingRow]], now: datetime
+    session: Session,
+    *,
+    job: Job,
+    open_findings: list[tuple[int, Finding, FindingRow]],
+    spans: list[shared_causes.Explained],
 ) -> list[tuple[int, Finding, FindingRow]]:
     """The open findings less those a shared incident explains (a member's IB errors behind a failed switch, the
     job's victims of it): the component is their incident, not the job (service/shared_causes/)."""
-    explained = shared_causes.explained_members(session, now=now)
-    if not explained:
+    if not spans:
         return open_findings
     job_nodes = set(windows.node_names(session, node_ids=jobs.node_ids(session, job=job)).values())
     return [
         item
         for item in open_findings
         if not shared_causes.is_explained(
-            explained,
+            spans,
             node=item[1].node,
             category=item[1].category,
             observed_at=item[1].observed_at,
