@@ -39,6 +39,7 @@ from agents.gpu import DcgmExporter, GpuReading, GpuSource
 from agents.history import RecentBatches
 from agents.node import NodeCollectors
 from agents.nvml import Nvml, open_nvml
+from agents.nvml_fabric import WithFabric, open_exporter_fabric
 from agents.nvml_xid import NvmlXids, open_nvml_xids
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
@@ -166,7 +167,7 @@ class Agent:
         if not config.processes:
             self.scanner = _NoProcesses()
         self._scan_lock = threading.Lock()  # the loop and a stack-dump thread both scan
-        self.gpus: GpuSource | None = DcgmExporter(config.dcgm_url) if config.dcgm_url else open_nvml()
+        self.gpus: GpuSource | None = self._open_exporter() if config.dcgm_url else open_nvml()
         self.nvml_xids = self._open_nvml_xids()
         # Network ports, the host and the watched volumes: read once per ship tick, not every GPU sample.
         self.node = NodeCollectors(
@@ -216,6 +217,14 @@ class Agent:
         except OSError as exc:
             log.warning("cannot follow the kernel log %s: %s", spec, exc)
             return None
+
+    def _open_exporter(self) -> GpuSource:
+        """dcgm-exporter for the counters; with NVML beside it for the GPUs' NVLink fabric info, which the exporter
+        does not export (--nvml-fabric; on a node whose GPUs are in no multi-node NVLink fabric, NVML is let go)."""
+        assert self.config.dcgm_url
+        exporter = DcgmExporter(self.config.dcgm_url)
+        fabric = open_exporter_fabric() if self.config.nvml_fabric == "auto" else None
+        return exporter if fabric is None else WithFabric(exporter, fabric)
 
     def _open_nvml_xids(self) -> NvmlXids | None:
         """NVML's Xid events: by default when no kernel log is followed and NVML reads the GPUs (--nvml-xid)."""

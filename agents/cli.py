@@ -62,6 +62,13 @@ def add_parser(sub: Any) -> None:
         "when no kernel log is followed and NVML reads the GPUs, as in a container without /dev/kmsg)",
     )
     agent.add_argument(
+        "--nvml-fabric",
+        choices=["auto", "off"],
+        help="with --dcgm-url: read the GPUs' NVLink fabric info (cluster, clique, health: GB200 NVL72 domains) "
+        "through NVML beside the exporter, which does not export it; 'auto' (the default: when NVML answers and "
+        "some GPU is in a multi-node NVLink fabric) or 'off'",
+    )
+    agent.add_argument(
         "--kmsg",
         help="kernel log: /dev/kmsg, a file (dmesg or kern.log output), 'journald', or 'none' "
         "(default: /dev/kmsg when readable)",
@@ -161,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
             "ship_interval",
             "dcgm_url",
             "nvml_xid",
+            "nvml_fabric",
             "kmsg",
             "logs",
             "watch_pid",

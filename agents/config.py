@@ -18,6 +18,7 @@ ENV_PREFIX = "FAULTLINE_AGENT_"
 DEFAULT_SAMPLE_INTERVAL = 1.0
 DEFAULT_SHIP_INTERVAL = 5.0
 NVML_XID_MODES = ("auto", "on", "off")
+NVML_FABRIC_MODES = ("auto", "off")
 # The location labels an operator may give a node (node_labels): the heartbeat's HostFacts fields of the same names.
 LOCATION_LABELS = ("rack", "switch", "power_domain")
 CLOUD_EVENT_MODES = ("off", "auto", "aws", "gcp", "azure")  # agents/cloud_events.py MODES
@@ -52,6 +53,8 @@ class AgentConfig:
     nvml_xid: str = (
         "auto"  # NVML Xid events: "auto" (when no kernel log is followed and NVML reads the GPUs), "on", "off"
     )
+    # With dcgm-exporter: the GPUs' NVLink fabric info (GB200 NVL72 domains) from NVML beside it, "auto" or "off".
+    nvml_fabric: str = "auto"
     kmsg: str = "auto"  # "auto" (/dev/kmsg when readable), "none", "journald", a device or a file
     logs: list[str] = field(default_factory=list)
     watch_pid: int | None = None
@@ -154,6 +157,8 @@ class AgentConfig:
                 )
         if self.nvml_xid not in NVML_XID_MODES:
             raise ConfigError(f"--nvml-xid must be one of {', '.join(NVML_XID_MODES)}, not {self.nvml_xid!r}")
+        if self.nvml_fabric not in NVML_FABRIC_MODES:
+            raise ConfigError(f"--nvml-fabric must be one of {', '.join(NVML_FABRIC_MODES)}, not {self.nvml_fabric!r}")
 
     def _check_intervals(self) -> None:
         _positive("--ship-interval (or --interval)", self.ship_interval)

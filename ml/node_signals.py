@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from ml import changepoint
 from ml.findings import Finding, JobInfo
 from ml.metrics import WINDOW_S
 from ml.node_findings import _finding, _iso, _port_name, _ref
@@ -68,6 +69,10 @@ PERSIST_WINDOWS = 3  # a dead or slow link, or host pressure, must be seen this 
 PEER_SHARE = 0.75  # ... while at least this share of the job's other machines show the port healthy
 ERRORS_EVICT_PER_MIN = 1000.0
 CONGESTION_SHARE = 0.8  # of the continuity period's windows, and the latest one
+# ... or a change point (_congestion_onset): sustained windows far over the bar, before the continuity period.
+CONGESTION_MIN_RUN = 2
+CONGESTION_LOG_CAP = 4.0  # a window counts up to 16 x the bar
+CONGESTION_CHANGE_THRESHOLD = 6.0
 MIN_PEERS = 2  # peer comparisons need this many other machines
 PSI_PEER_QUIET = 5.0  # peers' median PSI some below this: the pressure is the node's, not the workload's
 
@@ -324,18 +329,23 @@ def _congestion(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping
                 rate = _rates(rows, column).iloc[1:]
                 if rate.isna().all():
                     continue
-                high = rate >= max(CONGESTION_FACTOR * median, floor)
+                bar = max(CONGESTION_FACTOR * median, floor)
+                high = rate >= bar
                 if high.mean() >= CONGESTION_SHARE and bool(high.iloc[-1]):
-                    best = stood_out.get(column)
-                    value = float(rate.median())
-                    if best is None or value > best["value"]:
-                        stood_out[column] = {"subject": str(subject), "value": value, "peer_median": median}
-                        stood_out[column]["rows"] = rows
+                    since = len(rows)
+                elif (since := _congestion_onset(rate, bar)) is None:
+                    continue
+                best = stood_out.get(column)
+                value = float(rate.iloc[-since:].median())
+                if best is None or value > best["value"]:
+                    stood_out[column] = {"subject": str(subject), "value": value, "peer_median": median}
+                    stood_out[column]["rows"] = rows.iloc[-since:]
         if not stood_out:
             continue
         pauses = PAUSE_TX_FRAMES in stood_out or PAUSE_RX_FRAMES in stood_out
         lead = max(stood_out.values(), key=lambda s: s["value"] / max(s["peer_median"], 1e-9))
         rows = lead["rows"]
+        apart_s = float((rows.iloc[-1]["last_ts"] - rows.iloc[0]["window_start"]).total_seconds())
         words = ", ".join(
             f"{c} {s['value']:.0f}/s on {s['subject']} (peers {s['peer_median']:.0f}/s)" for c, s in stood_out.items()
         )
@@ -348,7 +358,7 @@ def _congestion(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping
                 # Pause frames name the machine that cannot keep up; waiting alone may be a victim's.
                 confidence=0.85 if pauses else 0.7,
                 action="evict" if pauses else "diagnose",
-                summary=f"{node}'s network ports stand out from their peers for {CONTINUITY_S / 60:.0f} min: {words}",
+                summary=f"{node}'s network ports stand out from their peers for {apart_s:.0f} s: {words}",
                 at=rows.iloc[-1]["last_ts"],
                 key_at=rows.iloc[0]["window_start"],
                 evidence={
@@ -359,10 +369,24 @@ def _congestion(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping
                     "rates": {c: round(s["value"], 2) for c, s in stood_out.items()},
                     "peer_rates": {c: round(s["peer_median"], 2) for c, s in stood_out.items()},
                     "continuity_s": CONTINUITY_S,
+                    "apart_s": round(apart_s, 1),
                 },
             )
         )
     return found
+
+
+def _congestion_onset(rate: pd.Series, bar: float) -> int | None:
+    """Windows since a port's congestion began, when a change point says it did (ml/changepoint.py): per window
+    the log2 of its rate over the bar (CONGESTION_FACTOR x its peers', at least the floor; capped), summed by a
+    CUSUM that a window under the bar drains. A rate far over the bar decides in CONGESTION_MIN_RUN windows, one
+    just over it waits for the continuity rule; the latest CONGESTION_MIN_RUN windows must all be over it."""
+    values = rate.to_numpy(dtype=float)
+    if len(values) < CONGESTION_MIN_RUN or not (values[-CONGESTION_MIN_RUN:] >= bar).all():
+        return None
+    scores = [max(-CONGESTION_LOG_CAP, min(math.log2(v / bar), CONGESTION_LOG_CAP)) if v > 0 else -1.0 for v in values]
+    hit = changepoint.alarm(scores, drift=0.0, threshold=CONGESTION_CHANGE_THRESHOLD)
+    return None if hit is None else len(values) - hit.onset
 
 
 def _memory_pressure(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str, Any]) -> list[Finding]:

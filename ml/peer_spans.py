@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -112,35 +112,167 @@ def summarize_span(
     """One sub-window ending at `end`, from window rows (ml/windows.py): whether the job was working, whether it
     worked through every window of it (steady), and per metric every GPU's distance from its peers (only the large
     ones, |z| >= SUPPORT_Z) and the outliers. Plain JSON, so a service can keep it between passes."""
-    result: dict[str, Any] = {"active": False, "steady": False, "metrics": {}}
+    part = span_part(job, rolled, end=end, span_s=span_s, metrics_priority=metrics_priority)
+    judged = judge_span(job, [part], span_s=span_s, metrics_priority=metrics_priority)
+    assert judged is not None  # one part always agrees with itself on the gauge
+    return judged
+
+
+@dataclass(slots=True)
+class MetricPart:
+    """One metric of a span part, per busy GPU: its mean (windows weighted by samples) and, for a counter read
+    cumulatively, its per-second rise; whether a counter is cumulative is decided job-wide from the counts."""
+
+    mean: np.ndarray
+    mean_counts: np.ndarray
+    rate: np.ndarray | None = None
+    rate_counts: np.ndarray | None = None
+    rises: tuple[int, int, int] = (0, 0, 0)  # consecutive differences: all, >= 0, > 0
+
+
+@dataclass(slots=True)
+class SpanPart:
+    """What one set of GPUs (a node group) contributes to a span's summary. Everything the summary compares across
+    GPUs (medians, spreads, the activity gauge's choice) is left to `judge_span`, so the parts of disjoint node
+    groups give the same summary as one part of all their GPUs: a diagnosis pass can be split across workers."""
+
+    rows: int = 0  # in-span window rows
+    notna: dict[str, int] = field(default_factory=dict)  # per activity gauge candidate: in-span rows with a value
+    gauge: str | None = None  # the gauge this part's per-GPU figures used (its own choice: judge_span checks it)
+    window_starts: list[int] = field(default_factory=list)  # in-span window starts, epoch seconds
+    unit_gauge: np.ndarray = field(default_factory=lambda: np.empty(0))  # per in-span GPU: its median gauge
+    window_of: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # per (window, GPU) ...
+    window_gauge: np.ndarray = field(default_factory=lambda: np.empty(0))  # ... the GPU's median gauge there
+    units: list[str] = field(default_factory=list)  # busy GPUs, sorted
+    counts: np.ndarray = field(default_factory=lambda: np.empty(0))  # per busy GPU: its samples in the span
+    metrics: dict[str, MetricPart] = field(default_factory=dict)
+
+
+def span_part(
+    job: JobInfo,
+    rolled: pd.DataFrame,
+    *,
+    end: datetime,
+    span_s: float = SPAN_S,
+    metrics_priority: Sequence[str] = DEFAULT_PRIORITY,
+) -> SpanPart:
+    """The per-GPU half of `summarize_span` over these window rows (all of a job's, or one node group's)."""
+    part = SpanPart()
     frame = _span_frame(job, rolled, _utc(end), span_s)
     if frame is None:
-        return result
+        return part
     in_span = frame[~frame["previous"]]
-    gauge = _activity(in_span)  # once: the span's activity, its steadiness and its busy GPUs all read it
-    active = _span_active(in_span, gauge)
+    part.rows = len(in_span)
+    if in_span.empty:
+        return part
+    for column, _ in _ACTIVITY:
+        if column in in_span.columns:
+            part.notna[column] = int(_numeric(in_span[column]).notna().sum())
+    gauge = _activity(in_span)
+    starts = pd.to_datetime(in_span["window_start"], utc=True)
+    part.window_starts = sorted({int(t.timestamp()) for t in starts.unique()})
+    if gauge is not None:
+        values, _ = gauge
+        part.gauge = _chosen(in_span)  # the column `gauge` read
+        part.unit_gauge = values.groupby(in_span["unit"]).median().to_numpy(dtype=float)
+        per = values.groupby([starts, in_span["unit"]]).median()
+        since_epoch = per.index.get_level_values(0) - pd.Timestamp(0, tz="UTC")
+        part.window_of = np.asarray(since_epoch // pd.Timedelta(seconds=1), dtype=np.int64)
+        part.window_gauge = per.to_numpy(dtype=float)
+    frame = frame[frame["unit"].isin(_busy_units(in_span, gauge))]
+    units, uid = np.unique(frame["unit"].to_numpy(), return_inverse=True)
+    part.units = [str(u) for u in units.tolist()]
+    # Each GPU's samples in the span, whatever the metric.
+    part.counts = np.bincount(
+        uid, weights=np.where(frame["previous"], 0, frame["n"].to_numpy(dtype=float)), minlength=len(units)
+    )
+    for metric in dict.fromkeys(metrics_priority):
+        if metric in frame.columns:
+            part.metrics[metric] = _metric_part(frame, units, uid, part.counts, metric, _spec(metric))
+    return part
+
+
+def _chosen(frame: pd.DataFrame) -> str | None:
+    """The activity gauge `_activity` picks for these rows."""
+    for column, _ in _ACTIVITY:
+        if column in frame.columns and _numeric(frame[column]).notna().mean() >= 0.5:
+            return column
+    return None
+
+
+def judge_span(
+    job: JobInfo,
+    parts: Sequence[SpanPart],
+    *,
+    span_s: float = SPAN_S,
+    metrics_priority: Sequence[str] = DEFAULT_PRIORITY,
+) -> dict[str, Any] | None:
+    """The span's summary from the parts of disjoint node groups: the job-wide comparisons on their per-GPU
+    figures. None when a part's gauge is not the one the whole job's rows pick (a part must then be redone with
+    it: in practice the gauge columns are reported by every node or by none)."""
+    result: dict[str, Any] = {"active": False, "steady": False, "metrics": {}}
+    parts = [p for p in parts if p.rows]
+    if not parts:
+        return result
+    rows = sum(p.rows for p in parts)
+    gauge = next(
+        (c for c, _ in _ACTIVITY if c in parts[0].notna and sum(p.notna.get(c, 0) for p in parts) / rows >= 0.5),
+        None,
+    )
+    if any(p.gauge != gauge for p in parts):
+        return None
+    if gauge is not None:
+        threshold = dict(_ACTIVITY)[gauge]
+        active = bool(pd.Series(np.concatenate([p.unit_gauge for p in parts])).median() >= threshold)
+    else:
+        active = True
     result["active"] = active
     if not active:
         return result
-    result["steady"] = _span_steady(in_span, gauge, round(span_s / WINDOW_S))
-    frame = frame[frame["unit"].isin(_busy_units(in_span, gauge))]
-    # Unit codes once for every metric (factorizing 65,000 strings per metric costs more than the metric).
-    units, uid = np.unique(frame["unit"].to_numpy(), return_inverse=True)
+    windows = round(span_s / WINDOW_S)
+    if len({w for p in parts for w in p.window_starts}) < windows:
+        result["steady"] = False
+    elif gauge is None:
+        result["steady"] = True
+    else:
+        per = pd.Series(np.concatenate([p.window_gauge for p in parts]))
+        per_window = per.groupby(np.concatenate([p.window_of for p in parts])).median()
+        result["steady"] = bool((per_window >= dict(_ACTIVITY)[gauge]).all())
+    # Units of disjoint node groups, in the order one part of them all would have (sorted).
+    names = np.array([u for p in parts for u in p.units], dtype=object)
+    order = np.argsort(names, kind="stable")
+    units = names[order]
     stages = _pipeline_stages(job, units)
+    groups = np.array([stages.get(u, -1) for u in units])
     for metric in dict.fromkeys(metrics_priority):
-        if metric not in frame.columns:
+        pieces = [p.metrics.get(metric) for p in parts]
+        if any(m is None for m in pieces):
             continue
         spec = _spec(metric)
-        summaries = _span_summaries(frame, units, uid, metric, spec)
+        summaries = _merged_summaries(units, order, [m for m in pieces if m is not None])
         if summaries is None:
             continue
-        groups = np.array([stages.get(u, -1) for u in summaries.units])
         zs, out = _grouped_outliers(summaries, 0, spec, groups)
         result["metrics"][metric] = {
             "z": {u: round(z, 3) for u, z in zs.items() if abs(z) >= SUPPORT_Z},
             "out": out,
         }
     return result
+
+
+def _merged_summaries(units: np.ndarray, order: np.ndarray, pieces: list[MetricPart]) -> Summaries | None:
+    """A metric's per-GPU summaries over every part, read cumulatively when the job's counter rows say so."""
+    total, nonneg, pos = (sum(m.rises[i] for m in pieces) for i in range(3))
+    cumulative = (
+        all(m.rate is not None for m in pieces) and total >= 3 and nonneg / total >= 0.95 and pos / total >= 0.5
+    )
+    if cumulative:
+        values = np.concatenate([m.rate for m in pieces if m.rate is not None])
+        counts = np.concatenate([m.rate_counts for m in pieces if m.rate_counts is not None])
+    else:
+        values = np.concatenate([m.mean for m in pieces])
+        counts = np.concatenate([m.mean_counts for m in pieces])
+    return _summaries(units, values[order], counts[order])
 
 
 # --- input ---
@@ -169,11 +301,17 @@ def _span_frame(job: JobInfo, rolled: pd.DataFrame, end: datetime, span_s: float
     if frame.empty:
         return None
     frame["previous"] = pd.to_datetime(frame["window_start"], utc=True) < begin
-    frame["unit"] = frame["node"].astype(str) + "/" + frame["gpu"].astype(int).astype(str)
+    if "unit" not in frame.columns:  # a caller summarizing many spans of one frame names the units once
+        frame["unit"] = unit_names(frame)
     if POWER_USAGE in frame.columns and POWER_LIMIT in frame.columns:
         limit = _numeric(frame[POWER_LIMIT])
         frame[_POWER_RATIO] = _numeric(frame[POWER_USAGE]) / limit.where(limit > 0)
     return frame.sort_values(["unit", "window_start"])
+
+
+def unit_names(frame: pd.DataFrame) -> pd.Series:
+    """Each window row's GPU as "node/gpu", the unit the comparison is made between."""
+    return frame["node"].astype(str) + "/" + frame["gpu"].astype(int).astype(str)
 
 
 def _pipeline_stages(job: JobInfo, units: Any) -> dict[str, int]:
@@ -255,34 +393,8 @@ Gauge = tuple[pd.Series, float] | None
 
 def _activity(frame: pd.DataFrame) -> Gauge:
     """The activity gauge to judge idleness by (the first of _ACTIVITY with data) and its threshold."""
-    for column, threshold in _ACTIVITY:
-        if column in frame.columns:
-            values = _numeric(frame[column])
-            if values.notna().mean() >= 0.5:
-                return values, threshold
-    return None
-
-
-def _span_active(frame: pd.DataFrame, gauge: Gauge) -> bool:
-    """Whether the job (its median GPU) is working in the span; it is, when nothing tells."""
-    if frame.empty:
-        return False
-    if gauge is None:
-        return True
-    values, threshold = gauge
-    return bool(values.groupby(frame["unit"]).median().median() >= threshold)
-
-
-def _span_steady(frame: pd.DataFrame, gauge: Gauge, windows: int) -> bool:
-    """Whether the job (its median GPU) worked in each of the span's `windows` windows: a span it started, stopped or
-    restarted in is a transition, where GPUs start and stop a few seconds apart and stand apart for it."""
-    if frame["window_start"].nunique() < windows:
-        return False
-    if gauge is None:
-        return True
-    values, threshold = gauge
-    per_window = values.groupby([frame["window_start"], frame["unit"]]).median().groupby(level=0).median()
-    return bool((per_window >= threshold).all())
+    column = _chosen(frame)
+    return None if column is None else (_numeric(frame[column]), dict(_ACTIVITY)[column])
 
 
 def _busy_units(frame: pd.DataFrame, gauge: Gauge) -> list[str]:
@@ -306,58 +418,50 @@ class Summaries:
     counts: np.ndarray
 
 
-def _span_summaries(
-    frame: pd.DataFrame, units: np.ndarray, uid: np.ndarray, metric: str, spec: MetricSpec
-) -> Summaries | None:
-    """Per GPU over the span: the metric's mean (windows weighted by their samples), or for a cumulative
-    counter its per-second increase from the window before the span to the span's last window. `uid` codes
-    each row's unit as an index into `units`."""
-    counts = np.bincount(
-        uid, weights=np.where(frame["previous"], 0, frame["n"].to_numpy(dtype=float)), minlength=len(units)
-    )
-    peak = f"{metric}_max"
-    if spec.counter and peak in frame.columns:
-        top = _numeric(frame[peak]).to_numpy(dtype=float)
-        if _is_cumulative(uid, top):
-            ts = (pd.to_datetime(frame["last_ts"], utc=True) - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
-            ok = np.isfinite(top)  # rows are sorted by unit and time
-            u, v, t = uid[ok], top[ok], ts[ok]
-            present, head = np.unique(u, return_index=True)
-            tail = len(u) - 1 - np.unique(u[::-1], return_index=True)[1]
-            first, last, t0, t1 = (np.full(len(units), np.nan) for _ in range(4))
-            first[present], t0[present] = v[head], t[head]
-            last[present], t1[present] = v[tail], t[tail]
-            dt = t1 - t0
-            with np.errstate(invalid="ignore", divide="ignore"):
-                rate = np.where((dt > 0) & (last >= first), (last - first) / dt, np.nan)
-            return _summaries(units, rate, counts)
+def _metric_part(
+    frame: pd.DataFrame, units: np.ndarray, uid: np.ndarray, counts: np.ndarray, metric: str, spec: MetricSpec
+) -> MetricPart:
+    """Per GPU over the span: the metric's mean (windows weighted by their samples), and for a counter its
+    per-second increase from the window before the span to the span's last window, with the consecutive
+    differences' signs that decide job-wide whether it only grows. `uid` codes each row's unit into `units`."""
     v = _numeric(frame[metric]).to_numpy(dtype=float)
     weight = np.where(frame["previous"] | ~np.isfinite(v), 0.0, frame["n"].to_numpy(dtype=float))
     total = np.bincount(uid, weights=weight, minlength=len(units))
     sums = np.bincount(uid, weights=np.where(weight > 0, v, 0.0) * weight, minlength=len(units))
     with np.errstate(invalid="ignore", divide="ignore"):
         means = np.where(total > 0, sums / total, np.nan)
-    return _summaries(units, means, np.where(total > 0, counts, 0))
+    part = MetricPart(means, np.where(total > 0, counts, 0))
+    peak = f"{metric}_max"
+    if spec.counter and peak in frame.columns:
+        top = _numeric(frame[peak]).to_numpy(dtype=float)
+        dv, same = _same_unit_diff(uid, top)
+        dv = dv[same & np.isfinite(dv)]
+        part.rises = (int(dv.size), int(np.count_nonzero(dv >= 0)), int(np.count_nonzero(dv > 0)))
+        ts = (pd.to_datetime(frame["last_ts"], utc=True) - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+        ok = np.isfinite(top)  # rows are sorted by unit and time
+        u, v, t = uid[ok], top[ok], ts[ok]
+        present, head = np.unique(u, return_index=True)
+        tail = len(u) - 1 - np.unique(u[::-1], return_index=True)[1]
+        first, last, t0, t1 = (np.full(len(units), np.nan) for _ in range(4))
+        first[present], t0[present] = v[head], t[head]
+        last[present], t1[present] = v[tail], t[tail]
+        dt = t1 - t0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            part.rate = np.where((dt > 0) & (last >= first), (last - first) / dt, np.nan)
+        part.rate_counts = counts
+    return part
 
 
 def _summaries(units: np.ndarray, values: np.ndarray, counts: np.ndarray) -> Summaries | None:
     if not np.isfinite(values).any():
         return None
-    return Summaries([str(u) for u in units], values.reshape(-1, 1), counts.astype(float).reshape(-1, 1))
+    names = units.tolist() if units.dtype == object else [str(u) for u in units]  # object: already str
+    return Summaries(names, values.reshape(-1, 1), counts.astype(float).reshape(-1, 1))
 
 
 def _same_unit_diff(uid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Consecutive differences of x (rows sorted by unit and time), and where both rows are one unit's."""
     return np.diff(x), uid[1:] == uid[:-1]
-
-
-def _is_cumulative(uid: np.ndarray, v: np.ndarray) -> bool:
-    """A counter only grows (resets aside); a rate (dcgm-exporter's PROF_*_BYTES) goes up and down."""
-    dv, same = _same_unit_diff(uid, v)
-    dv = dv[same & np.isfinite(dv)]
-    if dv.size < 3:
-        return False
-    return bool(np.mean(dv >= 0) >= 0.95 and np.mean(dv > 0) >= 0.5)
 
 
 def _grouped_outliers(
@@ -376,8 +480,8 @@ def _grouped_outliers(
 def _outliers(
     s: Summaries, w: int, spec: MetricSpec, members: np.ndarray
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
-    """Every member's normalized distance in window `w`, and the members far from the rest of their peers
-    (with their distance and the peers' band)."""
+    """Members' normalized distances in window `w` (those at least SUPPORT_Z: the only ones a summary keeps), and
+    the members far from the rest of their peers (with their distance and the peers' band)."""
     x, count = s.values[:, w], np.where(members, s.counts[:, w], 0)
     present = count[count > 0]
     if present.size < MIN_UNITS:
@@ -390,7 +494,9 @@ def _outliers(
     mad = float(np.median(np.abs(x - center))) * 1.4826
     scale = max(mad, spec.rel_floor * abs(center), spec.abs_floor, 1e-12)
     z = (x - center) / scale
-    zs = {s.units[j]: float(zj) for j, zj in zip(idx, z, strict=True)}
+    # Only the large distances become a dict: one entry per GPU and metric was most of a 16k-GPU span's time.
+    far = np.flatnonzero(np.abs(z) >= SUPPORT_Z)
+    zs = {s.units[idx[j]]: float(z[j]) for j in far}
     flagged = np.flatnonzero(np.abs(z) >= Z_MIN)
     if flagged.size == 0 or flagged.size > max(1, math.floor(MAX_OUTLIER_FRACTION * x.size)):
         return zs, {}

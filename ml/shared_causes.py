@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -260,3 +260,54 @@ def _most_specific(found: list[SharedGroup], precedence: Sequence[str]) -> list[
 
 def _with_also(group: SharedGroup, also: str) -> SharedGroup:
     return replace(group, also=(*group.also, also))
+
+
+@dataclass(frozen=True, slots=True)
+class Rival:
+    """An open shared incident as a new group is weighed against it: the findings it already explains."""
+
+    incident_id: int
+    component_kind: str
+    component: str
+    finding_ids: frozenset[int]
+    members: int
+
+
+def against_rivals(
+    group: SharedGroup, rivals: Iterable[Rival], node_of: Mapping[int, Collection[str]], min_nodes: int
+) -> tuple[SharedGroup | None, list[int]]:
+    """A new group weighed against the open incidents of other components that already claim some of its findings
+    (a pass that saw a driver rollout's first Xids before its nodes reported the new version blamed their power
+    domain; the next names the driver). The explanation covering more nodes wins, and of two over as many the kind
+    first in the category's precedence (a driver before a power domain for GPU errors): the rival is superseded
+    (its id returned); the findings a rival with as many or more members claims are taken out of the
+    group, which stands only if it keeps `min_nodes` nodes (a member's later fault of its own does not join the
+    rival's findings into a second component's group). Returns (the group as it stands or None, superseded ids)."""
+    ids = set(group.finding_ids)
+    superseded: list[int] = []
+    for rival in rivals:
+        if (rival.component_kind, rival.component) == (group.component_kind, group.component):
+            continue
+        claimed = ids & rival.finding_ids
+        if not claimed:
+            continue
+        if len(group.nodes) > rival.members or (
+            len(group.nodes) == rival.members
+            and _ranks_before(group.component_kind, rival.component_kind, group.category)
+        ):
+            superseded.append(rival.incident_id)
+        else:
+            ids -= claimed
+    if len(ids) == len(group.finding_ids):
+        return group, superseded
+    nodes = sorted({n for i in ids for n in node_of.get(i, ())} & set(group.nodes))
+    if len(nodes) < min_nodes:
+        return None, []
+    return replace(group, nodes=tuple(nodes), finding_ids=tuple(sorted(ids))), superseded
+
+
+def _ranks_before(kind: str, other: str, category: str) -> bool:
+    """Whether `kind` is a likelier explanation than `other` of findings of `category` (see _PRECEDENCE)."""
+    order = _PRECEDENCE_BY_CATEGORY.get(category, _PRECEDENCE)
+    rank = {k: i for i, k in enumerate(order)}
+    return rank.get(kind, len(order)) < rank.get(other, len(order))

@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     # Diagnosis: how often every active job is examined, over how much recent data.
     diagnosis_interval_s: float = Field(default=5.0, gt=0)
     diagnosis_window_s: float = Field(default=300.0, ge=30)
+    # A job of at least this many GPUs has its pass split across workers (service/diagnosis/split.py: a Celery
+    # chord of one task per node group of about `diagnosis_split_group_gpus` GPUs, then a merge); smaller jobs
+    # keep the single-task pass. 0: never split. A split pass not merged after `diagnosis_split_timeout_s` (a
+    # worker died) no longer holds the next periodic pass back.
+    diagnosis_split_min_gpus: int = Field(default=32768, ge=0)
+    diagnosis_split_group_gpus: int = Field(default=16384, ge=1)
+    diagnosis_split_timeout_s: float = Field(default=60.0, gt=0)
     # A 10 s metric window is summarized this long after its end: agents ship every 5 s, so its samples
     # have arrived by then. Later samples stay raw (plots, evidence) but miss their window.
     window_grace_s: float = Field(default=6.0, ge=0)

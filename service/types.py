@@ -21,14 +21,24 @@ INT32_MAX = 2**31 - 1
 TIME_WINDOW = (timedelta(days=30), timedelta(days=1))
 
 
+def time_window(context: dict[str, object] | None) -> tuple[timedelta, timedelta]:
+    """(max age, max ahead) from a validation context, or the defaults."""
+    return (context or {}).get("time_window", TIME_WINDOW)  # type: ignore[return-value]
+
+
+def implausible(value: datetime, window: tuple[timedelta, timedelta]) -> str:
+    max_age, max_ahead = window
+    return (
+        f"{value.isoformat()} is implausible: more than {max_age} before or {max_ahead} after the server's "
+        "clock (check the node's clock)"
+    )
+
+
 def _plausible(value: datetime, info: ValidationInfo) -> datetime:
-    max_age, max_ahead = (info.context or {}).get("time_window", TIME_WINDOW)
+    window = time_window(info.context)
     now = datetime.now(UTC)
-    if not now - max_age <= value <= now + max_ahead:
-        raise ValueError(
-            f"{value.isoformat()} is implausible: more than {max_age} before or {max_ahead} after the server's "
-            "clock (check the node's clock)"
-        )
+    if not now - window[0] <= value <= now + window[1]:
+        raise ValueError(implausible(value, window))
     return value
 
 

@@ -45,6 +45,10 @@ def create_celery() -> Celery:
         accept_content=["json"],
         result_serializer="json",
         task_ignore_result=True,
+        # Results only of the tasks that ask for them (a split diagnosis pass's group tasks and merge: a chord needs
+        # its header's results), in Redis beside the broker, gone after a while.
+        result_backend=settings.broker_url,
+        result_expires=600,
         # A task is acknowledged after it ran, and redelivered if its worker died mid-way:
         # every task must therefore be idempotent.
         task_acks_late=True,
@@ -72,6 +76,12 @@ def create_celery() -> Celery:
             },
             # Retention: drops partitions past it (and prunes agent_batches and expired UI sessions).
             "prune-old-signals": {"task": "maintenance.prune_old_signals", "schedule": timedelta(minutes=10)},
+            # Closed hours of GPU samples into compact chunks (service/maintenance/compaction.py): one hour a run.
+            "compact-samples": {
+                "task": "maintenance.compact_samples",
+                "schedule": timedelta(minutes=5),
+                "options": {"expires": 300},
+            },
             "expire-decisions": {
                 "task": "maintenance.expire_decisions",
                 "schedule": timedelta(seconds=10),

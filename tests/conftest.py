@@ -200,9 +200,9 @@ def session(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 TABLES = (
     "notification_deliveries, notification_channels, node_events, decisions, findings, incidents, silences, "
-    "metric_samples, metric_windows, node_samples, node_windows, job_columns, detector_states, log_events, "
-    "stack_dumps, process_snapshots, agent_batches, unknown_line_counts, unknown_line_forms, "
-    "ranks, gpus, nodes, jobs, ui_sessions, fleet_breaker, breaker_events, "
+    "metric_samples, metric_chunks, metric_windows, node_samples, node_windows, job_columns, detector_states, "
+    "log_events, stack_dumps, process_snapshots, agent_batches, unknown_line_counts, unknown_line_forms, "
+    "ranks, gpus, nodes, jobs, ui_sessions, fleet_breaker, breaker_events, shared_incidents, "
     "api_tokens"
 )
 

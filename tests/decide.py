@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from ml.findings import Finding
-from service.config import get_settings
+from service.config import Settings, get_settings
 from service.diagnosis.service import DiagnosisResult, _decide
 from service.models import Job
 
@@ -26,8 +26,10 @@ def finding(node: str | None, *, detector: str, category: str, at: datetime, key
     return Finding(detector=detector, category=category, observed_at=at, node=node, key=key, **(defaults | values))
 
 
-def decide(session: Session, job: Job, findings: list[Finding], now: datetime) -> DiagnosisResult:
-    """One pass's decide step over these findings, at `now`."""
+def decide(
+    session: Session, job: Job, findings: list[Finding], now: datetime, settings: Settings | None = None
+) -> DiagnosisResult:
+    """One pass's decide step over these findings, at `now` (under the environment's settings unless given)."""
     result = DiagnosisResult(job_id=job.external_id)
-    _decide(session, job=job, findings=findings, result=result, settings=get_settings(), now=now)
+    _decide(session, job=job, findings=findings, result=result, settings=settings or get_settings(), now=now)
     return result

@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -58,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
         "did not come through ingest); by default the generated columns are recorded, as ingest records an "
         "agent's",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="send the passes through Celery to this many worker processes started for each size, split passes "
+        "against single ones (lab/bench/diagnosis_split.py); 0 (default): passes run in this process",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--data-dir", type=Path, help="embedded PostgreSQL and Redis there (default: a temp dir)")
     return parser
@@ -70,8 +78,8 @@ def main(argv: list[str]) -> int:
     except ValueError:
         say(f"--gpus takes whole numbers separated by commas, not {args.gpus!r}")
         return 2
-    if not sizes or min(sizes) < GPUS_PER_NODE or args.passes < 1 or args.history < 60:
-        say(f"--gpus must be at least {GPUS_PER_NODE}, --passes at least 1, --history at least 60")
+    if not sizes or min(sizes) < GPUS_PER_NODE or args.passes < 1 or args.history < 60 or args.workers < 0:
+        say(f"--gpus must be at least {GPUS_PER_NODE}, --passes at least 1, --history at least 60, --workers >= 0")
         return 2
     from service import migrate
 
@@ -83,8 +91,20 @@ def main(argv: list[str]) -> int:
         migrate.upgrade(backend.database_url)
         columns = "every metric column" if args.every_column else "the generated (reported) columns"
         with watch_other_load(backend.dsn) as watched:
-            figures = {"columns": columns, "sizes": [_size(gpus, args) for gpus in sizes]}
-    print(format_report(figures))
+            if args.workers:
+                from lab.bench import diagnosis_split
+
+                logs = Path(tempfile.mkdtemp(prefix="faultline-bench-diag-workers-"))
+                # The in-process bench's job and history builders, handed over (lab.bench is kept free of cycles).
+                here = sys.modules[__name__]
+                runs = [diagnosis_split.run_size(gpus, args, logs=logs, bench=here) for gpus in sizes]
+                figures = {"columns": columns, "sizes": runs}
+            else:
+                figures = {"columns": columns, "sizes": [_size(gpus, args) for gpus in sizes]}
+    if args.workers:
+        print(diagnosis_split.format_report(figures))
+    else:
+        print(format_report(figures))
     print(note(figures, watched))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

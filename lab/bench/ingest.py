@@ -44,7 +44,9 @@ NODE_PREFIX = "bench-node"
 def _count_rows(dsn: str, job_name: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM metric_samples WHERE job_id = (SELECT id FROM jobs WHERE external_id = %s)",
+            # Through gpu_samples: an hour beat compacted meanwhile (a run past an hour's end) still counts.
+            "SELECT count(*) FROM gpu_samples('-infinity', 'infinity') "
+            "WHERE job_id = (SELECT id FROM jobs WHERE external_id = %s)",
             (job_name,),
         ).fetchone()
     return int(row[0]) if row else 0

@@ -49,6 +49,15 @@ def _failures(phase: dict[str, Any]) -> str:
     return text
 
 
+def _per_core(requests_per_s: float, api_cores: float | None) -> str:
+    """Requests per second of API CPU: what a change to the request path moves even when other load on the machine
+    leaves the API fewer cores (the throughput and the ratio to COPY move with the machine's other load)."""
+    if not api_cores or not requests_per_s:
+        return "-"
+    per_request_us = 1e6 * api_cores / requests_per_s
+    return f"{requests_per_s / api_cores:>10,.0f} requests per API core-second ({per_request_us:,.0f} µs per request)"
+
+
 def _verdict(ok: bool, size_reached: bool) -> str:
     if not size_reached:
         return "n/a"
@@ -86,6 +95,7 @@ def format_report(f: dict[str, Any]) -> str:
         "",
         f"capacity, closed loop ({cap['elapsed_s']:.1f} s, {c['connections']} connections)",
         f"  throughput        {cap['samples_per_s']:>10,.0f} GPU samples/s  {cap['requests_per_s']:>7,.0f} requests/s",
+        f"  per API core      {_per_core(cap['requests_per_s'], f['cpu_cores'].get('capacity', {}).get('api'))}",
         f"  latency           {_ms(cap['latency_ms'])}",
         f"  failures          {_failures(cap)}",
         "",

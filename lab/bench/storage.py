@@ -1,9 +1,11 @@
 """`faultline bench storage`: what a GPU sample costs on disk, and what retention costs, partitioned or not.
 
 Generates `--hours` of a `--gpus` cluster at one sample per GPU per second (the 24 DCGM fields of the ingest
-benchmark's synthetic job) inside PostgreSQL, into hourly partitions of metric_samples for a synthetic day far
-in the future (2090), so the real rows of a live database are never in the way. Measures bytes per GPU-sample
-(heap and indexes, pg_total_relation_size over the partitions) and projects them to 16,384 GPUs; then times
+benchmark's synthetic job, with its kind of values unless `--values random`) inside PostgreSQL, into hourly
+partitions of metric_samples for a synthetic day far in the future (2090), so the real rows of a live database
+are never in the way. Measures bytes per GPU-sample (heap with TOAST and indexes, pg_total_relation_size over
+the partitions) three ways: as ingest's rows, compacted into metric_chunks as beat does it (timed), and as the
+10 s windows the diagnosis rollup builds of them; projects them to 16,384 GPUs a day and for the retention; then times
 retention as beat runs it (DETACH and DROP of whole partitions) for those rows and for a whole day of 10 GPUs,
 while another connection inserts through metric_samples as ingest does (how long a writer waits on it), and
 the old retention (50,000-row DELETEs, then VACUUM) on `--delete-minutes` of the same cluster in an
@@ -35,8 +37,10 @@ from lab.bench.storage_measurements import (
     OLD_RUN_S,
     PROBE_EVERY_S,
     SMALL_DAY,
+    VALUE_KINDS,
     _bench_partitions,
     _cleanup,
+    _compact,
     _drop_partitions,
     _generate,
     _make_partitions,
@@ -45,12 +49,17 @@ from lab.bench.storage_measurements import (
     _sizes,
     _wal_lsn,
     _wal_since,
+    _windows,
 )
 from lab.bench.synthetic import COUNTERS, GAUGES
 from service.config import to_libpq_url
 
 TARGET_GPUS = 16_384
 SMALL_GPUS = 10
+RETENTION_H = 72  # FAULTLINE_METRIC_RETENTION_HOURS' default
+# Hours kept as rows, at most (rounded up): the current one, and the last one until beat compacts it
+# (compaction.COMPACT_AFTER past its end, then the run's own minutes).
+HOT_HOURS = 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +77,14 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=10,
         help="minutes of the same cluster deleted row by row for the comparison (default %(default)s)",
+    )
+    parser.add_argument(
+        "--values",
+        choices=VALUE_KINDS,
+        default="agent",
+        help="the samples' values: 'agent' as the benchmarks' synthetic job reports them (whole utilizations, clocks "
+        "and temperatures, rising counters), 'random' uniform float gauges, the worst case for compression "
+        "(default %(default)s)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
@@ -111,13 +128,27 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
     try:
         names = _make_partitions(engine, BIG_DAY, args.hours)
         say(f"generating {args.gpus:,} GPUs x {args.hours} h at 1 s: {rows:,} rows into {len(names)} partitions ...")
-        gen_s = _generate(engine, "metric_samples", start=BIG_DAY, seconds=seconds, gpus=args.gpus, what="generated")
+        gen_s = _generate(
+            engine,
+            "metric_samples",
+            start=BIG_DAY,
+            seconds=seconds,
+            gpus=args.gpus,
+            what="generated",
+            values=args.values,
+        )
         with engine.begin() as conn:
             stored = conn.execute(
                 text("SELECT count(*) FROM metric_samples WHERE ts >= :a AND ts < :b"),
                 {"a": BIG_DAY, "b": BIG_DAY + timedelta(seconds=seconds)},
             ).scalar()
             sizes = _sizes(conn, names)
+        say("10 s windows of those samples (the diagnosis rollup) ...")
+        windows = _windows(engine, start=BIG_DAY, seconds=seconds)
+        say(f"compacting the {len(names)} hours into metric_chunks ...")
+        chunks = _compact(engine, names, start=BIG_DAY)
+        if chunks["samples"] != stored:
+            raise RuntimeError(f"compaction wrote {chunks['samples']:,} samples of {stored:,}")
         checkpoint_s = _settle(engine, names)
         say(f"dropping the {len(names)} partitions (retention) ...")
         lsn = _wal_lsn(engine)
@@ -144,6 +175,8 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
 
     per_sample = sizes["total"] / stored
     day_16k = TARGET_GPUS * 86_400
+    per_chunked = chunks["bytes"]["total"] / stored
+    per_window = windows["bytes"]["total"] / stored
     drop_s = sum(drop_each["statements"]) + sum(drop_each["commit"])
     delete_same_s = stored / old["rows_per_s"] if old["rows_per_s"] else None
     return {
@@ -155,12 +188,37 @@ def _measure(args: argparse.Namespace, engine: Engine, kind: str) -> dict[str, A
         "generate_s": round(gen_s, 1),
         "rows_per_s_generated": round(stored / gen_s),
         "partitions": len(names),
+        "values": args.values,
         "bytes": sizes,
         "bytes_per_sample": round(per_sample, 1),
+        "compact": {
+            "bytes": chunks["bytes"],
+            "bytes_per_sample": round(per_chunked, 1),
+            "chunks": chunks["chunks"],
+            "compaction_s": chunks["seconds"],
+            "compaction_rows_per_s": round(stored / chunks["seconds"]) if chunks["seconds"] else None,
+        },
+        "windows": {
+            "rows": windows["rows"],
+            "bytes": windows["bytes"],
+            "bytes_per_sample": round(per_window, 1),
+            "bytes_per_window": round(windows["bytes"]["total"] / max(windows["rows"], 1), 1),
+            "rollup_s": windows["rollup_s"],
+        },
         "projected_16k": {
             "samples_per_day": day_16k,
             "bytes_per_day": round(per_sample * day_16k),
             "bytes_per_hourly_partition": round(per_sample * TARGET_GPUS * 3600),
+            "compact_bytes_per_day": round(per_chunked * day_16k),
+            "windows_bytes_per_day": round(per_window * day_16k),
+            # Rows stay rows for at most HOT_HOURS (the current hour, the last one until it is compacted).
+            "retention_bytes_before": round(per_sample * TARGET_GPUS * 3600 * RETENTION_H),
+            "retention_bytes_after": round(
+                (per_sample * HOT_HOURS + per_chunked * (RETENTION_H - HOT_HOURS)) * TARGET_GPUS * 3600
+            ),
+            "windows_retention_bytes": round(per_window * TARGET_GPUS * 3600 * RETENTION_H),
+            # Cores busy compacting, on average, to keep up with 16,384 samples a second.
+            "compaction_cores": round(TARGET_GPUS * chunks["seconds"] / stored, 3),
         },
         "drop": {
             "checkpoint_before_s": round(checkpoint_s, 2),
@@ -227,6 +285,10 @@ def format_report(f: dict[str, Any]) -> str:
     p = f["projected_16k"]
     rows = f["rows"]
     parts = ", ".join(f"{name} {size / rows:.1f}" for name, size in b.items() if name not in ("total", "heap"))
+    k, w = f["compact"], f["windows"]
+    chunk_parts = ", ".join(
+        f"{name} {size / rows:.2f}" for name, size in k["bytes"].items() if name not in ("total", "heap")
+    )
     drop_ms = drop["seconds"] * 1000
     lines = [
         f"storage bench: metric_samples, {f['gpus']:,} GPUs x {f['hours']} h at 1 s = {rows:,} rows "
@@ -235,12 +297,23 @@ def format_report(f: dict[str, Any]) -> str:
         f"synchronous_commit {c['synchronous_commit']}, {c['cpu_cores']} CPU cores; rows made by INSERT ... "
         f"generate_series in {f['generate_s']:.0f} s ({f['rows_per_s_generated']:,} rows/s, indexes maintained)",
         "",
-        "size",
-        f"  on disk          {_mib(b['total'])} = {f['bytes_per_sample']:.1f} bytes per GPU-sample: heap "
-        f"{b['heap'] / rows:.1f}, {parts}",
-        f"  at {TARGET_GPUS:,} GPUs   {p['samples_per_day'] / 1e9:.2f} B samples/day = {_mib(p['bytes_per_day'])}/day; "
-        f"an hourly partition {_mib(p['bytes_per_hourly_partition'])}; 72 h of retention "
-        f"{_mib(p['bytes_per_day'] * 3)}",
+        f"size (bytes per GPU-sample on disk: heap with TOAST, and indexes; values: {f['values']})",
+        f"  raw, rows        {_mib(b['total'])} = {f['bytes_per_sample']:.1f} bytes per GPU-sample: heap "
+        f"{b['heap'] / rows:.1f}, {parts} (ingest's layout, kept for the hot hours)",
+        f"  raw, compacted   {_mib(k['bytes']['total'])} = {k['bytes_per_sample']:.1f} bytes per GPU-sample: heap "
+        f"{k['bytes']['heap'] / rows:.1f}, {chunk_parts} ({k['chunks']:,} chunks; "
+        f"{b['total'] / k['bytes']['total']:.1f}x smaller)",
+        f"  compaction       {k['compaction_s']:.0f} s for {rows:,} rows = {k['compaction_rows_per_s']:,} rows/s: "
+        f"{p['compaction_cores']:.2f} of a core on average at {TARGET_GPUS:,} GPUs",
+        f"  10 s windows     {_mib(w['bytes']['total'])} = {w['bytes_per_sample']:.1f} bytes per GPU-sample "
+        f"({w['rows']:,} windows, {w['bytes_per_window']:.0f} bytes each; rolled up in {w['rollup_s']:.0f} s)",
+        f"  at {TARGET_GPUS:,} GPUs   {p['samples_per_day'] / 1e9:.2f} B samples/day: raw "
+        f"{_mib(p['bytes_per_day'])}/day "
+        f"as rows (before), {_mib(p['compact_bytes_per_day'])}/day compacted (after); windows "
+        f"{_mib(p['windows_bytes_per_day'])}/day",
+        f"  {RETENTION_H} h retention  raw {_mib(p['retention_bytes_before'])} before, "
+        f"{_mib(p['retention_bytes_after'])} "
+        f"after ({HOT_HOURS} h as rows, the rest compacted); windows {_mib(p['windows_retention_bytes'])}",
         "",
         "retention by partition drop (DETACH, DROP, commit, one partition a transaction; after VACUUM and "
         "CHECKPOINT, as a partition past retention is long vacuumed and written out; an insert through "

@@ -14,9 +14,12 @@ from sqlalchemy import Connection, Engine, text
 from lab.bench.backend import say
 from lab.bench.synthetic import COUNTERS, GAUGES
 from ml.metrics import FIELD_TO_COLUMN
-from service.maintenance import partitions
+from service.diagnosis import windows as diagnosis_windows
+from service.maintenance import compaction, partitions
 
 METRICS = partitions.REGISTRY["metric_samples"]
+CHUNKS = partitions.REGISTRY["metric_chunks"]
+WINDOWS = partitions.REGISTRY["metric_windows"]
 # Synthetic days no live database has rows for; partitions there are the benchmark's own.
 BIG_DAY = datetime(2090, 1, 1, tzinfo=UTC)
 SMALL_DAY = datetime(2091, 1, 1, tzinfo=UTC)
@@ -29,24 +32,60 @@ OLD_RUN_S = 600
 JOB_ID = -4242  # no real job has a negative id
 
 
-def _columns() -> list[tuple[str, str]]:
-    """(column, SQL value) of each synthetic field: gauges noisy, counters rising with time (s) per GPU (g)."""
-    values: list[tuple[str, str]] = []
+# How the synthetic samples' values are made: "agent" as lab/bench/synthetic.py's job reports them (whole numbers
+# for utilizations, clocks and temperatures, power to the milliwatt, profiling ratios to 4 decimals, counters
+# rising), which is how DCGM reports them; "random" gauges uniform in [40, 100) at full float precision, the
+# worst case for compression (the row layout's size does not depend on the values).
+VALUE_KINDS = ("agent", "random")
+# Per row: the job's utilization (breathing together, noisy per GPU) and three roughly normal noises.
+_NOISES = (
+    "LATERAL (SELECT random() + random() + random() - 1.5 AS n1, random() + random() + random() - 1.5 AS n2, "
+    "random() + random() + random() - 1.5 AS n3) nn, LATERAL (SELECT least(100, greatest(0, 92 + 5 * sin(s / 7.0) "
+    "+ (random() + random() + random() - 1.5) * 1.5)) AS u) uu"
+)
+_AGENT_VALUES = {
+    "DCGM_FI_DEV_GPU_UTIL": "round(u)",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "round(u * 0.45 + n1 * 2)",
+    "DCGM_FI_DEV_SM_CLOCK": "1980 - round(random() * 15)",
+    "DCGM_FI_DEV_MEM_CLOCK": "2619",
+    "DCGM_FI_DEV_GPU_TEMP": "round(45 + u * 0.25 + n2 * 0.7)",
+    "DCGM_FI_DEV_MEMORY_TEMP": "round(50 + u * 0.2 + n3 * 0.7)",
+    "DCGM_FI_DEV_POWER_USAGE": "round((300 + 3.5 * u + n1 * 6)::numeric, 3)",
+    "DCGM_FI_DEV_FB_FREE": "12000 + g % 8",
+    "DCGM_FI_DEV_FB_USED": "69000 - g % 8",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "round((u / 100 * 0.98)::numeric, 4)",
+    "DCGM_FI_PROF_SM_ACTIVE": "round((u / 100 * 0.9)::numeric, 4)",
+    "DCGM_FI_PROF_SM_OCCUPANCY": "round((u / 100 * 0.55)::numeric, 4)",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "round((u / 100 * 0.6 + n2 * 0.01)::numeric, 4)",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "round((u / 100 * 0.5 + n3 * 0.01)::numeric, 4)",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "round(1.5e9 + g * 1e7 + s * 650000.0 + random() * 3000)",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "round(s * 2.3e10 + g * 1e6)",
+    "DCGM_FI_PROF_PCIE_TX_BYTES": "round(u * 1.1e7)",
+    "DCGM_FI_PROF_PCIE_RX_BYTES": "round(u * 1.3e7)",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": "round(u * 2.1e9)",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": "round(u * 2.1e9)",
+}
+
+
+def _columns(values: str = "agent") -> list[tuple[str, str]]:
+    """(column, SQL value) of each synthetic field, per second (s) and GPU (g); see VALUE_KINDS."""
+    out: list[tuple[str, str]] = []
     for field in GAUGES:
-        values.append((FIELD_TO_COLUMN[field], "40 + random() * 60"))
+        out.append((FIELD_TO_COLUMN[field], _AGENT_VALUES[field] if values == "agent" else "40 + random() * 60"))
     for i, field in enumerate(COUNTERS):
-        values.append((FIELD_TO_COLUMN[field], f"s * {10 ** (i % 7 + 3)}.5 + g"))
-    return values
+        rising = f"s * {10 ** (i % 7 + 3)}.5 + g"
+        out.append((FIELD_TO_COLUMN[field], _AGENT_VALUES.get(field, "0") if values == "agent" else rising))
+    return out
 
 
-def _insert_sql(table: str, *, start: datetime, first_s: int, last_s: int, gpus: int) -> str:
-    columns = _columns()
+def _insert_sql(table: str, *, start: datetime, first_s: int, last_s: int, gpus: int, values: str = "agent") -> str:
+    columns = _columns(values)
     names = ", ".join(c for c, _ in columns)
     exprs = ", ".join(v for _, v in columns)
     return (
         f"INSERT INTO {table} (ts, node_id, gpu, job_id, {names}) "
         f"SELECT timestamptz '{start.isoformat()}' + s * interval '1 second', -1 - g / 8, (g % 8)::smallint, "
-        f"{JOB_ID}, {exprs} FROM generate_series({first_s}, {last_s}) s, generate_series(0, {gpus - 1}) g"
+        f"{JOB_ID}, {exprs} FROM generate_series({first_s}, {last_s}) s, generate_series(0, {gpus - 1}) g, {_NOISES}"
     )
 
 
@@ -56,7 +95,15 @@ def _step_s(gpus: int) -> int:
 
 
 def _generate(
-    engine: Engine, table: str, *, start: datetime, seconds: int, gpus: int, what: str, progress: bool = True
+    engine: Engine,
+    table: str,
+    *,
+    start: datetime,
+    seconds: int,
+    gpus: int,
+    what: str,
+    progress: bool = True,
+    values: str = "agent",
 ) -> float:
     """Insert `seconds` of samples of `gpus` GPUs from `start`; returns the seconds it took."""
     began = time.perf_counter()
@@ -64,16 +111,50 @@ def _generate(
     for first in range(0, seconds, step):
         last = min(seconds, first + step) - 1
         with engine.begin() as conn:
-            conn.execute(text(_insert_sql(table, start=start, first_s=first, last_s=last, gpus=gpus)))
+            conn.execute(text(_insert_sql(table, start=start, first_s=first, last_s=last, gpus=gpus, values=values)))
         if progress and ((last + 1) % 3600 == 0 or last + 1 == seconds):
             rows = (last + 1) * gpus
             say(f"{what}: {rows:,} rows ({(last + 1) / 3600:.2f} h) in {time.perf_counter() - began:.0f} s")
     return time.perf_counter() - began
 
 
-def _bench_partitions(conn: Connection, day: datetime) -> list[str]:
-    prefix = f"{METRICS.name}_p{day:%Y}"
-    return [n for n in partitions.list_partitions(conn, METRICS) if n.startswith(prefix)]
+def _bench_partitions(conn: Connection, day: datetime, spec: partitions.PartitionedTable = METRICS) -> list[str]:
+    prefix = f"{spec.name}_p{day:%Y}"
+    return [n for n in partitions.list_partitions(conn, spec) if n.startswith(prefix)]
+
+
+def _windows(engine: Engine, *, start: datetime, seconds: int) -> dict[str, Any]:
+    """The 10 s windows of the generated samples, built by the diagnosis rollup (every column), one hour a
+    transaction: their rows and size."""
+    with engine.begin() as conn:
+        partitions.ensure_table_partitions(conn, WINDOWS, start=start, end=start + timedelta(seconds=seconds - 1))
+    statement = diagnosis_windows._statement("gpu", frozenset())
+    began = time.perf_counter()
+    for first in range(0, seconds, 3600):
+        lo = start + timedelta(seconds=first)
+        hi = start + timedelta(seconds=min(seconds, first + 3600))
+        with engine.begin() as conn:
+            conn.execute(statement, {"job": JOB_ID, "lo": lo, "hi": hi, "origin": diagnosis_windows._ORIGIN})
+    rollup_s = time.perf_counter() - began
+    with engine.begin() as conn:
+        rows = conn.execute(text("SELECT count(*) FROM metric_windows WHERE job_id = :j"), {"j": JOB_ID}).scalar()
+        sizes = _sizes(conn, _bench_partitions(conn, start, WINDOWS))
+    return {"rows": rows, "bytes": sizes, "rollup_s": round(rollup_s, 1)}
+
+
+def _compact(engine: Engine, names: list[str], *, start: datetime) -> dict[str, Any]:
+    """Each generated hour compacted into metric_chunks as beat does it, its rows kept (the retention timings
+    below drop them): seconds, samples and chunks written, and the chunks' size."""
+    began = time.perf_counter()
+    samples = chunks = 0
+    for name in names:
+        with engine.begin() as conn:
+            n_samples, n_chunks = compaction.compact_partition(conn, name, drop=False)
+        samples, chunks = samples + n_samples, chunks + n_chunks
+    seconds = time.perf_counter() - began
+    with engine.begin() as conn:
+        sizes = _sizes(conn, _bench_partitions(conn, start, CHUNKS))
+    return {"seconds": round(seconds, 1), "samples": samples, "chunks": chunks, "bytes": sizes}
 
 
 def _make_partitions(engine: Engine, day: datetime, hours: int) -> list[str]:
@@ -275,4 +356,9 @@ def _cleanup(engine: Engine) -> None:
         for day in (BIG_DAY, SMALL_DAY):
             for name in _bench_partitions(conn, day):
                 partitions.drop_partition(conn, METRICS, name)
+            for spec in (CHUNKS, WINDOWS):
+                for name in _bench_partitions(conn, day, spec):
+                    # Waiting for the lock: autovacuum, busy with the fresh chunks, gives way (NOWAIT would fail).
+                    conn.execute(text(f"ALTER TABLE {spec.name} DETACH PARTITION {name}"))
+                    conn.execute(text(f"DROP TABLE {name}"))
         _delete_probe_rows(conn)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -94,6 +95,15 @@ class Api:
     def decisions(self, job_id: str) -> list[dict[str, Any]]:
         """Every decision about the job, in any state."""
         return self._pages("/api/v1/decisions", {"job": job_id})
+
+    def shared_cordons(self, nodes: Iterable[str]) -> list[dict[str, Any]]:
+        """The cordons of shared incidents on these nodes (an NVLink domain drained whole): decided for a component,
+        they belong to no job, so the job's list leaves them out."""
+        out = []
+        for node in nodes:
+            items = self._pages("/api/v1/decisions", {"node": node, "kind": "cordon"})
+            out += [d for d in items if d.get("shared_incident_id") is not None]
+        return out
 
     def incidents(self, job_id: str) -> list[dict[str, Any]]:
         """Every incident of the job in full, with its suspects and its findings (the calibration report reads

@@ -445,7 +445,9 @@ class Campaign(Soak):
                 expect_action=FAULT_KINDS[a.draw.kind].action,
                 eviction_optional=FAULT_KINDS[a.draw.kind].eviction_optional,
                 localizable=a.draw.category in self.localizable,
-                injected_s=a.t,
+                # When the fault struck: the record's time, which a fault that comes some seconds into its setting
+                # (fault_in_checkpoint: the GPU drops 3-8 s into the save) moves to that moment (issue 44).
+                injected_s=max(a.t, a.record.t),
                 dealt_s=a.dealt_t,
                 how=a.how,
                 lost_s=round(lost, 1),
@@ -585,6 +587,15 @@ class Campaign(Soak):
             self.shared_rows[s.id] = scoring.SharedIncidentRow(
                 s.id, job.run.job_id, t, s.component_kind, s.component, members
             )
+        # A rival blamed on a pass's partial evidence and superseded a pass later by the better explanation.
+        superseded = session.scalars(
+            select(SharedIncident.id).where(
+                SharedIncident.id.in_([i for i, r in self.shared_rows.items() if not r.superseded] or [0]),
+                SharedIncident.resolution.like("superseded by %"),
+            )
+        )
+        for shared_id in superseded:
+            self.shared_rows[shared_id] = replace(self.shared_rows[shared_id], superseded=True)
 
 
 def run_campaign(

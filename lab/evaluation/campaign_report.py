@@ -14,6 +14,7 @@ from sqlalchemy import select
 from lab.evaluation import campaign_scoring as scoring
 from lab.evaluation.campaign_jobs import CampaignJob
 from lab.evaluation.campaign_returns import final_states
+from lab.evaluation.ettr_projection import format_projection, project_report
 from lab.evaluation.report_files import hms
 from service.db import session_scope
 from service.models import Incident
@@ -134,6 +135,8 @@ def scored(report: dict[str, Any]) -> dict[str, Any]:
             [scoring.NodeEnd(**e) for e in report.get("node_ends", [])],
         )
     )
+    # What the measured times would cost a 16k-GPU job at a real fault rate (the campaign's own ETTR cannot say).
+    result["ettr_projection"] = project_report(report)
     return {**report, **result}
 
 
@@ -156,4 +159,7 @@ def format_report(report: dict[str, Any]) -> str:
     )
     acts = Counter(f"{a['kind']} {a['ack']}" for a in report["loop_acts"])
     loop = "the loop acted: " + (", ".join(f"{k} {v}" for k, v in sorted(acts.items())) or "never")
-    return "\n".join([head, loop, "", scoring.format_table(report)])
+    lines = [head, loop, "", scoring.format_table(report)]
+    if report.get("ettr_projection"):
+        lines += ["", format_projection(report["ettr_projection"])]
+    return "\n".join(lines)

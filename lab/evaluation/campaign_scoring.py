@@ -187,6 +187,7 @@ class SharedIncidentRow:
     component_kind: str
     component: str
     members: tuple[str, ...] = ()
+    superseded: bool = False  # resolved a pass later for a better explanation of the same findings
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,8 @@ def shared_totals(
         f = v.fault
         hits = [
             s.id for s in shared
-            if s.job_id == f.job_id and _in(f.window, s.first_seen_s) and set(s.members) & set(f.members)
+            if not s.superseded and s.job_id == f.job_id and _in(f.window, s.first_seen_s)
+            and set(s.members) & set(f.members)
         ]  # fmt: skip
         per_fault[f.index] = hits
         explained.update(hits)
@@ -289,11 +291,12 @@ def shared_totals(
         "shared_faults": len(mine),
         "shared_caught": sum(v.caught for v in mine),
         "shared_incidents": len(shared),
+        "shared_superseded": sorted(s.id for s in shared if s.superseded),
         "shared_one_incident_each": sum(1 for v in mine if len(per_fault[v.fault.index]) == 1),
         "shared_component_named": named,
         "shared_per_node_decisions": sum(len(v.per_node) for v in mine),
         "shared_per_node_decision_ids": sorted(i for v in mine for i in v.per_node),
-        "shared_false_incidents": sorted(s.id for s in shared if s.id not in explained),
+        "shared_false_incidents": sorted(s.id for s in shared if s.id not in explained and not s.superseded),
         "shared_by_fault": {
             str(v.fault.index): {
                 "kind": v.fault.kind,
@@ -567,8 +570,9 @@ def format_table(result: Mapping[str, Any]) -> str:
         lines.append(
             f"shared causes {t['shared_faults']}: cordoned whole {t['shared_caught']}; shared incidents "
             f"{t['shared_incidents']} (exactly one for {t['shared_one_incident_each']}, the component named for "
-            f"{t['shared_component_named']}, {len(t['shared_false_incidents'])} no shared cause explains); per-node "
-            f"decisions on their members {t['shared_per_node_decisions']}"
+            f"{t['shared_component_named']}, {len(t['shared_false_incidents'])} no shared cause explains, "
+            f"{len(t.get('shared_superseded', []))} rivals superseded a pass later {t.get('shared_superseded', [])}); "
+            f"per-node decisions on their members {t['shared_per_node_decisions']}"
         )
         for index, s in t["shared_by_fault"].items():
             lines.append(

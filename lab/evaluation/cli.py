@@ -155,6 +155,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=CAMPAIGN_JOBS_SPEC,
         help=f"the campaign's jobs, run at once: NODESxGPUS[:tpTppP],... (default {CAMPAIGN_JOBS_SPEC})",
     )
+    p.add_argument(
+        "--chaos",
+        action="store_true",
+        help="campaign: the service as its own processes (API, worker, embedded PostgreSQL and Redis), the agents "
+        "shipping over HTTP through their spool, and those processes killed and restarted at random moments (seeded "
+        "by --seed); prints batches sent and stored, duplicate decisions, and recall and times beside --calm's",
+    )
+    p.add_argument(
+        "--chaos-blows",
+        type=positive_int,
+        metavar="N",
+        help="--chaos: processes killed over the campaign, the worker, the API, Redis and PostgreSQL in turn "
+        "(default: one per 4 faults, at least 4)",
+    )
+    p.add_argument(
+        "--calm",
+        type=Path,
+        metavar="CAMPAIGN_JSON",
+        help="--chaos: a calm campaign's JSON (same --faults and --seed), its figures printed beside the chaos run's",
+    )
+    p.add_argument(
+        "--project-ettr",
+        type=Path,
+        metavar="CAMPAIGN_JSON",
+        help="instead of a run: the projected ETTR of a 16,384-GPU job at Llama 3's fault rate from a saved "
+        "campaign's measured times (lab/evaluation/ettr_projection.py), with the assumptions below",
+    )
+    defaults = ettr_assumptions_defaults()
+    for flag, key, what in (
+        ("--restart-s", "restart_s", "a restart of the whole job, seconds"),
+        ("--checkpoint-interval-s", "checkpoint_interval_s", "seconds between checkpoints"),
+        ("--checkpoint-save-s", "checkpoint_save_s", "training paused per checkpoint save, seconds"),
+        ("--spare-wait-s", "spare_wait_s", "waiting for a spare machine per interruption, seconds"),
+    ):
+        p.add_argument(
+            flag, type=non_negative, default=defaults[key], help=f"--project-ettr: {what} (default {defaults[key]:g})"
+        )
+
+
+def ettr_assumptions_defaults() -> dict[str, float]:
+    from lab.evaluation.ettr_projection import Assumptions
+
+    return {k: float(v) for k, v in asdict(Assumptions()).items()}
+
+
+def non_negative(text: str) -> float:
+    """A number >= 0 (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
 
 
 def share(text: str) -> float:
@@ -194,8 +248,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     )
     try:
-        if sum(map(bool, (args.soak, args.campaign, args.corpus))) > 1:
-            raise SetupError("--soak, --campaign and --corpus are different runs: give one")
+        if sum(map(bool, (args.soak, args.campaign, args.corpus, args.project_ettr))) > 1:
+            raise SetupError("--soak, --campaign, --corpus and --project-ettr are different runs: give one")
+        if args.project_ettr:
+            return _project_ettr(args)
         if args.hang_timeout is None:
             # The scenarios' and the soak's 30 s is shorter than a checkpoint's pause on purpose (their hang
             # scenarios are timed against it). The campaign's jobs run for hours through checkpoints (20-40 s) and
@@ -403,6 +459,36 @@ def _soak(args: argparse.Namespace) -> int:
     return 0 if report_files.passed(report) else 1
 
 
+def _project_ettr(args: argparse.Namespace) -> int:
+    """A saved campaign's measured times priced at Llama 3's rate, with the assumptions given."""
+    from lab.evaluation.ettr_projection import Assumptions, format_projection, project_report
+
+    try:
+        report = json.loads(args.project_ettr.read_text())
+    except (OSError, ValueError) as exc:
+        raise SetupError(f"{args.project_ettr}: {exc}") from None
+    if not isinstance(report, dict) or "faults" not in report:
+        raise SetupError(f"{args.project_ettr}: not a campaign's JSON (no faults)")
+    assumptions = Assumptions(
+        restart_s=args.restart_s,
+        checkpoint_interval_s=args.checkpoint_interval_s,
+        checkpoint_save_s=args.checkpoint_save_s,
+        spare_wait_s=args.spare_wait_s,
+    )
+    try:
+        projection = project_report(report, assumptions)
+    except (TypeError, KeyError) as exc:
+        raise SetupError(f"{args.project_ettr}: not a campaign's JSON ({exc})") from None
+    if projection is None:
+        raise SetupError(f"{args.project_ettr}: the campaign has no fault to measure times from")
+    print(format_projection(projection), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(projection, indent=2) + "\n")
+        say(f"projection in {args.json}")
+    return 0
+
+
 def _corpus(args: argparse.Namespace) -> int:
     from lab.evaluation import corpus
 
@@ -462,6 +548,8 @@ def _campaign(args: argparse.Namespace) -> int:
             f"--duration is at most {soak_config.MAX_SIMULATED_S / 86400:g} days (the service keeps 30 days)"
         )
     data_dir: Path = args.data_dir.resolve()
+    if args.chaos:
+        return _chaos_campaign(args, jobs, duration, data_dir)
     with _accelerated_services(data_dir):
         config = soak_config.SoakConfig(
             duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
@@ -480,6 +568,43 @@ def _campaign(args: argparse.Namespace) -> int:
     report_files.write_report(report, out)
     say(f"results in {out}")
     return 0 if report_files.passed(report) else 1
+
+
+def _chaos_campaign(args: argparse.Namespace, jobs: list[Any], duration: float, data_dir: Path) -> int:
+    """The campaign against the service's own processes, killed at random moments (lab/evaluation/campaign_chaos.py)."""
+    from lab.evaluation import campaign_chaos, campaign_report, report_files, soak_config
+    from service.config import get_settings
+    from service.embedded import free_port
+
+    if os.environ.get("FAULTLINE_DATABASE_URL"):
+        raise SetupError(
+            "--chaos kills and restarts its own embedded PostgreSQL and Redis: unset FAULTLINE_DATABASE_URL"
+        )
+    try:
+        calm = campaign_chaos.load_calm(args.calm)
+    except (OSError, ValueError) as exc:
+        raise SetupError(f"--calm: {exc}") from None
+    config = soak_config.SoakConfig(
+        duration_s=duration, seed=args.seed, jobs=tuple(jobs), hang_timeout_s=args.hang_timeout
+    )
+    report = campaign_chaos.run_chaos_campaign(
+        config,
+        get_settings,
+        faults=args.faults,
+        data_dir=data_dir,
+        port=args.port or free_port(),
+        blows=args.chaos_blows or max(4, args.faults // 4),
+        say=say,
+        service_checks=not args.campaign_placeholder_checks,
+    )
+    print(campaign_report.format_report(report), flush=True)
+    print("", flush=True)
+    print(campaign_chaos.format_chaos(report, calm), flush=True)
+    out = args.json or data_dir / "campaign-chaos.json"
+    report_files.write_report(report, out)
+    say(f"results in {out}")
+    c = report["chaos"]
+    return 0 if c["batches_lost"] == 0 and not c["duplicate_decisions"] and not c["passes"]["lost"] else 1
 
 
 class Harness:

@@ -38,8 +38,12 @@ class Fault:
     # Evicting these nodes is acceptable but not required (e.g. one rank crashing with no hardware evidence).
     eviction_optional: bool = False
     # What should be decided about its nodes when that is not an eviction: "diagnose" (a node slow for a software
-    # reason) is checked; "" when the ground truth does not say (older ones), or "evict"/"none".
+    # reason) is checked; "" when the ground truth does not say (older ones), or "evict"/"none"; "cordon" for a
+    # shared component's fault (an NVLink domain's switch tray): its `members` cordoned by one shared incident.
     expect_action: str = ""
+    # The machines a failed shared component takes with it (an NVL72 rack's trays; a switch's machines), when it
+    # names them apart from `nodes`; the healthy machines of such a fault are these less `nodes`.
+    members: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Fault:
@@ -51,10 +55,11 @@ class Fault:
             expect_eviction=bool(data.get("expect_eviction", False)),
             eviction_optional=bool(data.get("eviction_optional", False)),
             expect_action=str(data.get("expect_action") or ""),
+            members=tuple(str(n) for n in data.get("trays") or ()),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "nodes": list(self.nodes),
             "injected_at": self.injected_at.isoformat() if self.injected_at else None,
@@ -63,6 +68,14 @@ class Fault:
             "eviction_optional": self.eviction_optional,
             "expect_action": self.expect_action,
         }
+        if self.members:
+            out["trays"] = list(self.members)
+        return out
+
+    @property
+    def covered(self) -> frozenset[str]:
+        """The machines a shared component's cordon must cover: its members, or its own nodes (a switch's)."""
+        return frozenset(self.members or self.nodes) if self.expect_action == "cordon" else frozenset()
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,8 @@ class Decision:
     confidence: float
     created_at: datetime | None
     reason: str = ""
+    # A cordon decided for a shared component (an NVLink domain's incident): that shared incident, and no incident.
+    shared_incident_id: int | None = None
 
     @classmethod
     def from_api(cls, data: Mapping[str, Any]) -> Decision | None:
@@ -158,9 +173,22 @@ class Decision:
                 confidence=float(data.get("confidence") or 0.0),
                 created_at=parse_time(data.get("created_at")),
                 reason=str(data.get("reason") or ""),
+                shared_incident_id=(
+                    int(data["shared_incident_id"]) if data.get("shared_incident_id") is not None else None
+                ),
             )
         except (KeyError, TypeError, ValueError):
             return None
+
+    @property
+    def shared_cordon(self) -> bool:
+        """A cordon of a shared incident (a whole NVLink domain's, a switch's) that a person did not reject."""
+        return (
+            self.kind == "cordon"
+            and self.shared_incident_id is not None
+            and self.node is not None
+            and self.state not in NOT_EVICTING_STATES
+        )
 
     @property
     def evicts(self) -> bool:
@@ -228,8 +256,12 @@ class ScenarioScore:
     hang_timeout_s: float | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    # Healthy machines a diagnose decision named (issue: no accusation spray); reported apart from evictions.
+    # Healthy machines a diagnose decision named (issue: no accusation spray), and the healthy members of a shared
+    # component's fault evicted one by one (an NVL72 tray taken out for its switch tray's failure).
     false_accusations: list[str] = field(default_factory=list)
+    # Machines cordoned by a shared incident (a whole NVLink domain drained): a decision at the domain's level.
+    domain_cordoned: list[str] = field(default_factory=list)
+    shared_incidents: int = 0  # the shared incidents behind those cordons (one expected per failed domain)
     faults: int = 0
     # Set by the runner: the prefix of this run's node names, left out when printing them.
     node_prefix: str = ""

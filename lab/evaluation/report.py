@@ -32,7 +32,10 @@ def _note(score: ScenarioScore) -> str:
     if score.tolerated:
         notes.append(f"evicted {_nodes(score, score.tolerated)} (acceptable)")
     if score.false_accusations:
-        notes.append(f"diagnosed healthy {_nodes(score, score.false_accusations)}")
+        notes.append(f"diagnosed healthy {_nodes(score, score.false_accusations)}")  # or a domain's tray evicted alone
+    if score.domain_cordoned:
+        incidents = f"{score.shared_incidents} shared incident{'s' if score.shared_incidents != 1 else ''}"
+        notes.append(f"cordoned {_nodes(score, score.domain_cordoned)} ({incidents})")
     if score.early_decisions:
         notes.append(f"{score.early_decisions} decisions before the fault")
     if score.first_decision and score.time_to_decision_s is not None:
@@ -78,7 +81,8 @@ def format_summary(summary: Summary) -> str:
         f"machines: TP {s.tp}, FP {s.fp}, FN {s.fn}; precision {_ratio(s.precision)}, recall {_ratio(s.recall)}, "
         f"F1 {_ratio(s.f1)}",
         f"time to decision: median {_seconds(s.median_s)}, p95 {_seconds(s.p95_s)}",
-        f"false accusations (healthy machines sent to diagnostics): {s.false_accusations} over {s.faults} faults",
+        f"false accusations (healthy machines sent to diagnostics, or a failed NVLink domain's healthy trays taken "
+        f"out alone): {s.false_accusations} over {s.faults} faults",
         f"evictions on healthy runs: {s.healthy_evictions} over {s.healthy_runs} runs; "
         f"on user-code faults: {s.user_code_evictions} over {s.user_code_runs} runs",
         "",

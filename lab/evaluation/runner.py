@@ -16,8 +16,9 @@ from typing import Any
 from lab.evaluation.api import Api, ApiError, EndpointMissing
 from lab.evaluation.records import ScenarioScore, parse_decisions
 from lab.evaluation.runs import Cancelled, ScenarioRun, SimRun, TorchRun, wait_until
-from lab.evaluation.scenarios import CATALOG, MULTI_FAULT, SIM, wait_after_injection
+from lab.evaluation.scenarios import CATALOG, DOMAIN_FAULTS, MULTI_FAULT, SIM, wait_after_injection
 from lab.evaluation.scoring import CONCLUSIVE_KINDS, answering_decisions, score_scenario
+from lab.sim.nvl72 import COMPUTE_TRAYS, GPUS_PER_TRAY
 from lab.sim.scenarios import SCENARIOS as SIM_SCENARIO_DEFS
 
 # Up to the fault: the sim's --fault-after plus startup; a torchrun job imports torch in 8 processes first.
@@ -127,6 +128,9 @@ class Evaluation:
         scenario = CATALOG[name]
         if scenario.family == SIM:
             watch = c.healthy_s if scenario.fault is None else wait_after_injection(scenario.fault, c.hang_timeout_s)
+            nodes, gpus = c.nodes, c.gpus_per_node
+            if SIM_SCENARIO_DEFS[name].nvl72:  # the trays of one NVL72 rack: at most 18, 4 GPUs each
+                nodes, gpus = min(nodes, COMPUTE_TRAYS), GPUS_PER_TRAY
             return SimRun(
                 scenario=name,
                 seed=seed,
@@ -136,8 +140,8 @@ class Evaluation:
                 url=self.url,
                 agent_token=self.agent_token,
                 env=self.env,
-                nodes=c.nodes,
-                gpus_per_node=c.gpus_per_node,
+                nodes=nodes,
+                gpus_per_node=gpus,
                 fault_after=c.fault_after,
                 # A backstop only: the eval stops the sim itself, but a sim must never run on forever.
                 duration=c.fault_after + SIM_START_SLACK_S + watch + 60,
@@ -260,8 +264,8 @@ class Evaluation:
                 + f", waiting for a decision (deadline {wait_s:.0f} s)"
             )  # fmt: skip
         deadline = since + timedelta(seconds=wait_s)
-        self._poll(run, tag, since if fault else None, deadline, errors, settle=fault not in MULTI_FAULT)
-        return self._collect(run.job_id, errors)
+        self._poll(run, tag, since if fault else None, deadline, errors, settle=fault not in MULTI_FAULT, fault=fault)
+        return self._collect(run, errors)
 
     def _poll(
         self,
@@ -272,6 +276,7 @@ class Evaluation:
         errors: list[str],
         *,
         settle: bool = True,
+        fault: str | None = None,
     ) -> None:
         """Announce decisions as they come until the deadline; with `settle`, stop `settle_s` after the first
         conclusive one."""
@@ -283,7 +288,7 @@ class Evaluation:
             if self.cancel.is_set():
                 raise Cancelled
             try:
-                parsed = parse_decisions(self.api.decisions(run.job_id))
+                parsed = parse_decisions(self._decisions(run, domain=fault in DOMAIN_FAULTS))
             except EndpointMissing as exc:
                 errors.append(str(exc))
                 self.say(f"{tag}: error: {exc}")
@@ -303,7 +308,7 @@ class Evaluation:
             if (
                 settle
                 and settle_at is None
-                and any(d.kind in CONCLUSIVE_KINDS for d in answering_decisions(parsed, injected))
+                and any(d.kind in CONCLUSIVE_KINDS or d.shared_cordon for d in answering_decisions(parsed, injected))
             ):
                 settle_at = _now() + timedelta(seconds=self.config.settle_s)
             if not warned and (failure := run.failure()) is not None:
@@ -314,12 +319,23 @@ class Evaluation:
                 return
             self.cancel.wait(self.config.poll_s)
 
-    def _collect(self, job_id: str, errors: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def _decisions(self, run: ScenarioRun, *, domain: bool = True) -> list[dict[str, Any]]:
+        """The job's decisions, with (`domain`) the shared incidents' cordons of its nodes (an NVLink domain drained
+        whole: decided for the domain, they belong to no job)."""
+        decisions = self.api.decisions(run.job_id)
+        if domain:
+            known = {d.get("id") for d in decisions}
+            nodes = run.ground_truth().nodes
+            decisions += [d for d in self.api.shared_cordons(nodes) if d.get("id") not in known]
+        return decisions
+
+    def _collect(self, run: ScenarioRun, errors: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The decisions and incidents of the job as they stand now (before the run is stopped)."""
         decisions: list[dict[str, Any]] = []
         incidents: list[dict[str, Any]] = []
+        job_id = run.job_id
         try:
-            decisions = self.api.decisions(job_id)
+            decisions = self._decisions(run)
         except ApiError as exc:
             errors.append(str(exc))
         try:

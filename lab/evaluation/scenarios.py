@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from lab.sim.scenarios import FLAP_OFF_S, FLAP_ON_S, METRICS_ONLY_PREFIX, SCENARIOS, TWO_FAULTS_GAP_S
+from lab.sim.scenarios import (
+    FLAP_OFF_S,
+    FLAP_ON_S,
+    METRICS_ONLY_PREFIX,
+    NVL72_FAULT_KINDS,
+    SCENARIOS,
+    TWO_FAULTS_GAP_S,
+)
 
 SIM = "sim"
 TORCH = "torch"
@@ -125,7 +132,13 @@ SIM_SCENARIOS = (
     "gpu_reset",
     # Nodes with nothing but dcgm-exporter (issue 30): no logs, no processes, the job known by its rank map.
     *(name for name in SCENARIOS if name.startswith(METRICS_ONLY_PREFIX)),
+    # NVLink domains (issue 43): the nodes are trays of one NVL72 rack (4 GPUs each); a switch tray fails (the
+    # domain's fault: one domain incident, its trays cordoned, none evicted), or one tray's own links do.
+    *NVL72_FAULT_KINDS,
 )  # fmt: skip
+# Faults that may be decided for a whole NVLink domain (its shared incident's cordons, which belong to no job): the
+# eval reads the cordons of the run's nodes as it watches them.
+DOMAIN_FAULTS = frozenset(NVL72_FAULT_KINDS)
 # Healthy runs with noise: watched like `healthy` (the ground truth has no fault; the transient is under "noise").
 HEALTHY_SIM = frozenset({"healthy", "transient", "healthy_real", f"{METRICS_ONLY_PREFIX}healthy"})
 TORCH_HEALTHY = frozenset({"torch_healthy_real"})

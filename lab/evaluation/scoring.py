@@ -16,12 +16,14 @@ from typing import Any
 from lab.evaluation import spread
 from lab.evaluation.records import (
     Decision,
+    Fault,
     GroundTruth,
     Incident,
     ScenarioScore,
     parse_decisions,
     parse_incidents,
 )
+from lab.evaluation.scenarios import DOMAIN_FAULTS
 from lab.evaluation.spread import percentile
 
 # Decisions that settle what happens to the job (a `diagnose` may still be followed by an eviction).
@@ -44,6 +46,39 @@ PASS, FAIL, NA = "PASS", "FAIL", "n/a"
 def evicted_nodes(decisions: Iterable[Decision]) -> set[str]:
     """Nodes with an eviction decision in any state but rejected."""
     return {d.node for d in decisions if d.evicts and d.node is not None}
+
+
+def shared_cordons(decisions: Iterable[Decision]) -> dict[int, set[str]]:
+    """Shared incident -> the machines its cordons cover (a whole NVLink domain's trays): decisions at the level of
+    the component, which carry the shared incident and no incident of the job."""
+    out: dict[int, set[str]] = {}
+    for d in decisions:
+        if d.shared_cordon and d.shared_incident_id is not None and d.node is not None:
+            out.setdefault(d.shared_incident_id, set()).add(d.node)
+    return out
+
+
+def uncovered(faults: Iterable[Fault], cordons: Mapping[int, set[str]]) -> list[str]:
+    """`no domain-level cordon covering NODES` for each shared component's fault (expect_action cordon) that no
+    single shared incident's cordons cover whole."""
+    notes = []
+    for fault in faults:
+        want = fault.covered
+        if want and not any(want <= nodes for nodes in cordons.values()):
+            best = max(cordons.values(), key=lambda nodes: len(want & nodes), default=set())
+            notes.append(f"no domain-level cordon covering {', '.join(sorted(want - best))} ({fault.kind})")
+    return notes
+
+
+def healthy_members_accused(decisions: Iterable[Decision], truth: GroundTruth) -> set[str]:
+    """Healthy members of a shared component's fault taken out one by one (an NVL72 tray evicted, diagnosed or reset
+    for its switch tray's failure): the domain's fault, not theirs."""
+    healthy = {n for f in truth.faults for n in f.members} - truth.faulty_nodes
+    return {
+        d.node
+        for d in decisions
+        if d.node in healthy and d.state != "rejected" and (d.evicts or d.kind in spread.ACCUSING_KINDS)
+    }
 
 
 def answering_decisions(decisions: Sequence[Decision], injected_at: datetime | None) -> list[Decision]:
@@ -72,11 +107,14 @@ def time_to_decision(decisions: Sequence[Decision], injected_at: datetime | None
 
 
 def decided_blame(incidents: Sequence[Incident], decisions: Sequence[Decision]) -> str | None:
-    """The blame of the incident behind the first decision, else of the most confident incident."""
+    """The blame of the incident behind the first decision (infrastructure for a shared component's cordon), else of
+    the most confident incident."""
+    first = first_decision(decisions)
+    if first is not None and first.shared_cordon:
+        return "infrastructure"  # a shared component failed (an NVLink domain's switch tray): the machines' side
     if not incidents:
         return None
     by_id = {i.id: i for i in incidents}
-    first = first_decision(decisions)
     if first is not None and first.incident_id in by_id:
         return by_id[first.incident_id].blame
     return max(incidents, key=lambda i: i.confidence).blame
@@ -108,13 +146,20 @@ def score_scenario(
     hang_timeout_s: float | None = None,
     error: str | None = None,
 ) -> ScenarioScore:
-    """Score one run: detection, evictions against the faulty machines, blame and time to decision."""
+    """Score one run: detection, evictions against the faulty machines, blame and time to decision.
+
+    A shared incident's cordons (an NVLink domain drained whole) are decisions at the domain's level: they answer a
+    shared component's fault when they cover all its machines, and a faulty machine they cover counts as caught (a
+    tray's own fault decided for its domain); a healthy member of such a fault evicted alone is a false accusation."""
     parsed = parse_decisions(decisions)
     found = parse_incidents(incidents)
     evicted = evicted_nodes(parsed)
+    cordons = shared_cordons(parsed)
+    covered = set().union(*cordons.values())
     expected, tolerated = truth.expected_evictions, truth.tolerated_evictions
-    tp, fp, fn = len(evicted & expected), len(evicted - expected - tolerated), len(expected - evicted)
-    unanswered = spread.unanswered(truth.faults, parsed)
+    caught = evicted | covered
+    tp, fp, fn = len(expected & caught), len(evicted - expected - tolerated), len(expected - caught)
+    unanswered = spread.unanswered(truth.faults, parsed) + uncovered(truth.faults, cordons)
     injected = truth.injected_at
     answering = answering_decisions(parsed, injected)
     first = first_decision(answering)
@@ -150,9 +195,13 @@ def score_scenario(
         user_code=truth.user_code,
         hang_timeout_s=hang_timeout_s,
         error=error,
-        false_accusations=spread.false_accusations(parsed, truth.faulty_nodes),
+        false_accusations=sorted(
+            set(spread.false_accusations(parsed, truth.faulty_nodes)) | healthy_members_accused(parsed, truth)
+        ),
         notes=unanswered,
         faults=len(truth.faults),
+        domain_cordoned=sorted(covered),
+        shared_incidents=len(cordons),
     )
 
 
@@ -252,6 +301,21 @@ def _false_accusation_target(scores: Sequence[ScenarioScore]) -> Target:
     return Target(name, PASS if rate <= spread.TARGET_FALSE_ACCUSATIONS_PER_FAULT else FAIL, detail)
 
 
+def _domain_target(runs: Sequence[ScenarioScore]) -> Target:
+    """Issue 43: an NVLink domain's fault decided at the domain's level (one shared incident cordoning its trays) or
+    at the faulty tray's, no healthy tray evicted."""
+    name = "NVLink domain faults: domain or tray level, no healthy tray evicted"
+    if not runs:
+        return Target(name, NA, "no such scenario run")
+    bad = [
+        f"{r.scenario}/s{r.seed}: " + "; ".join([*r.notes, *(f"evicted {n}" for n in r.evicted if n not in r.expected)])
+        for r in runs
+        if not r.correct or r.shared_incidents > 1
+    ]
+    detail = f"{len(runs) - len(bad)}/{len(runs)} right" + (f" ({' | '.join(bad)})" if bad else "")
+    return Target(name, FAIL if bad else PASS, detail)
+
+
 def targets(scores: Sequence[ScenarioScore], precision: float | None, recall: float | None) -> list[Target]:
     """The eval's targets, each PASS, FAIL or n/a (no scenario it applies to was run)."""
 
@@ -281,6 +345,7 @@ def targets(scores: Sequence[ScenarioScore], precision: float | None, recall: fl
         _false_accusation_target(scores),
         _no_eviction_target("no eviction on healthy runs", [s for s in scores if s.healthy]),
         _no_eviction_target("no eviction for user-code faults", [s for s in scores if s.user_code]),
+        _domain_target(of_kind(*DOMAIN_FAULTS)),
     ]
 
 

@@ -170,6 +170,8 @@ class Soak:
                     self._tick(t, now)
                     if k % ship_every == 0:
                         self._ship(now)
+                    else:
+                        self._ship(now, critical_only=True)
                     if k % pass_every == 0:
                         for run in self.jobs:
                             self._pass(run, now, fast=False)
@@ -240,15 +242,26 @@ class Soak:
             out.setdefault(job_id, []).append(str(directive_id))
         return out
 
-    def _ship(self, now: datetime) -> None:
-        asked = self._stack_requests()
-        raw = [b for run in self.jobs for a in run.agents if (b := a.batch(now, asked.get(run.job_id, ()))) is not None]
+    def _ship(self, now: datetime, *, critical_only: bool = False) -> None:
+        """The agents' ship tick; `critical_only`: between ticks, only the agents holding a critical event, which
+        the agent ships at once (agents/agent.py), with the samples gathered so far."""
+        if critical_only:
+            raw = [
+                b
+                for run in self.jobs
+                for a in run.agents
+                if a.has_critical() and (b := a.batch(now, urgent=True)) is not None
+            ]
+        else:
+            asked = self._stack_requests()
+            raw = [
+                b for run in self.jobs for a in run.agents if (b := a.batch(now, asked.get(run.job_id, ()))) is not None
+            ]
         if not raw:
             return
         context = self.settings.time_context
         batches = [IngestBatch.model_validate(b, context=context) for b in raw]
-        with session_scope() as session:
-            store_batches(session, batches=batches, cache=self.cache)
+        self._store(raw, batches)
         urgent = set().union(*(jobs_with_critical_events(b) for b in batches))
         full = set().union(
             *(jobs_with_stack_answers(b) | jobs_with_critical_events(b, needing_steps=True) for b in batches)
@@ -258,6 +271,11 @@ class Soak:
                 self._pass(run, now, fast=True)
             if run.job_id in full:
                 self._pass(run, now, fast=False)
+
+    def _store(self, raw: list[dict[str, Any]], batches: list[IngestBatch]) -> None:
+        """Ingest's write, in-process (the HTTP hop simulated); the chaos campaign ships `raw` over HTTP instead."""
+        with session_scope() as session:
+            store_batches(session, batches=batches, cache=self.cache)
 
     def _pass(self, run: JobRun, now: datetime, *, fast: bool) -> None:
         began = time.perf_counter()

@@ -51,6 +51,7 @@ class VirtualAgent:
         self.events: list[Event] = []
         self.inventory: list[dict[str, Any]] = []
         self.batches = 0
+        self._fed: set[Any] = set()  # the parsers fed lines in the last simulated second
 
     # -- the agent's life --
 
@@ -69,6 +70,7 @@ class VirtualAgent:
             storage_mounts=place["storage_mounts"],
         )
         self.collectors.prime()
+        self._fed = set()
         held, self.held = self.held, []
         if self.ever_started:  # its saved positions: it goes on where it stopped
             self.read_lines(held, now)
@@ -90,10 +92,21 @@ class VirtualAgent:
                 self.held += lines
             return
         wall = self._clock(now)
+        fed: set[Any] = set()
         for line in lines:
             parser = self.kernel if line.stream == "kern" else self.training
+            fed.add(parser)
             for text in line.text.split("\n"):
                 self.events += parser.feed(text, now=wall)
+        # As the agent does (agents/agent.py IDLE_FLUSH, 1 s): a stream with no new line for a second has its
+        # block complete (a Xid record waits for the line after it), and a critical one then ships at once.
+        for parser in self._fed - fed:
+            self.events += parser.flush(now=wall)
+        self._fed = fed
+
+    def has_critical(self) -> bool:
+        """Whether a critical event waits: the agent ships it at once, not at its next ship tick."""
+        return self.running and any(e.critical for e in self.events)
 
     def sample(self, now: datetime, gpus: Sequence[GpuSample]) -> None:
         """One GPU reading (the node's GPUs in the cluster's snapshot), stamped with the node's clock."""
@@ -105,16 +118,21 @@ class VirtualAgent:
         ts = self._clock(now).isoformat()
         self.metrics += [{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in readings]
 
-    def batch(self, now: datetime, stack_requests: Sequence[str] = ()) -> dict[str, Any] | None:
+    def batch(
+        self, now: datetime, stack_requests: Sequence[str] = (), *, urgent: bool = False
+    ) -> dict[str, Any] | None:
         """The ship tick: node collectors read once, then everything gathered since the last batch, with a dump of
-        each live rank for every stack request (`dump_stacks` directive ids) the service sent since."""
+        each live rank for every stack request (`dump_stacks` directive ids) the service sent since. `urgent`: the
+        batch a critical event sends at once, as the agent's (no node reading, no process scan, parsers not flushed)."""
         if not self.running:
             return None
         wall = self._clock(now)
-        self.writer.sync(self.tree.files())
-        self.node_metrics += self.collectors.read(wall.isoformat())
-        for parser in (self.kernel, self.training):
-            self.events += parser.flush(now=wall)
+        if not urgent:
+            self.writer.sync(self.tree.files())
+            self.node_metrics += self.collectors.read(wall.isoformat())
+            for parser in (self.kernel, self.training):
+                self.events += parser.flush(now=wall)
+            self._fed = set()
         assert self.started_at is not None
         # As the agent finds its job from the training processes: a spare, or a machine in repair, runs none.
         job = self.job_id if self.cluster.node_rank(self.node) is not None else None
@@ -134,7 +152,7 @@ class VirtualAgent:
             "node_metrics": self.node_metrics,
             "logs": [e.to_wire() for e in self.events],
             "stacks": [dump for directive in stack_requests for dump in self._dumps(directive, wall)],
-            "processes": self._processes(wall),
+            "processes": [] if urgent else self._processes(wall),
         }
         self.metrics, self.node_metrics, self.events = [], [], []
         self.batches += 1

@@ -17,6 +17,7 @@ goes and its next checks get a fresh one.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +65,19 @@ def machine_state(cluster: Cluster, machine: int, rng: random.Random) -> dict[st
     return {"model": MODEL_NAME, "gpus": gpus, "allreduce_busbw_gbps": nvlink_busbw(alive, rng)}
 
 
+def machine_inventory(cluster: Cluster, machine: int) -> dict[str, Any]:
+    """What the machine's NVML answers without measuring (gpustate.INVENTORY_FILE): its GPUs, whether one fell off
+    the bus, and, on an NVL72 rack's tray, each GPU's NVLink fabric info as the fabric manager has it now."""
+    domain = cluster.nvl72
+    gpus = []
+    for g in cluster.gpus[machine]:
+        fabric = None
+        if domain is not None and machine < domain.trays:
+            fabric = dataclasses.asdict(domain.fabric(machine, g.index))
+        gpus.append({"index": g.index, "uuid": g.uuid, "bus": g.bus, "lost": g.lost, "fabric": fabric})
+    return {"model": MODEL_NAME, "gpus": gpus}
+
+
 class GpuAnswers:
     """Every simulated machine's answers to its agent's checks, kept up to date by `tick`."""
 
@@ -82,13 +96,25 @@ class GpuAnswers:
         self._out_since: dict[int, float] = {}  # machine -> when it went out for its checks
         self._pending: dict[int, tuple[float, dict[str, Any]]] = {}  # machine -> (when done, its state)
         self._answered: dict[int, float] = {}  # machine -> when its state was written
+        self._inventories: dict[int, dict[str, Any]] = {}  # machine -> its inventory as last written
+        self.write_inventories()  # before any agent starts: its NVML answers from it
 
     def path(self, name: str) -> Path:
         """The machine's state file (the runner gives its agent this path in gpustate.ENV)."""
         return self.folder / name / gpustate.STATE_FILE
 
+    def write_inventories(self) -> None:
+        """Every machine's inventory file, rewritten where it changed (a GPU lost, the NVLink fabric degraded)."""
+        for m, name in enumerate(self.cluster.node_names):
+            inventory = machine_inventory(self.cluster, m)
+            folder = self.folder / name
+            if inventory != self._inventories.get(m) and folder.is_dir():  # a machine with no folder runs no agent
+                gpustate.write(folder / gpustate.INVENTORY_FILE, inventory)
+                self._inventories[m] = inventory
+
     def tick(self, elapsed: float) -> None:
         cluster = self.cluster
+        self.write_inventories()
         for m, name in enumerate(cluster.node_names):
             path = self.path(name)
             place = cluster.place[m]

@@ -5,6 +5,7 @@ FAULTLINE_SIM_GPU_STATE names it: the runner sets it in the agent's environment,
 A fake library that finds no state asks for one (an empty file beside it, STATE_FILE + ".asked") and waits; the
 runner answers at its next tick. `done` turns true once the machine's simulated check time is over: the fake GPU's
 long work (the compute check's measurements) waits for it, as a real node's GPUs take minutes to measure.
+The inventory beside it (INVENTORY_FILE) is never asked for: the runner keeps it there and current.
 
 Stdlib only: the check processes import it and stay small.
 """
@@ -19,6 +20,9 @@ from typing import Any
 
 ENV = "FAULTLINE_SIM_GPU_STATE"
 STATE_FILE = "gpu-state.json"
+# Beside it, kept current by the runner: what NVML answers without measuring (which GPUs, who they are, whether one
+# fell off the bus, their NVLink fabric), read by the fake NVML on every such call, never asked for.
+INVENTORY_FILE = "gpu-inventory.json"
 ASKED_SUFFIX = ".asked"
 WAIT_S = 1800.0  # the longest a fake waits: far past any check's timeout, so a stuck runner shows as one
 POLL_S = 0.2
@@ -41,6 +45,12 @@ def read(path: Path) -> dict[str, Any] | None:
         return state
     except FileNotFoundError:
         return None
+
+
+def inventory_path() -> Path | None:
+    """This machine's live inventory file; None when this is no simulated node."""
+    name = os.environ.get(ENV)
+    return Path(name).with_name(INVENTORY_FILE) if name else None
 
 
 def load(*, done: bool = False, wait_s: float = WAIT_S) -> dict[str, Any]:

@@ -7,7 +7,8 @@ on, degraded: every GPU has lost 2 of its 18 links, its fabric info says degrade
 
 What a tray's agent sees of this (the same as on a real GB200 tray, read by the agent's own code):
 - NVML (`fake_nvml`: the fake pynvml of lab/fakes/nvml.py): each GPU's fabric info (cluster UUID, clique, state,
-  health), its NVLink link states and error counters;
+  health), its NVLink link states and error counters; in a live run, the fabric info through the node's fake NVML
+  (lab/sim/fakegpu), fed from `fabric` by the runner (lab/sim/gpuanswers.py `machine_inventory`);
 - its kernel log: NVLink5 Xid lines (144-150, lab/sim/logformat.py) for its GPUs' links;
 and on the switch trays, their NVSwitch driver's SXid lines (`switch_lines`; the compute trays' agents do not see
 them: a switch tray runs NVOS, with its own logs).

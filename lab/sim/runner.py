@@ -7,6 +7,7 @@ Layout under `--dir`:
              sys/  proc/   the node's fake kernel tree (lab/sim/kerneltree.py), the agent's sysfs/procfs roots
              gpu-state.json  what its GPUs answer the agent's checks through fake NVML and PyTorch
                              (lab/sim/gpuanswers.py, lab/sim/fakegpu)
+             gpu-inventory.json  what its NVML answers without measuring: its GPUs, their NVLink fabric
 
 The kernel trees live in shared memory (/dev/shm) where there is one, `sys` and `proc` then being links to it:
 some fifty small files change per node every second, which costs ~8x less on tmpfs than on a disk.
@@ -50,7 +51,7 @@ SHM_PREFIX = "faultline-sim-"  # then the simulator's pid: a tree whose simulato
 TREE_BYTES_PER_NODE = 8 << 20
 _NODE_FILES = (
     "kern.log", "train.log", "control", "ranks.pids", "launcher.log", "agent.log",
-    gpustate.STATE_FILE, gpustate.STATE_FILE + gpustate.ASKED_SUFFIX,
+    gpustate.STATE_FILE, gpustate.STATE_FILE + gpustate.ASKED_SUFFIX, gpustate.INVENTORY_FILE,
 )  # fmt: skip
 _TREE_ROOTS = ("sys", "proc")
 # Where the sitecustomize that skews an agent's wall clock lives (realism's clock skew).
@@ -404,10 +405,16 @@ class SimRunner:
         assert cluster is not None
         for i, fault in enumerate(cluster.faults):
             if i >= self._faults_reported:
+                details = fault.details or {}
                 where = (
                     ", ".join(f"{n} gpu {','.join(map(str, g))}" for n, g in fault.gpus.items())
                     or ", ".join(fault.nodes)
-                    or "all ranks"
+                    or (  # an NVL72 rack's switch tray: the domain's fault, felt on every tray
+                        f"{details['switch_tray']} (NVLink domain {details['nvlink_domain']}, "
+                        f"{len(details['trays'])} trays)"
+                        if "switch_tray" in details
+                        else "all ranks"
+                    )
                 )
                 ranks = f" (rank {', '.join(map(str, fault.ranks))})" if fault.ranks else ""
                 evict = "expect eviction" if fault.expect_eviction else "no eviction"

@@ -44,6 +44,12 @@ def _classifier() -> Callable[[list[str]], list[tuple[str, float]]] | None:
         return None
 
 
+def warm_up() -> None:
+    """Load what a process's first pass would otherwise load (the log classifier: seconds), so the first pass
+    after a worker (re)start is no slower than the next."""
+    _classifier()
+
+
 def event_detectors(job: JobInfo, events: list[LogRecord]) -> list[Detector]:
     """The detectors that judge log events alone: all a critical event's fast pass runs."""
     return [

@@ -19,7 +19,17 @@ import pandas as pd
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ml import counters, error_rates, node_metrics, node_signals, node_summary, peers, progress, recurrence
+from ml import (
+    counters,
+    error_rates,
+    node_metrics,
+    node_signals,
+    node_summary,
+    peer_spans,
+    peers,
+    progress,
+    recurrence,
+)
 from ml.findings import Finding, JobInfo
 from ml.metrics import (
     GPU_UTIL,
@@ -66,12 +76,14 @@ def _peer_columns() -> list[str]:
     return columns
 
 
-def peer_findings(
-    session: Session, *, job: Job, info: JobInfo, closed: datetime, names: dict[int, str], now: datetime
-) -> list[Finding]:
-    """Summarize the spans ending at every window boundary since the last pass, then compare peers."""
-    cursor, kept = state.load(session, job_id=job.id, detector="peers", version=PEERS_VERSION)
-    spans: dict[str, Any] = kept.get("spans", {})
+def peer_ends(session: Session, *, job: Job, closed: datetime) -> list[datetime]:
+    """The ends of the spans a pass summarizes (newest first): every window boundary since the last pass, at most
+    the continuity check's history back (a cold start)."""
+    cursor, _ = state.load(session, job_id=job.id, detector="peers", version=PEERS_VERSION)
+    return _ends(cursor, closed)
+
+
+def _ends(cursor: datetime | None, closed: datetime) -> list[datetime]:
     oldest = closed - timedelta(seconds=_PEER_HISTORY_S)
     first = max(cursor + timedelta(seconds=WINDOW_S), oldest) if cursor is not None else oldest
     ends = []
@@ -79,17 +91,71 @@ def peer_findings(
     while end >= first:
         ends.append(end)
         end -= timedelta(seconds=WINDOW_S)
-    if ends:
-        rolled = windows.read(
-            session,
-            job=job,
-            start=min(ends) - timedelta(seconds=peers.SPAN_S + WINDOW_S),
-            end=max(ends),
-            columns=_peer_columns(),
-            names=names,
-        )
-        for end in ends:
-            spans[end.isoformat()] = peers.summarize_span(info, rolled, end=end, span_s=peers.SPAN_S)
+    return ends
+
+
+def peer_parts(
+    session: Session,
+    *,
+    job: Job,
+    info: JobInfo,
+    ends: list[datetime],
+    names: dict[int, str],
+    node_ids: list[int] | None = None,
+) -> dict[str, peer_spans.SpanPart]:
+    """Per span end (ISO), the per-GPU half of its summary (ml.peer_spans.span_part) over the job's windows, or
+    over those of `node_ids` only (one node group of a split pass)."""
+    if not ends:
+        return {}
+    rolled = windows.read(
+        session,
+        job=job,
+        start=min(ends) - timedelta(seconds=peers.SPAN_S + WINDOW_S),
+        end=max(ends),
+        columns=_peer_columns(),
+        names=names,
+        node_ids=node_ids,
+    )
+    # Unit names and start times once for the frame: a cold start summarizes 24 spans of it, and building them
+    # again for every span was most of a cold pass's peer stage.
+    rolled["unit"] = peer_spans.unit_names(rolled)
+    starts = pd.to_datetime(rolled["window_start"], utc=True)
+    parts = {}
+    for end in ends:
+        begin = pd.Timestamp(end) - pd.Timedelta(seconds=peers.SPAN_S + WINDOW_S)
+        rows = rolled[(starts >= begin) & (starts < pd.Timestamp(end))]
+        parts[end.isoformat()] = peer_spans.span_part(info, rows, end=end, span_s=peers.SPAN_S)
+    return parts
+
+
+def peer_findings(
+    session: Session,
+    *,
+    job: Job,
+    info: JobInfo,
+    closed: datetime,
+    names: dict[int, str],
+    now: datetime,
+    parts: dict[str, list[peer_spans.SpanPart]] | None = None,
+) -> list[Finding]:
+    """Summarize the spans ending at every window boundary since the last pass, then compare peers. `parts`: the
+    node groups' parts of spans a split pass computed on other workers (by end); a span they lack, or whose
+    parts disagree on the activity gauge, is computed here from all the job's windows."""
+    cursor, kept = state.load(session, job_id=job.id, detector="peers", version=PEERS_VERSION)
+    spans: dict[str, Any] = kept.get("spans", {})
+    oldest = closed - timedelta(seconds=_PEER_HISTORY_S)
+    todo = []
+    for end in _ends(cursor, closed):
+        given = (parts or {}).get(end.isoformat())
+        summary = peer_spans.judge_span(info, given, span_s=peers.SPAN_S) if given is not None else None
+        if summary is None:
+            todo.append(end)
+        else:
+            spans[end.isoformat()] = summary
+    for key, part in peer_parts(session, job=job, info=info, ends=todo, names=names).items():
+        judged = peer_spans.judge_span(info, [part], span_s=peers.SPAN_S)
+        if judged is not None:  # always: one part agrees with itself on the gauge
+            spans[key] = judged
     keep_from = closed - timedelta(seconds=_PEER_KEEP_S)
     spans = {
         k: v if end > oldest else _outliers_only(v)

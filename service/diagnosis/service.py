@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from ml import demarcation
 from ml.findings import Finding
+from ml.peer_spans import SpanPart
 from service.bundles import service as bundles
 from service.checks.service import DETECTOR as CHECKS_DETECTOR
 from service.config import Settings
@@ -92,12 +93,19 @@ def _lock(session: Session, namespace: int, job: Job, *, wait: bool = True) -> b
 
 
 def diagnose_job(
-    session: Session, *, job_id: str, settings: Settings, now: datetime | None = None, skip_if_busy: bool = False
+    session: Session,
+    *,
+    job_id: str,
+    settings: Settings,
+    now: datetime | None = None,
+    skip_if_busy: bool = False,
+    peer_parts: dict[str, list[SpanPart]] | None = None,
 ) -> DiagnosisResult:
     """One full pass over a job; safe to run any number of times, by any number of workers.
 
     `skip_if_busy` (the periodic pass) returns at once, `skipped`, when another pass of the job is running:
-    queuing behind it would only repeat its work and hold a worker a fast pass may need."""
+    queuing behind it would only repeat its work and hold a worker a fast pass may need. `peer_parts`: the peer
+    comparison's per-group parts a split pass's group tasks computed (service/diagnosis/split.py)."""
     now = now or datetime.now(UTC)
     job = session.scalar(select(Job).where(Job.external_id == job_id))
     result = DiagnosisResult(job_id=job_id)
@@ -149,7 +157,9 @@ def diagnose_job(
             ),
             (
                 "peers",
-                lambda: metric_passes.peer_findings(session, job=job, info=info, closed=judged, names=names, now=now),
+                lambda: metric_passes.peer_findings(
+                    session, job=job, info=info, closed=judged, names=names, now=now, parts=peer_parts
+                ),
             ),
             (
                 "node_signals",

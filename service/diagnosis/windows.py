@@ -3,8 +3,8 @@
 Each pass rolls up the windows of its job that closed since the job's cursor (one INSERT ... SELECT ...
 GROUP BY over the new samples only), so the cost of a pass does not grow with how long the job has run. A
 window [t, t + WINDOW_S) closes `window_grace_s` after its end, which leaves agents that ship every few
-seconds time to deliver its samples; a sample that arrives later still than that stays in metric_samples
-(plots, evidence) but not in its window.
+seconds time to deliver its samples; a sample that arrives later still than that stays in the samples
+(plots, evidence: `gpu_samples`) but not in its window.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def _rollup_sql(source: str, target: str, unit: str, means: Collection[str], pea
 
 # source (job_columns) -> (samples table, windows table, unit, mean columns, maximum columns)
 _ROLLUPS: dict[str, tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = {
-    "gpu": ("metric_samples", "metric_windows", "gpu", tuple(METRIC_COLUMNS), WINDOW_MAX_COLUMNS),
+    # GPU samples through gpu_samples(lo, hi) (service/maintenance/compaction.py): the hot rows and, for a pass
+    # catching up on an hour already compacted, the chunks.
+    "gpu": ("gpu_samples(:lo, :hi)", "metric_windows", "gpu", tuple(METRIC_COLUMNS), WINDOW_MAX_COLUMNS),
     "node": ("node_samples", "node_windows", "subject", tuple(NODE_GAUGES), tuple(NODE_COUNTERS)),
 }
 

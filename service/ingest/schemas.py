@@ -6,16 +6,22 @@ Unknown fields are ignored so that a newer agent can talk to an older service.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic_core import InitErrorDetails
 
 from ml.node_metrics import SUBJECT_PATTERN
 from service.checks.schemas import CheckResultIn
-from service.types import INT32_MAX, JobId, NodeName, PlausibleTime
+from service.types import INT32_MAX, JobId, NodeName, implausible, time_window
 
 Severity = Literal["debug", "info", "warning", "error", "critical"]
 MAX_ITEMS = 100_000
+# A time the batch's own check holds to the server's clock (IngestBatch._plausible_times), once per batch: a
+# validator per item (service/types.py PlausibleTime) called back into Python for every sample, and was the
+# largest single cost of validating a batch.
+ItemTime = AwareDatetime
 
 
 class _In(BaseModel):
@@ -102,7 +108,7 @@ class Workload(_In):
 class MetricSample(_In):
     """One GPU at one instant: DCGM field name -> value (null when the exporter reports blank)."""
 
-    ts: PlausibleTime
+    ts: ItemTime
     gpu: Annotated[int, Field(ge=0, le=1023)]
     job_id: JobId | None = None
     workload: Workload | None = Field(
@@ -114,7 +120,7 @@ class MetricSample(_In):
 class NodeMetricSample(_In):
     """One machine-level subject at one instant: a network port, the host or a volume (ml/node_metrics.py)."""
 
-    ts: PlausibleTime
+    ts: ItemTime
     subject: Annotated[
         str, Field(max_length=128, pattern=SUBJECT_PATTERN, examples=["host", "ib:mlx5_0/1", "eth:eth0", "vol:/ckpt"])
     ]
@@ -134,7 +140,7 @@ class LogEventIn(_In):
     too, e.g. `{"ts": ..., "source": "trainer", "kind": "checkpoint_saved", "line": "saved /ckpt/step-2000",
     "job_id": "llm-42", "fields": {"step": 2000}}`."""
 
-    ts: PlausibleTime
+    ts: ItemTime
     source: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,31}$", examples=["kmsg", "training"])]
     kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$", examples=["xid", "nccl_warn", "step"])]
     line: Annotated[str, Field(max_length=65_536)]
@@ -155,7 +161,7 @@ class LogEventIn(_In):
 
 
 class StackDumpIn(_In):
-    ts: PlausibleTime
+    ts: ItemTime
     pid: Annotated[int, Field(ge=1, le=INT32_MAX)]
     job_id: JobId | None = None
     rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
@@ -174,7 +180,7 @@ class ChildProcess(_In):
 class ProcessSnapshotIn(_In):
     """A training process found on the node (a torchrun worker), from its environment and /proc."""
 
-    ts: PlausibleTime
+    ts: ItemTime
     pid: Annotated[int, Field(ge=1, le=INT32_MAX)]
     job_id: JobId | None = None
     rank: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
@@ -191,7 +197,7 @@ class ProcessSnapshotIn(_In):
 class IngestBatch(_In):
     batch_id: uuid.UUID = Field(description="Unique per batch; a batch sent twice is stored once.")
     node: NodeName
-    sent_at: PlausibleTime
+    sent_at: ItemTime
     job_id: JobId | None = Field(default=None, description="Default job for items that do not name one.")
     heartbeat: Heartbeat | None = None
     metrics: Annotated[list[MetricSample], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
@@ -207,6 +213,34 @@ class IngestBatch(_In):
         default_factory=list,
         description="Training processes on the node. They change slowly: sending them every few seconds "
         "rather than in every batch halves the rows a 1-second agent makes the service write.",
+    )
+
+    @model_validator(mode="after")
+    def _plausible_times(self, info: ValidationInfo) -> IngestBatch:
+        """Every time the batch carries lies within the configured window around the server's clock (the context's
+        "time_window"): a broken clock or hostile input is refused, naming each offending field."""
+        window = time_window(info.context)
+        now = datetime.now(UTC)
+        low, high = now - window[0], now + window[1]
+        errors: list[InitErrorDetails] = []
+        if not low <= self.sent_at <= high:
+            errors.append(_implausible(("sent_at",), self.sent_at, window))
+        for section in _TIMED_SECTIONS:
+            for i, item in enumerate(getattr(self, section)):
+                if not low <= item.ts <= high:
+                    errors.append(_implausible((section, i, "ts"), item.ts, window))
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
+
+
+_TIMED_SECTIONS = ("metrics", "node_metrics", "logs", "stacks", "processes")
+
+
+def _implausible(loc: tuple[str | int, ...], value: datetime, window: tuple[timedelta, timedelta]) -> InitErrorDetails:
+    # The same error pydantic makes of a ValueError in a field validator: "Value error, <why>".
+    return InitErrorDetails(
+        type="value_error", loc=loc, input=value.isoformat(), ctx={"error": ValueError(implausible(value, window))}
     )
 
 

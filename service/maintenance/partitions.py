@@ -121,6 +121,9 @@ TABLES: tuple[PartitionedTable, ...] = (
     # about 10 rows per node each, 4k rows/s at 2,048 nodes, a fifth of metric_samples' rate.
     PartitionedTable("node_samples", "ts", DAILY, metric_retention),
     PartitionedTable("node_windows", "window_start", DAILY, metric_retention),
+    # metric_chunks: hourly, like the rows it compacts (service/maintenance/compaction.py): one row per node, GPU
+    # and job for an hour (16,384 rows an hour at 16,384 GPUs), so retention counts hours the same way.
+    PartitionedTable("metric_chunks", "ts_start", HOURLY, metric_retention),
 )
 REGISTRY: dict[str, PartitionedTable] = {t.name: t for t in TABLES}
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from service.config import get_settings
 from service.db import session_scope
-from service.maintenance import partitions, service
+from service.maintenance import compaction, partitions, service
 from service.worker import celery_app
 
 log = logging.getLogger(__name__)
@@ -50,3 +50,20 @@ def prune_old_signals() -> dict[str, Any]:
     if any(pruned.values()):
         log.info("pruned old signals: %s", pruned)
     return pruned
+
+
+@celery_app.task(name="maintenance.compact_samples")
+def compact_samples() -> dict[str, Any]:
+    """Idempotent: a compacted hour's partition is gone, so a rerun finds nothing to do."""
+    with session_scope() as session:
+        done = compaction.compact_samples(session, now=datetime.now(UTC))
+    if done.partitions or done.default_rows:
+        log.info(
+            "compacted %s: %d samples into %d chunks (%d late samples) in %.1f s",
+            done.partitions,
+            done.rows,
+            done.chunks,
+            done.default_rows,
+            done.seconds,
+        )
+    return {"partitions": done.partitions, "rows": done.rows, "chunks": done.chunks, "late": done.default_rows}

@@ -21,6 +21,8 @@ from service.models.signals import (
     LogEvent,
     ProcessSnapshot,
     StackDump,
+    gpu_samples,
+    metric_chunks,
     metric_samples,
     node_samples,
 )
@@ -62,7 +64,9 @@ __all__ = [
     "UiSession",
     "UnknownLineCount",
     "UnknownLineForm",
+    "gpu_samples",
     "job_columns",
+    "metric_chunks",
     "metric_samples",
     "metric_windows",
     "node_samples",

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
     REAL,
     BigInteger,
     Column,
@@ -21,12 +22,16 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    column,
+    func,
+    literal_column,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.sql.selectable import TableValuedAlias
 
-from ml.metrics import METRIC_COLUMNS
+from ml.metrics import METRIC_COLUMNS, NVLINK_RX_BYTES, NVLINK_TX_BYTES, PCIE_RX_BYTES, PCIE_TX_BYTES
 from ml.node_metrics import NODE_COLUMNS
 from service.models.base import Base, created_at_column
 
@@ -50,7 +55,9 @@ class AgentBatch(Base):
 
 # One row per GPU per timestamp, DCGM fields as columns. No primary key on purpose: this is the
 # hottest table, written by COPY; batch ids already make writes idempotent. Partitioned by hour of ts
-# (service/maintenance/partitions.py): retention drops whole partitions.
+# (service/maintenance/partitions.py): retention drops whole partitions. It holds the recent hours only: beat
+# compacts closed hours into metric_chunks (service/maintenance/compaction.py). Read samples through
+# gpu_samples() below, which sees both.
 metric_samples = Table(
     "metric_samples",
     Base.metadata,
@@ -76,6 +83,46 @@ METRIC_COPY_TYPES: tuple[str, ...] = (
     *("float8" if counter else "float4" for _, counter in METRIC_COLUMNS.values()),
     "jsonb",
 )
+
+
+# The PCIe and NVLink byte rates: float8 in the rows for their magnitude, float4 in the chunks, where their noise
+# would cost 8 incompressible bytes a value (service/maintenance/compaction.py says why that is precise enough).
+RATES_AS_REAL: frozenset[str] = frozenset({PCIE_TX_BYTES, PCIE_RX_BYTES, NVLINK_TX_BYTES, NVLINK_RX_BYTES})
+
+# Closed hours of metric_samples, one row per node, GPU and job for an hour: the times and each column as an array
+# in sample order (service/maintenance/compaction.py says how they are encoded). Created by migration 0031 from
+# the columns metric_samples has; this Table is for reference, nothing writes it through SQLAlchemy.
+metric_chunks = Table(
+    "metric_chunks",
+    Base.metadata,
+    Column("node_id", BigInteger, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=True),
+    Column("ts_start", DateTime(timezone=True), nullable=False),
+    Column("ts_end", DateTime(timezone=True), nullable=False),
+    Column("n", Integer, nullable=False),
+    # A regular series' step (its times are ts_start + k * step_us); else each sample's offset in ts_off.
+    Column("step_us", BigInteger, nullable=True),
+    Column("ts_off", ARRAY(BigInteger), nullable=True),
+    # The counters stored as deltas (the first value, then increments).
+    Column("deltas", ARRAY(Text), nullable=True),
+    *(
+        Column(name, ARRAY(Double if counter and name not in RATES_AS_REAL else REAL))
+        for name, (_, counter) in METRIC_COLUMNS.items()
+    ),
+    Column("extra", ARRAY(JSONB), nullable=True),
+    Index("ix_metric_chunks_node_id_ts_start", "node_id", "ts_start"),
+    Index("ix_metric_chunks_job_id_ts_start", "job_id", "ts_start"),
+    postgresql_partition_by="RANGE (ts_start)",
+)
+
+
+def gpu_samples(since: datetime, until: datetime | None = None) -> TableValuedAlias:
+    """The GPU samples with `since` <= ts < `until` (None: no upper bound), shaped as metric_samples rows, whether
+    still rows or compacted: the SQL function gpu_samples(lo, hi), which PostgreSQL inlines, so the bounds prune
+    partitions of both tables and further filters (node, job) use their indexes."""
+    upper = until if until is not None else literal_column("'infinity'::timestamptz")
+    return func.gpu_samples(since, upper).table_valued(*(column(c.name, c.type) for c in metric_samples.columns))
 
 
 # One row per node, subject (a port, the host, a volume) and timestamp; written by COPY like metric_samples.

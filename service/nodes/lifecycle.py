@@ -26,6 +26,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.breaker.service import HELD as BREAKER_HELD
+from service.breaker.service import RAIL as BREAKER_RAIL
 from service.config import Settings
 from service.errors import Conflict
 from service.fleet import stages as repair_stages
@@ -224,6 +226,9 @@ def on_acknowledged(session: Session, *, decision: Decision, node: Node, now: da
         reason = decision.reason
         details = {"gpus": _evicted_gpus(session, decision), "scheduler": decision.outcome_message}
         ladder.mark_rma(node, decision=decision, now=now)  # the ladder's top rung: out for a vendor replacement
+    elif decision.state == "done" and decision.kind == "cordon" and node.state in CORDON_FROM and _held(decision):
+        # A shared cause's cordon the fleet breaker held left its node in service; a person let it go, it is done.
+        to_state = "cordoned"
     record(
         session,
         node=node,
@@ -239,6 +244,12 @@ def on_acknowledged(session: Session, *, decision: Decision, node: Node, now: da
         decision_id=decision.id,
         details=details,
     )
+
+
+def _held(decision: Decision) -> bool:
+    """Whether the fleet breaker held the decision for a person (service/breaker/: its guard rail says so)."""
+    rail = ((decision.evidence or {}).get("guard_rails") or {}).get(BREAKER_RAIL)
+    return isinstance(rail, str) and rail.startswith(BREAKER_HELD)
 
 
 def _evicted_gpus(session: Session, decision: Decision) -> list[int]:

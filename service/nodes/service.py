@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, Table, func, select, text, update
+from sqlalchemy import FromClause, Row, func, select, text, update
 from sqlalchemy.dialects.postgresql import distinct_on, insert
 from sqlalchemy.orm import Session
 
@@ -15,7 +15,7 @@ from ml.node_metrics import NODE_COLUMNS
 from service.config import Settings
 from service.errors import NotFound
 from service.models import Decision, Gpu, Incident, Job, LogEvent, Node, NodeEvent, Rank
-from service.models.signals import metric_samples, node_samples
+from service.models.signals import gpu_samples, node_samples
 from service.nodes import lifecycle
 from service.nodes.schemas import EvictionOut, NodeDetail, NodeEventOut, NodeIncidentOut, NodeOut, NodePage
 from service.pagination import decode_cursor, encode_cursor
@@ -157,11 +157,11 @@ def states_and_jobs(session: Session) -> Sequence[Row[str, str, bool, str | None
 
 def latest_gpu_samples(session: Session, *, name: str, since: datetime, columns: Sequence[str]) -> Sequence[Row[Any]]:
     """The node's latest metric sample of each GPU since `since` (gpu, ts and `columns`): one DISTINCT ON query."""
-    return _latest_of_each(session, metric_samples, "gpu", name=name, since=since, columns=columns)
+    return _latest_of_each(session, gpu_samples(since), "gpu", name=name, since=since, columns=columns)
 
 
 def _latest_of_each(
-    session: Session, table: Table, unit: str, *, name: str, since: datetime, columns: Sequence[str]
+    session: Session, table: FromClause, unit: str, *, name: str, since: datetime, columns: Sequence[str]
 ) -> Sequence[Row[Any]]:
     c = table.c
     node_id = select(Node.id).where(Node.name == name).scalar_subquery()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -229,6 +229,44 @@ def report_cloud(
             cancelled.append(window.id)
     session.flush()
     return [to_out(w, node=node.name, now=now) for w in listed], cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """When a node is under planned maintenance for faultline: from its drain (or the window's start) until the
+    window's end plus the grace (the node coming back up), cut short by a cancellation or its return."""
+
+    window_id: int
+    starts_at: datetime
+    ends_at: datetime
+
+
+def maintenance_spans(
+    session: Session, *, since: datetime, until: datetime, settings: Settings
+) -> dict[str, list[Span]]:
+    """Node -> its maintenance spans overlapping [since, until]: what a node going down for announced maintenance
+    shows then is the maintenance, not a fault (shared causes leave it out)."""
+    grace = timedelta(seconds=settings.maintenance_grace_s)
+    rows = session.execute(
+        select(Node.name, MaintenanceWindow)
+        .join(Node, Node.id == MaintenanceWindow.node_id)
+        .where(
+            func.least(MaintenanceWindow.starts_at, MaintenanceWindow.prepared_at) <= until,  # least skips a null
+            MaintenanceWindow.ends_at + grace >= since,
+        )
+    ).all()
+    spans: dict[str, list[Span]] = {}
+    for name, w in rows:
+        start = min(w.starts_at, w.prepared_at or w.starts_at)
+        end = min(t for t in (w.ends_at + grace, w.cancelled_at, w.returned_at) if t is not None)
+        if end > start:  # a window cancelled before it began covered nothing
+            spans.setdefault(name, []).append(Span(w.id, start, end))
+    return spans
+
+
+def covering(spans: dict[str, list[Span]], *, node: str, at: datetime) -> Span | None:
+    """The span of `spans` (maintenance_spans) holding `node` at `at`, if any."""
+    return next((s for s in spans.get(node, ()) if s.starts_at <= at <= s.ends_at), None)
 
 
 @dataclass

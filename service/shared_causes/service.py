@@ -4,7 +4,8 @@ mount...) blamed for their findings at once, decided for the component rather th
 The contract other domains build on (helper code for NVLink domains opens its incidents through it too):
 - `open_or_update`: the component's one open incident, created or joined by more members (idempotent).
 - `decide_for_component`: a `cordon` decision per member (no new work placed there; running work is not killed),
-  each linked to the shared incident, and one chat notification per incident.
+  each linked to the shared incident, through the fleet circuit breaker, and one chat notification per incident; a
+  member under planned maintenance or silenced is spared its cordon.
 - `explained_members` and `is_explained`: whether a node's finding of a category is explained by an open shared
   incident, so per-node diagnosis decides no eviction for it (a node with evidence of another category keeps its
   own).
@@ -22,18 +23,21 @@ from sqlalchemy import func, select, text, true, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from ml.shared_causes import SHARED_CATEGORIES, NodeFinding, Params, SharedGroup, detect
+from ml.shared_causes import SHARED_CATEGORIES, NodeFinding, Params, Rival, SharedGroup, against_rivals, detect
+from service.breaker import service as breaker
 from service.config import Settings
 from service.decisions.schemas import DecisionOut
 from service.errors import NotFound
 from service.incidents import service as incidents
-from service.models import Decision, Finding, Incident, Node, SharedIncident
+from service.models import Decision, Finding, Incident, Job, Node, SharedIncident, Silence
 from service.models.shared_causes import COMPONENT_KINDS
 from service.nodes import lifecycle as node_lifecycle
 from service.notify import service as notify
 from service.pagination import decode_cursor, encode_cursor
+from service.planned import service as planned
 from service.schemas import Joined
 from service.shared_causes.schemas import SharedIncidentDetail, SharedIncidentOut, SharedIncidentPage
+from service.silences import service as silences
 
 SYSTEM_ACTOR = node_lifecycle.SYSTEM_ACTOR
 # What a component's failure does to the jobs on its nodes, whatever the component: their other ranks time out
@@ -120,6 +124,11 @@ def decide_for_component(
     work there; running work is not killed), each linked to the incident; the member's per-node evictions still
     waiting for a scheduler on the shared cause's categories are superseded; chat hears of it once per incident.
 
+    A member under planned maintenance or silenced right now gets no cordon, as a silenced node gets no decision of
+    its own; the incident's evidence says why (`spared`), and a later call cordons it once that is over. The fleet
+    circuit breaker admits the cordons as it does every automatic take-out (service/breaker/): those over its limit
+    wait for a person (guard rail `fleet_breaker`) and leave their node in service.
+
     In shadow mode the cordons are recorded, never acted on; in approval mode they wait for a person. Returns the
     decisions this call made (none when every member has its cordon already)."""
     members = {int(m["node_id"]): m.get("node") for m in incident.members or [] if m.get("node_id") is not None}
@@ -130,25 +139,39 @@ def decide_for_component(
             select(Decision.node_id).where(Decision.shared_incident_id == incident.id, Decision.kind == "cordon")
         )
     )
-    new = sorted(set(members) - have)
-    made: list[Decision] = []
+    waiting = {i: str(members[i]) for i in sorted(set(members) - have) if members[i]}
+    spared = _spared(session, names=list(waiting.values()), now=now, settings=settings)
+    if spared != incident.evidence.get("spared", {}):
+        incident.evidence = {**incident.evidence, "spared": spared}
+    new = [i for i in waiting if waiting[i] not in spared]
     state, mode = _state(settings)
+    if state == "pending" and new:
+        # Nodes before the breaker's row, the order the per-node path takes them in (no deadlock between the two).
+        node_lifecycle.lock(session, names=[waiting[i] for i in new])
+        words = breaker.admit(session, candidates=[("cordon", waiting[i]) for i in new], now=now, settings=settings)
+    else:
+        words = [breaker.Admission(True, "") for _ in new]
+    made: list[Decision] = []
+    held: set[int] = set()
     what = f"{incident.component_kind} {incident.component}"
-    for node_id in new:
+    for node_id, word in zip(new, words, strict=True):
+        rails = {"shared_cause": f"one decision for {what}: no new work on its nodes", **mode}
+        if word.rail:
+            rails[breaker.RAIL] = word.rail
         values = {
             "node_id": node_id,
             "shared_incident_id": incident.id,
             "kind": "cordon",
-            "state": state,
+            "state": state if word.admitted else "awaiting_approval",
             "confidence": float(incident.evidence.get("confidence", 1.0)),
-            "reason": f"cordon {members[node_id]}: shared cause {what} (shared incident {incident.id}): "
+            "reason": f"cordon {waiting[node_id]}: shared cause {what} (shared incident {incident.id}): "
             f"{incident.summary}"[:1000],
             "evidence": {
                 "shared_incident_id": incident.id,
                 "component_kind": incident.component_kind,
                 "component": incident.component,
                 "categories": incident.evidence.get("categories", []),
-                "guard_rails": {"shared_cause": f"one decision for {what}: no new work on its nodes", **mode},
+                "guard_rails": rails,
             },
             "created_at": now,
             "expires_at": now + timedelta(seconds=settings.decision_ttl_s),
@@ -164,13 +187,48 @@ def decide_for_component(
         )
         if decision_id is not None:
             made.append(session.get_one(Decision, decision_id))
-    if made and state != "shadow":
-        _hold_out(session, incident=incident, node_ids=[d.node_id for d in made if d.node_id is not None], now=now)
+            if not word.admitted:
+                held.add(node_id)
+    if state != "shadow":
+        # A cordon the breaker held leaves its node as it is: automation has stopped, a person decides.
+        out = [d.node_id for d in made if d.node_id is not None and d.node_id not in held]
+        if out:
+            _hold_out(session, incident=incident, node_ids=out, now=now)
     _supersede(session, incident=incident, node_ids=list(members), now=now)
     _close_member_incidents(session, incident=incident, names=[n for n in members.values() if n], now=now)
-    _announce(session, incident=incident, decisions=made, now=now)
+    _announce(session, incident=incident, decisions=made, held=[waiting[i] for i in new if i in held], now=now)
     session.flush()
     return made
+
+
+def _spared(session: Session, *, names: Sequence[str], now: datetime, settings: Settings) -> dict[str, str]:
+    """Node -> why no cordon: of these members, those an announced maintenance window or a silence covers now."""
+    if not names:
+        return {}
+    spans = planned.maintenance_spans(session, since=now, until=now, settings=settings)
+    active = silences.active_silences(session, now=now)
+    if not spans and not active:
+        return {}
+    jobs = dict(
+        session.execute(
+            select(Node.name, Job.external_id).join(Job, Job.id == Node.current_job_id).where(Node.name.in_(names))
+        ).all()
+    )
+    spared = {n: _covered(n, at=now, job=jobs.get(n), spans=spans, active=active) for n in names}
+    return {n: why for n, why in spared.items() if why is not None}
+
+
+def _covered(
+    node: str, *, at: datetime, job: str | None, spans: dict[str, list[planned.Span]], active: Sequence[Silence]
+) -> str | None:
+    """Why a node's evidence at `at` is no shared cause's (None: it is): inside a planned maintenance window (its
+    going down is the maintenance), or covered by a silence active now (as diagnosis treats a silenced node: its
+    findings are kept, nothing is decided or held against it)."""
+    span = planned.covering(spans, node=node, at=at)
+    if span is not None:
+        return f"planned maintenance (window {span.window_id})"
+    silence = silences.covering(active, job=job, nodes=[node])
+    return f"silenced (silence {silence.id})" if silence is not None else None
 
 
 def _state(settings: Settings) -> tuple[str, dict[str, str]]:
@@ -245,11 +303,20 @@ def _close_member_incidents(session: Session, *, incident: SharedIncident, names
         )
 
 
-def _announce(session: Session, *, incident: SharedIncident, decisions: list[Decision], now: datetime) -> None:
+def _announce(
+    session: Session, *, incident: SharedIncident, decisions: list[Decision], held: list[str], now: datetime
+) -> None:
     """One chat message per shared incident (keyed: a later member joining does not post again)."""
     if not decisions:
         return
     names = [m.get("node") for m in incident.members or []]
+    spared = incident.evidence.get("spared", {})
+    cordoned = [str(n) for n in names if n not in held and n not in spared]
+    summary = f"{incident.summary} Cordoned from new work: {', '.join(cordoned) or 'none'}."
+    if held:
+        summary += f" Held for a person by the fleet breaker: {', '.join(held)}."
+    if spared:
+        summary += f" Not cordoned (maintenance or silenced): {', '.join(sorted(spared))}."
     notify.record_fleet_event(
         session,
         event="shared_cause",
@@ -257,7 +324,7 @@ def _announce(session: Session, *, incident: SharedIncident, decisions: list[Dec
         payload={
             "title": f"Shared cause #{incident.id}: {incident.component_kind} {incident.component} "
             f"({len(names)} nodes)",
-            "summary": f"{incident.summary} Cordoned from new work: {', '.join(str(n) for n in names)}.",
+            "summary": summary,
             "shared_incident_id": incident.id,
             "component_kind": incident.component_kind,
             "component": incident.component,
@@ -278,8 +345,9 @@ def detect_and_decide(session: Session, *, now: datetime, settings: Settings) ->
         return []
     window = timedelta(seconds=settings.shared_cause_window_s)
     rows = session.execute(
-        select(Finding.id, Node.name, Finding.category, Finding.observed_at, Finding.evidence)
+        select(Finding.id, Node.name, Finding.category, Finding.observed_at, Finding.evidence, Job.external_id)
         .outerjoin(Node, Node.id == Finding.node_id)
+        .outerjoin(Job, Job.id == Finding.job_id)
         .where(
             # created_at (the database's clock) bounds the scan by its index; observed_at (the evidence's) decides.
             # A pass on a clock ahead of the database's (a test, a replay) bounds it by the database's own.
@@ -293,15 +361,28 @@ def detect_and_decide(session: Session, *, now: datetime, settings: Settings) ->
     ).all()
     # Findings a resolved shared incident explains (the links of a replaced switch coming back up) are its
     # aftermath: they open no second incident for the component.
-    closed = [e for e in explained_members(session, now=now) if e.until is not None]
-    findings = [
-        NodeFinding(node, category, observed_at, finding_id)
-        for finding_id, name, category, observed_at, evidence in rows
+    # (An open incident's findings stay in: they join its group again, and a rival group over them is weighed
+    # against it below.)
+    closed = [e for e in explained_members(session, now=now) if e.resolved]
+    found = [
+        (finding_id, node, category, observed_at, job)
+        for finding_id, name, category, observed_at, evidence, job in rows
         if not is_explained(closed, node=name, category=category, observed_at=observed_at, evidence=evidence)
         for node in ([name] if name else _nodes_cited(evidence))
     ]
-    if len({f.node for f in findings}) < 2:
+    if len({f[1] for f in found}) < 2:
         return []  # one node (the normal case): nothing shared to look for
+    # A node down for announced maintenance (a rack's planned power work) or silenced is no member failing: its
+    # findings are kept for the record but count for no component.
+    spans = planned.maintenance_spans(session, since=now - window, until=now + window, settings=settings)
+    active = silences.active_silences(session, now=now)
+    findings = [
+        NodeFinding(node, category, observed_at, finding_id)
+        for finding_id, node, category, observed_at, job in found
+        if _covered(node, at=observed_at, job=job, spans=spans, active=active) is None
+    ]
+    if len({f.node for f in findings}) < 2:
+        return []
     labels = {
         name: node_labels
         for name, node_labels in session.execute(select(Node.name, Node.labels).where(Node.labels.is_not(None)))
@@ -312,9 +393,16 @@ def detect_and_decide(session: Session, *, now: datetime, settings: Settings) ->
         min_share=settings.shared_cause_min_share,
         min_lift=settings.shared_cause_min_lift,
     )
+    node_of: dict[int, set[str]] = {}
+    for f in findings:
+        if f.finding_id is not None:
+            node_of.setdefault(f.finding_id, set()).add(f.node)
     made: list[Decision] = []
-    for group in detect(findings, labels, params):
-        if _resolved_since(session, group=group):
+    for found_group in detect(findings, labels, params):
+        if _resolved_since(session, group=found_group):
+            continue
+        group, superseded = against_rivals(found_group, _rivals(session), node_of, params.min_nodes)
+        if group is None:
             continue
         ids = list(session.scalars(select(Node.id).where(Node.name.in_(group.nodes))))
         incident = open_or_update(
@@ -326,8 +414,50 @@ def detect_and_decide(session: Session, *, now: datetime, settings: Settings) ->
             evidence=group.evidence(),
             now=now,
         )
+        _supersede_rivals(session, ids=superseded, by=incident, now=now)
         made += decide_for_component(session, incident=incident, now=now, settings=settings)
     return made
+
+
+def _rivals(session: Session) -> list[Rival]:
+    """The open shared incidents and the findings each claims (read per group: one may have just been superseded)."""
+    return [
+        Rival(
+            i.id,
+            i.component_kind,
+            i.component,
+            frozenset((i.evidence or {}).get("finding_ids", [])),
+            len(i.members or []),
+        )
+        for i in session.scalars(select(SharedIncident).where(SharedIncident.state == "open"))
+    ]
+
+
+def _supersede_rivals(session: Session, *, ids: Sequence[int], by: SharedIncident, now: datetime) -> None:
+    """Open incidents of another component that a group over more nodes explains better resolve, pointing at it;
+    their cordons still waiting are withdrawn (one carried out stays: the node is out, a person or the return gate
+    brings it back)."""
+    if not ids:
+        return
+    what = f"{by.component_kind} {by.component}"
+    for rival in session.scalars(select(SharedIncident).where(SharedIncident.id.in_(ids)).with_for_update()):
+        _resolve(
+            rival,
+            resolution=f"superseded by shared incident {by.id} ({what}): the same findings on more nodes",
+            now=now,
+        )
+    session.execute(
+        update(Decision)
+        .where(Decision.shared_incident_id.in_(ids), Decision.kind == "cordon", Decision.state.in_(_WAITING))
+        .values(
+            state="rejected",
+            outcome="rejected",
+            outcome_message=f"superseded: shared incident {by.id} ({what}) explains its findings"[:1000],
+            acked_at=now,
+            actor=SYSTEM_ACTOR,
+        )
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _nodes_cited(evidence: Mapping[str, Any] | None) -> list[str]:
@@ -437,6 +567,72 @@ def open_count(session: Session) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenShared:
+    """What every UI page's banner says while shared incidents are open: how many, and the newest few."""
+
+    count: int
+    newest: list[SharedIncidentOut]
+
+
+def open_banner(session: Session, *, show: int = 3) -> OpenShared | None:
+    """The banner's facts when shared incidents are open, else None: one small query while none is."""
+    rows = session.scalars(
+        select(SharedIncident).where(SharedIncident.state == "open").order_by(SharedIncident.id.desc()).limit(show)
+    ).all()
+    if not rows:
+        return None
+    count = len(rows) if len(rows) < show else open_count(session)
+    return OpenShared(count, [SharedIncidentOut.model_validate(r) for r in rows])
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """One shared incident a node is a member of, and what it meant for the node."""
+
+    incident: SharedIncidentOut
+    joined_at: datetime | None
+    cordon: DecisionOut | None  # the component's cordon of this node; None while spared (maintenance, a silence)
+    spared: str | None  # why it got no cordon
+
+
+def _joined(incident: SharedIncident, node_id: int) -> datetime | None:
+    joined = next((m.get("joined_at") for m in incident.members or [] if m.get("node_id") == node_id), None)
+    return datetime.fromisoformat(joined) if joined else None
+
+
+def memberships(session: Session, *, name: str, limit: int = 10) -> list[Membership]:
+    """The shared incidents the node is a member of, open ones first, then the newest (404 for an unknown node)."""
+    node_id = session.scalar(select(Node.id).where(Node.name == name))
+    if node_id is None:
+        raise NotFound(f"no node {name!r}")
+    rows = session.scalars(
+        select(SharedIncident)
+        .where(SharedIncident.members.contains([{"node_id": node_id}]))
+        .order_by((SharedIncident.state == "open").desc(), SharedIncident.id.desc())
+        .limit(limit)
+    ).all()
+    cordons = {
+        d.shared_incident_id: DecisionOut.model_validate(Joined(d, job_id=None, node=name))
+        for d in session.scalars(
+            select(Decision).where(
+                Decision.node_id == node_id,
+                Decision.kind == "cordon",
+                Decision.shared_incident_id.in_([r.id for r in rows]),
+            )
+        )
+    }
+    return [
+        Membership(
+            incident=SharedIncidentOut.model_validate(r),
+            joined_at=_joined(r, node_id),
+            cordon=cordons.get(r.id),
+            spared=(r.evidence or {}).get("spared", {}).get(name) if r.id not in cordons else None,
+        )
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class Explained:
     """What one shared incident explains: findings of these categories on these nodes, observed from a window before
     it opened until two minutes after it resolved (open: a window after its group was last seen)."""
@@ -445,6 +641,7 @@ class Explained:
     members: frozenset[str]
     since: datetime
     until: datetime | None
+    resolved: bool = False
 
 
 # A resolved shared incident still explains its findings for as long as diagnosis may read them back (an hour in
@@ -480,6 +677,7 @@ def explained_members(session: Session, *, now: datetime) -> list[Explained]:
             # While open, as long as its group keeps being seen (each sighting moves updated_at): a member's lone
             # fault long after is its own, not the component's.
             until=resolved_at + _AFTERMATH if resolved_at is not None else updated_at + _window_of(evidence),
+            resolved=resolved_at is not None,
         )
         for members, evidence, opened_at, resolved_at, updated_at in rows
     ]

@@ -15,6 +15,7 @@ from service.breaker import service as breaker
 from service.config import Settings
 from service.db import session_scope
 from service.errors import FaultlineError, Forbidden
+from service.shared_causes import service as shared_causes
 from service.ui import sessions
 from service.ui.sessions import Viewer
 
@@ -60,8 +61,10 @@ def _resolve(request: Request) -> Viewer | None:
     proxied = _proxied_user(request, settings)
     now = datetime.now(UTC)
     with session_scope(request.app.state.sessionmaker) as session:
-        # Every page shows a tripped fleet breaker (base.html's banner): read with the viewer, in one session.
+        # Every page shows a tripped fleet breaker and the open shared causes (base.html's banners): read with the
+        # viewer, in one session.
         request.state.breaker = breaker.tripped(session)
+        request.state.shared_open = shared_causes.open_banner(session)
         viewer = sessions.lookup(session, key=key, now=now) if key else None
         if proxied is None or (viewer is not None and viewer.name == proxied and viewer.via_proxy):
             return viewer

@@ -103,6 +103,7 @@ def page(request: Request, template: str, context: dict[str, Any], *, status_cod
         {
             "viewer": getattr(request.state, "viewer", None),
             "breaker": getattr(request.state, "breaker", None),
+            "shared_open": getattr(request.state, "shared_open", None),
             "flash": flash.removeprefix("!") or None,
             "flash_refused": flash.startswith("!"),
             "now": datetime.now(UTC),

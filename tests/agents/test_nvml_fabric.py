@@ -8,7 +8,9 @@ from collections.abc import Iterator
 import pynvml as real
 import pytest
 
+from agents.gpu import GpuReading
 from agents.nvml import Nvml, open_nvml
+from agents.nvml_fabric import WithFabric, open_exporter_fabric
 from lab.fakes.nvml import FakeFabric, FakeNvml
 
 DOMAIN = "6a7c1f3e-2b5d-4e8f-9a01-3c4d5e6f7a8b"
@@ -132,3 +134,69 @@ def test_a_gpu_that_does_not_answer_reports_nothing_then_comes_back(nvl72: tuple
     fake.gpus[1].lost = False
     fabric = reader.read()[1].fabric
     assert fabric is not None and fabric["cluster_uuid"] == DOMAIN
+
+
+# -- beside dcgm-exporter, which exports no fabric info (agents/nvml_fabric.py ExporterFabric) -----------------------
+
+
+class _Exporter:
+    """What dcgm-exporter gives the agent: GPU readings with the exporter's index and UUID labels, no fabric."""
+
+    def __init__(self, uuids: dict[int, str]) -> None:
+        self.uuids = uuids
+        self.closed = False
+
+    def read(self) -> list[GpuReading]:
+        return [GpuReading(i, {"DCGM_FI_DEV_GPU_UTIL": 97.0}, uuid=u) for i, u in self.uuids.items()]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _beside_exporter(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, uuids: dict[int, str]) -> WithFabric:
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    fabric = open_exporter_fabric()
+    assert fabric is not None
+    return WithFabric(_Exporter(uuids), fabric)
+
+
+def test_beside_the_exporter_each_gpu_gets_its_fabric_matched_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(4)
+    for gpu in fake.gpus:
+        gpu.fabric = FakeFabric(cluster_uuid=DOMAIN, clique_id=7)
+    nvml_uuids = [f"GPU-0d6f4c1e-9a51-4c2b-8f7e-{i:012x}" for i in range(4)]  # the fake's UUIDs
+    # The exporter leaves GPU 1 out and numbers the rest its own way: the UUID says which GPU is which.
+    source = _beside_exporter(fake, monkeypatch, {0: nvml_uuids[0], 1: nvml_uuids[3], 2: "GPU-unknown"})
+    fake.gpus[3].fabric = FakeFabric(cluster_uuid=DOMAIN, clique_id=7, degraded_bw=True)
+    readings = source.read()
+    fabrics = [r.fabric for r in readings]
+    assert fabrics[0] is not None and fabrics[0]["degraded_bw"] is False
+    assert fabrics[1] is not None and fabrics[1]["degraded_bw"] is True  # NVML's GPU 3
+    assert fabrics[2] is not None and fabrics[2]["cluster_uuid"] == DOMAIN  # no such UUID: by its index
+    assert readings[0].inventory()["fabric"]["cluster_uuid"] == DOMAIN
+    # Read every period, not every sample; the last reading goes with every sample in between.
+    source.read()
+    assert fake.calls["nvmlDeviceGetGpuFabricInfoV"] == 4
+    source.fabric.clock = lambda: 1e12
+    fake.gpus[0].fabric = FakeFabric(cluster_uuid=DOMAIN, clique_id=7, gfm_connected=False)
+    assert source.read()[0].fabric["gfm"] == "disconnected"  # type: ignore[index]
+    source.close()
+    assert fake.initialized == 0 and isinstance(source.source, _Exporter) and source.source.closed
+
+
+def test_beside_the_exporter_no_fabric_lets_nvml_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(2)  # an HGX H100 board: every GPU answers NotSupported
+    source = _beside_exporter(fake, monkeypatch, {0: "GPU-a", 1: "GPU-b"})
+    assert [r.fabric for r in source.read()] == [None, None]
+    assert fake.initialized == 0  # shut down for good after the first read
+    source.fabric.clock = lambda: 1e12
+    calls = fake.total_calls()
+    assert [r.fabric for r in source.read()] == [None, None]
+    assert fake.total_calls() == calls
+    source.close()
+    assert fake.initialized == 0
+
+
+def test_beside_the_exporter_without_nvml_nothing_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: no nvidia-ml-py, no driver
+    assert open_exporter_fabric() is None

@@ -169,6 +169,36 @@ def test_congestion_with_pause_frames_names_the_node() -> None:
     assert found[0].action == "evict" and "pause_tx_frames" in found[0].evidence["rates"]
 
 
+def _congested_from(first: int, factor: float, last: int = WINDOWS, pauses: float = 5000.0) -> Any:
+    def congested(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-001" and subject != "host" and first <= i < last:
+            acc["port_xmit_wait"] += 2000.0 * 10 * factor
+            acc["pause_tx_frames"] += pauses * 10
+
+    return congested
+
+
+def test_congestion_far_over_its_peers_is_a_change_point_after_two_windows() -> None:
+    # Two windows far over the bar (5 x the peers' 2,000/s): found long before the 2-minute continuity period.
+    found = _detect(_frame(_congested_from(WINDOWS - 2, 100)))
+    assert [(f.node, f.evidence["rule"], f.action) for f in found] == [("node-001", "congestion", "evict")]
+    assert found[0].evidence["apart_s"] == 19.0
+    assert "for 19 s" in found[0].summary
+    # One window is not yet a change, however far over.
+    assert _detect(_frame(_congested_from(WINDOWS - 1, 100))) == []
+
+
+def test_congestion_just_over_the_bar_waits_for_the_continuity_period() -> None:
+    # Waiting at 7 x the peers (the bar is 5 x): log2(7/5) a window needs about 13 windows to reach the threshold.
+    assert _detect(_frame(_congested_from(WINDOWS - 4, 6, pauses=0.0))) == []
+    found = _detect(_frame(_congested_from(WINDOWS - 12, 6, pauses=0.0)))
+    assert [(f.node, f.evidence["rule"], f.action) for f in found] == [("node-001", "congestion", "diagnose")]
+
+
+def test_a_congestion_burst_that_ended_is_no_finding() -> None:
+    assert _detect(_frame(_congested_from(WINDOWS - 5, 100, last=WINDOWS - 2))) == []
+
+
 def test_waiting_alone_is_only_diagnosed() -> None:
     def waiting(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
         if node == "node-001" and subject == "ib:mlx5_0/1" and i >= 10:

@@ -5,7 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ml.shared_causes import NodeFinding, Params, chance_at_least, detect, label_values
+from ml.shared_causes import (
+    NodeFinding,
+    Params,
+    Rival,
+    SharedGroup,
+    against_rivals,
+    chance_at_least,
+    detect,
+    label_values,
+)
 
 T0 = datetime(2026, 11, 29, 1, 0, tzinfo=UTC)
 
@@ -139,3 +148,37 @@ def test_rival_groups_over_mostly_the_same_nodes_keep_one() -> None:
     (group,) = detect(findings, fleet, Params(min_share=0.25, min_concentration=0.75))
     assert (group.component_kind, group.nodes) == ("driver", ("n000", "n002", "n003", "n016"))
     assert group.also == ("rack rack-0",)
+
+
+def _group(nodes: list[str], ids: list[int], kind: str = "driver", component: str = "560") -> Any:
+    return SharedGroup(
+        component_kind=kind, component=component, label="driver_version", category="gpu_hardware",
+        nodes=tuple(nodes), finding_ids=tuple(ids), first_at=T0, last_at=T0, value_nodes=4, labelled_nodes=24,
+        faulty_nodes=len(nodes), lift=6.0, chance=0.001,
+    )  # fmt: skip
+
+
+def test_against_rivals_supersedes_a_smaller_rival_and_is_trimmed_by_a_larger_one() -> None:
+    node_of = {1: {"a"}, 2: {"b"}, 3: {"c"}, 4: {"d"}, 5: {"e"}}
+    smaller = Rival(7, "power_domain", "pdu-0", frozenset({1, 2, 3}), members=3)
+    group, superseded = against_rivals(_group(["a", "b", "c", "d"], [1, 2, 3, 4]), [smaller], node_of, 3)
+    assert group is not None and group.nodes == ("a", "b", "c", "d") and superseded == [7]
+    # Over as many nodes, the likelier kind for GPU errors wins: the driver over the power domain.
+    tie = Rival(11, "power_domain", "pdu-0", frozenset({1, 2, 3}), members=4)
+    assert against_rivals(_group(["a", "b", "c", "d"], [1, 2, 3, 4]), [tie], node_of, 3)[1] == [11]
+    # A rival over as many nodes keeps its findings: what is left (one node) is no group.
+    larger = Rival(8, "driver", "560", frozenset({1, 2, 3}), members=4)
+    assert against_rivals(
+        _group(["a", "b", "c", "e"], [1, 2, 3, 5], "power_domain", "pdu-0"), [larger], node_of, 3
+    ) == (None, [])
+    # Enough left of its own: the group stands without the claimed findings.
+    group, superseded = against_rivals(
+        _group(["a", "b", "c", "d", "e"], [1, 2, 3, 4, 5], "switch", "leaf-1"),
+        [Rival(9, "driver", "560", frozenset({1, 2}), members=5)],
+        node_of,
+        3,
+    )
+    assert group is not None and group.nodes == ("c", "d", "e") and group.finding_ids == (3, 4, 5) and superseded == []
+    # Its own component's incident is no rival.
+    same = Rival(10, "driver", "560", frozenset({1, 2, 3}), members=4)
+    assert against_rivals(_group(["a", "b", "c"], [1, 2, 3]), [same], node_of, 3)[0] is not None

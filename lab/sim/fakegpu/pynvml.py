@@ -3,6 +3,11 @@ state (lab/sim/gpustate.py) each time NVML is initialised, so the agent's own dr
 reads the simulated GPUs' fields: a lost GPU answers GpuIsLost, a pending row remap or a narrowed link shows, the
 driver asks for a reset while a GSP stays hung.
 
+What NVML answers without measuring (which GPUs, who they are, whether one fell off the bus, their NVLink fabric
+info) comes from the machine's live inventory (gpustate.INVENTORY_FILE), read on each such call: the agent reading
+the fabric info beside dcgm-exporter (agents/nvml_fabric.py) sees the NVL72 rack's fabric as it is now, and asks the
+simulator for no check state. The first other call after an initialisation measures (loads the state, as before).
+
 The runner (lab/sim/runner.py) puts this folder first on the simulated agent's PYTHONPATH.
 """
 
@@ -31,7 +36,7 @@ def _real_pynvml() -> ModuleType:
 
 real = _real_pynvml()
 
-from lab.fakes.nvml import FakeGpu, FakeNvml  # noqa: E402  (needs the real module in place first)
+from lab.fakes.nvml import FakeFabric, FakeGpu, FakeNvml  # noqa: E402  (needs the real module in place first)
 from lab.sim import gpustate  # noqa: E402
 from lab.sim.dcgm_fields import INT64_NOT_SUPPORTED  # noqa: E402
 
@@ -99,17 +104,89 @@ def fake_gpu(entry: dict[str, Any], model: str) -> FakeGpu:
     return gpu
 
 
+# Calls answered from the inventory alone.
+_INVENTORY_CALLS = frozenset(
+    {
+        "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetIndex", "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo", "nvmlDeviceGetName", "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo",
+        "nvmlShutdown",
+    }
+)  # fmt: skip
+
+
+def _fabric(entry: dict[str, Any] | None) -> FakeFabric | None:
+    return None if entry is None else FakeFabric(**entry)
+
+
 class SimNvml(FakeNvml):
-    """NVML of the simulated node the agent runs for: its GPUs read afresh at each first initialisation."""
+    """NVML of the simulated node the agent runs for: its GPUs measured afresh after each initialisation (each user
+    sees them as they are now, as the real library reads the driver), its inventory read live."""
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(gpus)
+        self._measured = False
+        self._inventory: tuple[tuple[int, int], dict[str, Any]] | None = None  # (file's mtime and size, content)
 
     def nvmlInit(self) -> None:
-        if self.initialized <= 0:
-            try:
-                state = gpustate.load()
-            except RuntimeError:
-                raise real.NVMLError_DriverNotLoaded() from None  # as a node whose driver does not answer
-            self.set_gpus([fake_gpu(entry, state["model"]) for entry in state["gpus"]])
+        self._measured = False
+        if self._read_inventory() is None:
+            self._measure()  # no inventory (an older runner): measured at once, as before
+        else:
+            self._apply_inventory()
         super().nvmlInit()
+
+    def _count(self, name: str, handle: Any = None) -> FakeGpu | None:
+        if self.initialized > 0:
+            if name in _INVENTORY_CALLS:
+                self._apply_inventory()
+            elif not self._measured:
+                self._measure()
+        return super()._count(name, handle)
+
+    def _measure(self) -> None:
+        try:
+            state = gpustate.load()
+        except RuntimeError:
+            raise real.NVMLError_DriverNotLoaded() from None  # as a node whose driver does not answer
+        self.set_gpus([fake_gpu(entry, state["model"]) for entry in state["gpus"]])
+        self._measured = True
+        self._apply_inventory()
+
+    def _read_inventory(self) -> dict[str, Any] | None:
+        path = gpustate.inventory_path()
+        try:
+            st = path.stat() if path is not None else None
+        except FileNotFoundError:
+            st = None
+        if path is None or st is None:
+            return None
+        key = (st.st_mtime_ns, st.st_size)
+        if self._inventory is None or self._inventory[0] != key:
+            content = gpustate.read(path)
+            if content is None:
+                return None
+            self._inventory = (key, content)
+        return self._inventory[1]
+
+    def _apply_inventory(self) -> None:
+        """The GPUs as the inventory has them; once measured, only their fabric (the rest is the state's)."""
+        inventory = self._read_inventory()
+        if inventory is None:
+            return
+        entries = inventory["gpus"]
+        if self._measured:
+            for gpu, entry in zip(self.gpus, entries, strict=False):
+                gpu.fabric = _fabric(entry["fabric"])
+            return
+        self.set_gpus(
+            [
+                FakeGpu(
+                    e["index"], lost=e["lost"], bus=e["bus"], uuid=e["uuid"], name=inventory["model"],
+                    fabric=_fabric(e["fabric"]),
+                )
+                for e in entries
+            ]
+        )  # fmt: skip
 
 
 sys.modules["pynvml"] = SimNvml(0)  # type: ignore[assignment]  # what `import pynvml` returns from now on

@@ -20,6 +20,7 @@ from service.models.nodes import NODE_STATES
 from service.nodes import history, ladder
 from service.nodes import service as nodes
 from service.nodes.schemas import CordonIn, NodeDetail, ReturnIn
+from service.shared_causes import service as shared_causes
 from service.ui.auth import FormViewer, ViewerDep
 from service.ui.render import ago, page, redirect
 from service.ui.views import checks as checks_view
@@ -69,6 +70,7 @@ def node_detail(request: Request, name: str, session: DbSession, _: ViewerDep) -
     checks = checks_view.node_checks(session, name=name, now=now)
     context = {"v": v, "cells": [h for h, _ in view.COUNTER_CELLS], "subjects": subjects, "checks": checks}
     context["bundles"] = bundles.for_node(session, node=name, now=now)
+    context["shared"] = shared_causes.memberships(session, name=name)
     context["ladder"] = ladder.view(session, name=name, now=now, settings=request.app.state.settings)
     window_s = request.app.state.settings.node_repeat_window_s
     context |= {

@@ -50,9 +50,17 @@ def test_bench_storage_times_retention_against_a_writer_and_leaves_nothing_behin
         assert all(wait > 0 for wait in drop["insert_wait_ms"])
     assert figures["drop"]["partitions_left"] == 0
     assert "an insert waited at most" in result.stdout and "files freed" in result.stdout
+    # The same samples compacted (one chunk per GPU-hour) and rolled up into windows (one per GPU and 10 s).
+    assert figures["compact"]["chunks"] == 16 and figures["windows"]["rows"] == 16 * 360
+    assert figures["compact"]["bytes_per_sample"] < figures["bytes_per_sample"] / 2
+    assert "raw, compacted" in result.stdout and "10 s windows" in result.stdout
     with committed.connect() as conn:
         left = conn.execute(
-            text("SELECT count(*) FROM pg_class WHERE relname LIKE 'metric\\_samples\\_p209%' OR relname = :plain"),
+            text(
+                "SELECT count(*) FROM pg_class WHERE relname LIKE 'metric\\_samples\\_p209%' "
+                "OR relname LIKE 'metric\\_chunks\\_p209%' OR relname LIKE 'metric\\_windows\\_p209%' "
+                "OR relname = :plain"
+            ),
             {"plain": "bench_storage_unpartitioned"},
         ).scalar_one()
         probe_rows = conn.execute(text("SELECT count(*) FROM metric_samples WHERE job_id = -4242")).scalar_one()

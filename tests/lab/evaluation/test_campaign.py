@@ -68,6 +68,17 @@ def test_fatal_xids_are_evicted_by_the_loop_and_the_job_restarts_on_spares(commi
     assert report["targets"][0]["status"] == "FAIL"  # fewer than 200 faults
 
 
+@pytest.mark.timeout(900)
+def test_a_fatal_xid_is_decided_within_two_seconds_of_the_error(committed: Engine) -> None:
+    """Issue 44: the agent ships a critical event at once and the fast pass decides it; a GPU that drops a few
+    seconds into a checkpoint's save is timed from the drop, not from the save's start."""
+    report = _campaign((Category("faulty_gpu", 1.0, (("ecc_dbe", 1), ("fault_in_checkpoint", 1))),), faults=2)
+    (category,) = report["categories"]
+    assert category["category"] == "faulty_gpu" and category["caught"] == 2, report["missed"]
+    assert category["p95_s"] is not None and category["p95_s"] <= 2.0
+    assert report["totals"]["false_accusations"] == 0
+
+
 @pytest.mark.timeout(600)
 def test_a_planned_drain_is_silenced_drained_and_accuses_nobody(committed: Engine) -> None:
     report = _campaign((Category("host_maintenance", 1.0, (("host_maintenance", 1),), localizable=False),), faults=1)

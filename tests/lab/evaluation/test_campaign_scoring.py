@@ -348,3 +348,19 @@ def test_a_shared_cause_is_caught_by_its_members_cordons_and_scored_for_its_inci
     assert targets["no per-node eviction for a shared cause"] == "FAIL"
     table = format_table(result)
     assert "shared causes 2: cordoned whole 1" in table and "#1 driver_rollout 570.86.10 (3 nodes)" in table
+
+
+def test_a_rival_superseded_a_pass_later_is_no_second_incident_of_its_fault() -> None:
+    members = ("n1", "n2", "n3")
+    driver = _fault(
+        0, "driver_rollout", None, 1000.0, 1100.0, members=members, component_kind="driver", component="570.86.10",
+        localizable=True,
+    )  # fmt: skip
+    decisions = [DecisionRow(20 + k, "j", 1005.0, "cordon", n) for k, n in enumerate(members)]
+    shared = [
+        SharedIncidentRow(1, "j", 1003.0, "power_domain", "pdu-0", members[:2], superseded=True),
+        SharedIncidentRow(2, "j", 1004.0, "driver", "570.86.10", members),
+    ]
+    t = score([driver], decisions, [], [JobProgress("j", 9000.0, 8000.0)], shared=shared)["totals"]
+    assert (t["shared_one_incident_each"], t["shared_component_named"], t["shared_false_incidents"]) == (1, 1, [])
+    assert t["shared_superseded"] == [1] and t["shared_by_fault"]["0"]["incidents"] == [2]

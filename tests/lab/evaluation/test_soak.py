@@ -81,7 +81,9 @@ def test_a_fatal_xid_in_a_soak_job_is_evicted(committed: Engine) -> None:
     (fault,) = job["faults"]
     evicted = {d["node"] for d in report["decisions"] if d["kind"] == "evict"}
     assert evicted == set(fault["nodes"])
-    assert all(60.0 <= d["t_s"] <= 75.0 for d in report["decisions"] if d["kind"] == "evict")
+    # The Xid 79 comes 2 s after the fault's first sign (AER); its agent ships it at once, as `faultline agent` does
+    # (its block complete a second later), not at the next 5 s tick, and the fast pass decides it then.
+    assert all(62.0 <= d["t_s"] <= 64.0 for d in report["decisions"] if d["kind"] == "evict")
     assert targets(report)[0]["status"] == "FAIL"  # the soak's own target: an eviction fails it
 
 

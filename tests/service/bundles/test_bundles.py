@@ -235,6 +235,34 @@ def test_a_node_whose_agent_never_answers_reads_agent_unreachable(
     assert client.get("/api/v1/incidents/999999/bundles", headers=reader).status_code == 404
 
 
+def test_agent_unreachable_is_read_from_the_stored_request_whatever_the_service_runs_with_now(
+    session: Session, factory: sessionmaker[Session], make_token: Any, ui: Any
+) -> None:
+    """Durable: the request stores its own deadline (asked at + timeout + grace), so a service restarted later, even
+    with other bundle settings (or bundles switched off), says the same "no bundle: agent unreachable" in the API and
+    on the incident and node pages, and the directive is no longer handed to the agent."""
+    incident, _, decision = _evict(session)
+    asked_with = get_settings().model_copy(update={"bundle_timeout_s": 60.0, "bundle_grace_s": 30.0})
+    asked_at = datetime.now(UTC) - timedelta(seconds=100)
+    [asked] = bundles.request_for(session, decisions=[decision], now=asked_at, settings=asked_with)
+    restarted = get_settings().model_copy(
+        update={"bundle_timeout_s": 3600.0, "bundle_grace_s": 3600.0, "bundle_enabled": False}
+    )
+    reader = bearer(make_token("operator"))
+    with TestClient(create_app(restarted, factory=factory)) as client:
+        [listed] = client.get(f"/api/v1/incidents/{incident.id}/bundles", headers=reader).json()
+        assert listed["state"] == "unreachable" and listed["download"] is None
+        assert listed["status"] == "no bundle: agent unreachable (nothing arrived within 90 s of the request)"
+        [by_node] = client.get(f"/api/v1/nodes/{NODE}/bundles", headers=reader).json()
+        info = client.get(f"/api/v1/bundles/{asked.id}/info", headers=reader).json()
+        assert by_node["state"] == info["state"] == "unreachable"
+        answer = client.post("/api/v1/ingest", json=batch(NODE, job_id=None), headers=bearer(make_token("agent")))
+        assert not [d for d in answer.json()["directives"] if d["kind"] == "bundle"], "its time is up"
+    for page in (f"/incidents/{incident.id}", f"/nodes/{NODE}"):
+        html = ui.get(page).text
+        assert "no bundle: agent unreachable (nothing arrived within 90 s of the request)" in html, page
+
+
 def _evict_other(session: Session) -> tuple[Any, Any, Any]:
     job = rows.job(session)
     node = rows.node(session)

@@ -78,7 +78,7 @@ def test_ensure_partitions_is_idempotent(session: Session) -> None:
         "metric_samples_p2031030412",
     ]
     assert created["log_events"] == ["log_events_p20310304"]
-    windowed = {"metric_samples", "metric_windows", "node_samples", "node_windows"}
+    windowed = {"metric_samples", "metric_chunks", "metric_windows", "node_samples", "node_windows"}
     assert set(created) == windowed | {"log_events", "process_snapshots", "stack_dumps"}
     assert partitions.ensure_partitions(session, now=FUTURE, ahead=timedelta(hours=2)) == {}
     # A partition covers exactly its period.
@@ -101,6 +101,7 @@ def test_a_row_without_partition_lands_in_default_and_moves_when_its_partition_i
     created = partitions.ensure_partitions(session, now=at, ahead=timedelta(0))
     assert created == {
         "metric_samples": [METRICS.partition_name(at)],
+        "metric_chunks": [REGISTRY["metric_chunks"].partition_name(at)],
         "log_events": [LOGS.partition_name(at)],
         "process_snapshots": [REGISTRY["process_snapshots"].partition_name(at)],
         "stack_dumps": [REGISTRY["stack_dumps"].partition_name(at)],

@@ -5,16 +5,26 @@ their per-node decisions."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.config import get_settings
 from service.models import Decision, Incident, Job, Node, Rank, SharedIncident
 from service.shared_causes import service as shared
 from tests import rows
-from tests.decide import decide, finding
+from tests.decide import decide as decide_under
+from tests.decide import finding
 
 NOW = datetime(2026, 11, 29, 1, 0, tzinfo=UTC)
+# Eight of 24 nodes behind one switch is a third of this small fleet: a breaker that admits that many, so these tests
+# see the shared cause's own logic (the default share's hold: test_shared_safety.py).
+SETTINGS = get_settings().model_copy(update={"breaker_max_share": 0.5})
+
+
+def decide(session: Session, job: Job, findings: list[Any], now: datetime) -> object:
+    return decide_under(session, job, findings, now, SETTINGS)
 
 
 def _fleet(session: Session) -> list[str]:
@@ -188,3 +198,43 @@ def test_the_same_component_failing_again_after_its_repair_is_a_new_incident(ses
     decide(session, job, again, NOW + timedelta(seconds=650))
     incidents = session.scalars(select(SharedIncident).order_by(SharedIncident.id)).all()
     assert [(i.component, i.state) for i in incidents] == [("leaf-1", "resolved"), ("leaf-1", "open")]
+
+
+def test_a_rival_blamed_on_partial_evidence_is_superseded_and_takes_no_later_fault(session: Session) -> None:
+    """A driver rollout's first Xids arrive before its nodes report the new version: the pass blames their power
+    domain (3 of its 4 nodes). The next pass, with the new version reported and the fourth node's Xid, names the
+    driver over 4 nodes: the power domain's incident is superseded, not left open. Once the driver's incident is
+    resolved (and the version rolled back), a lone Xid on the domain's fourth node joins no power incident."""
+    names = [f"pd-{i:02d}" for i in range(24)]
+    nodes = {n: rows.node(session, n, labels={"power_domain": f"pdu-{i // 4}", "driver_version": "550.54.15"})
+             for i, n in enumerate(names)}  # fmt: skip
+    job = rows.job(session, "llm-pdu")
+    rolled = [names[0], names[2], names[3], names[4]]
+    decide(
+        session,
+        job,
+        [_xid(n, NOW + timedelta(seconds=k)) for k, n in enumerate(rolled[:3])],
+        NOW + timedelta(seconds=10),
+    )
+    (rival,) = session.scalars(select(SharedIncident)).all()
+    assert (rival.component_kind, rival.component) == ("power_domain", "pdu-0")
+    for n in rolled:
+        nodes[n].labels = {**nodes[n].labels, "driver_version": "560.28.03"}
+    session.flush()
+    decide(session, job, [_xid(rolled[3], NOW + timedelta(seconds=5))], NOW + timedelta(seconds=20))
+    session.refresh(rival)
+    driver = session.scalars(select(SharedIncident).where(SharedIncident.component_kind == "driver")).one()
+    assert (driver.component, driver.state) == ("560.28.03", "open")
+    assert sorted(m["node"] for m in driver.members) == sorted(rolled)
+    assert rival.state == "resolved" and f"superseded by shared incident {driver.id}" in rival.resolution
+    shared.resolve_by_hand(
+        session, incident_id=driver.id, reason="rolled back", actor="ops", now=NOW + timedelta(seconds=40)
+    )
+    for n in rolled:
+        nodes[n].labels = {**nodes[n].labels, "driver_version": "550.54.15"}
+    session.flush()
+    decide(session, job, [_xid(names[1], NOW + timedelta(seconds=190))], NOW + timedelta(seconds=200))
+    assert session.scalars(select(SharedIncident).where(SharedIncident.state == "open")).all() == []
+    assert len(session.scalars(select(SharedIncident)).all()) == 2
+    # pd-01's own Xid is its own: a per-node decision, not the power domain's cordon.
+    assert ("evict", names[1], None) in _decisions(session)

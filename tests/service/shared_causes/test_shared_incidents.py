@@ -69,7 +69,9 @@ def test_decide_for_component_cordons_members_once_and_notifies_once(session: Se
     session.add(NotificationChannel(name="ops", kind="json", url="https://chat.example.com/hook"))
     ids = _nodes(session, ["d-a", "d-b", "d-c"])
     incident = _open(session, ids)
-    made = shared.decide_for_component(session, incident=incident, now=NOW, settings=Settings())
+    # A fleet of four, all cordoned: past the breaker's floor of 3 (its hold is tested in test_shared_safety.py).
+    settings = Settings(breaker_enabled=False)
+    made = shared.decide_for_component(session, incident=incident, now=NOW, settings=settings)
     assert sorted(d.node_id for d in made) == sorted(ids)
     assert {(d.kind, d.state, d.shared_incident_id, d.incident_id) for d in made} == {
         ("cordon", "pending", incident.id, None)
@@ -80,10 +82,10 @@ def test_decide_for_component_cordons_members_once_and_notifies_once(session: Se
     events = session.scalars(select(NodeEvent).where(NodeEvent.node_id.in_(ids), NodeEvent.kind == "cordon")).all()
     assert len(events) == 3 and {e.source for e in events} == {"diagnosis"}
     # Again: nothing new; a new member gets its cordon; chat heard once.
-    assert shared.decide_for_component(session, incident=incident, now=NOW, settings=Settings()) == []
+    assert shared.decide_for_component(session, incident=incident, now=NOW, settings=settings) == []
     (late,) = _nodes(session, ["d-d"])
     incident = _open(session, [late], now=NOW + timedelta(seconds=20))
-    more = shared.decide_for_component(session, incident=incident, now=NOW, settings=Settings())
+    more = shared.decide_for_component(session, incident=incident, now=NOW, settings=settings)
     assert [d.node_id for d in more] == [late]
     deliveries = session.scalars(select(NotificationDelivery)).all()
     assert len(deliveries) == 1
