@@ -106,9 +106,11 @@ class Settings(BaseSettings):
     # `shared_cause_window_s` on at least `shared_cause_min_nodes` nodes (or `shared_cause_min_share` of the nodes
     # with one label value, when that is more) that share a rack, switch, power domain, driver, firmware, kernel or
     # storage mount, and are concentrated in it (at least `shared_cause_min_lift` times the label's share of the
-    # fleet), open one shared incident: its members are cordoned from new work, with no per-node eviction.
+    # fleet), open one shared incident: its members are cordoned from new work, with no per-node eviction. A minute:
+    # a switch, a rack's power or a mount takes its nodes down within seconds of each other; independent faults
+    # minutes apart on three nodes of one rack are not one cause (5 minutes grouped such pairs in a dense campaign).
     shared_causes_enabled: bool = True
-    shared_cause_window_s: float = Field(default=300.0, gt=0)
+    shared_cause_window_s: float = Field(default=60.0, gt=0)
     shared_cause_min_nodes: int = Field(default=3, ge=2)
     shared_cause_min_share: float = Field(default=0.5, gt=0, le=1)
     shared_cause_min_lift: float = Field(default=2.0, ge=1)
