@@ -265,22 +265,23 @@ def _supersede(session: Session, *, incident: SharedIncident, node_ids: Collecti
     categories = list(incident.evidence.get("categories", []))
     if not categories or not node_ids:
         return
+    _reject_waiting(
+        session,
+        Decision.node_id.in_(node_ids),
+        Decision.kind.in_(_SUPERSEDED_KINDS),
+        Decision.incident_id.in_(select(Incident.id).where(Incident.root_cause.in_(categories))),
+        message=f"superseded: explained by shared incident {incident.id} "
+        f"({incident.component_kind} {incident.component})",
+        now=now,
+    )
+
+
+def _reject_waiting(session: Session, *where: Any, message: str, now: datetime) -> None:
+    """Decisions matching `where` still waiting for a scheduler are rejected by the system, with `message`."""
     session.execute(
         update(Decision)
-        .where(
-            Decision.node_id.in_(node_ids),
-            Decision.kind.in_(_SUPERSEDED_KINDS),
-            Decision.state.in_(_WAITING),
-            Decision.incident_id.in_(select(Incident.id).where(Incident.root_cause.in_(categories))),
-        )
-        .values(
-            state="rejected",
-            outcome="rejected",
-            outcome_message=f"superseded: explained by shared incident {incident.id} "
-            f"({incident.component_kind} {incident.component})"[:1000],
-            acked_at=now,
-            actor=SYSTEM_ACTOR,
-        )
+        .where(Decision.state.in_(_WAITING), *where)
+        .values(state="rejected", outcome="rejected", outcome_message=message[:1000], acked_at=now, actor=SYSTEM_ACTOR)
         .execution_options(synchronize_session=False)
     )
 
@@ -446,17 +447,12 @@ def _supersede_rivals(session: Session, *, ids: Sequence[int], by: SharedInciden
             resolution=f"superseded by shared incident {by.id} ({what}): the same findings on more nodes",
             now=now,
         )
-    session.execute(
-        update(Decision)
-        .where(Decision.shared_incident_id.in_(ids), Decision.kind == "cordon", Decision.state.in_(_WAITING))
-        .values(
-            state="rejected",
-            outcome="rejected",
-            outcome_message=f"superseded: shared incident {by.id} ({what}) explains its findings"[:1000],
-            acked_at=now,
-            actor=SYSTEM_ACTOR,
-        )
-        .execution_options(synchronize_session=False)
+    _reject_waiting(
+        session,
+        Decision.shared_incident_id.in_(ids),
+        Decision.kind == "cordon",
+        message=f"superseded: shared incident {by.id} ({what}) explains its findings",
+        now=now,
     )
 
 
