@@ -19,6 +19,9 @@ from agents.preflight.search import LocalReport
 
 # Sizes per device: an 8192 bf16 GEMM is ~1 ms on an H100; the CPU's is small so a CI run stays short.
 GEMM_SIZE = {"cuda": (8192, 20), "cpu": (256, 3)}
+# On the CPU, the best of this many short runs: nodes sharing a host's cores (a test's processes, a CPU job's pods)
+# are otherwise measured by the scheduler's share each got, and a healthy one below the median is named.
+CPU_GEMM_RUNS = 7
 LOCAL_ALLREDUCE_BYTES = 64 * 2**20
 
 
@@ -110,6 +113,8 @@ def gemm(device: str) -> list[CheckResult]:
 
         n, iters = GEMM_SIZE["cpu"]
         runtime = compute.TorchCompute(torch, device_type="cpu", gemm_n=n, gemm_iters=iters)
+        runs = [compute.measure(runtime, "gemm_bf16") for _ in range(CPU_GEMM_RUNS)]
+        return max(runs, key=lambda results: min(r.measured or 0.0 for r in results))
     return compute.measure(runtime, "gemm_bf16")
 
 

@@ -9,6 +9,7 @@ drain in lab/sim/pool.py: each a mixin on top of FaultInjection, all mixed into 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -115,7 +116,7 @@ class FaultInjection:
     noise: list[dict[str, Any]]
     loader_wait: dict[int, float]
 
-    if TYPE_CHECKING:  # the cluster's, from RealLife (lab/sim/realism.py)
+    if TYPE_CHECKING:  # the cluster's, from RealLife (lab/sim/realism.py) and SparePool (lab/sim/pool.py)
 
         def _node_ts(self, node: int, offset: float = 0.0) -> datetime: ...
         def _stop_pause(self) -> None: ...
@@ -125,6 +126,7 @@ class FaultInjection:
         def machine_of(self, rank: int) -> int: ...
         def ranks_on(self, node: int) -> list[int]: ...
         def node_rank(self, node: int) -> int | None: ...
+        def _later(self, delay: float, action: Callable[[], None]) -> None: ...
 
     def inject(self, spec: FaultSpec) -> FaultRecord:
         """Inject `spec` now (its `at` is ignored; its node is a node rank): for a harness that draws faults as it

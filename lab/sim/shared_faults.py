@@ -22,6 +22,7 @@ from lab.sim.scenarios import FaultSpec
 
 POD_MACHINES = 4  # machines behind one leaf switch, in one rack, on one power domain
 ROLLOUT_DRIVER = "570.86.10"  # the bad driver a rollout installs
+ROLLOUT_LEAD_S = 60.0  # from the install (the agents report the version) to the GSP failing under load
 MIN_MEMBERS = 3  # a component fault needs this many of its machines in the job to be told from single faults
 _XID_119 = (
     "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) "
@@ -86,18 +87,29 @@ class SharedFaults(FaultInjection):
         self._schedule(1.0, self._teardown_all)
 
     def _inject_driver_rollout(self, spec: FaultSpec, record: FaultRecord) -> None:
-        """A new driver reaches the job's machines (a share of the fleet) and each of their GPUs' GSP stops answering
-        (the same Xid 119 everywhere): every rank blocks in its CUDA call, the job hangs."""
+        """A new driver reaches the job's machines (a share of the fleet): installed first, as a rollout does (the
+        agents report the new version from then on), and ROLLOUT_LEAD_S later each of their GPUs' GSP stops answering
+        under the job's load (the same Xid 119 everywhere): every rank blocks in its CUDA call, the job hangs. The
+        fault's time is that onset, when there is something to find."""
         machines = sorted(self.slots)
         self._component(record, "driver", ROLLOUT_DRIVER, machines)
-        stuck: dict[int, str] = {}
         for n in machines:
             self.hosts[n].driver_version = ROLLOUT_DRIVER
+        self._later(ROLLOUT_LEAD_S, lambda: self._rollout_fails(record, machines))
+
+    def _rollout_fails(self, record: FaultRecord, machines: list[int]) -> None:
+        hit = [n for n in machines if n in self.slots and self.hosts[n].driver_version == ROLLOUT_DRIVER]
+        if not hit:
+            return  # rolled back, or its machines left the job, before the driver met the load
+        record.t, record.injected_at = self.t, self._ts()
+        stuck: dict[int, str] = {}
+        for n in hit:
             for rank in self.ranks_on(n):
                 g = self.gpus[n][rank % self.gpn]
                 g.xid = 119
                 self._kern(n, fmt.xid(g.bus, 119, _XID_119, pid=self._pid(rank), name="python"))
                 stuck[rank] = CULPRIT_SYNC
+        self.faults_version += 1
         self._hang_job(stuck, self.config.watchdog_seconds)
 
     def _inject_storage_outage(self, spec: FaultSpec, record: FaultRecord) -> None:

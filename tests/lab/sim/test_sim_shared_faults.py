@@ -15,7 +15,7 @@ from lab.sim.host import DRIVER_VERSION
 from lab.sim.mix import SHARED_CATEGORY, draws
 from lab.sim.model import Cluster
 from lab.sim.scenarios import FAULT_KINDS, SHARED_FAULT_KINDS, FaultSpec
-from lab.sim.shared_faults import ROLLOUT_DRIVER, topology
+from lab.sim.shared_faults import ROLLOUT_DRIVER, ROLLOUT_LEAD_S, topology
 
 START = datetime(2026, 11, 29, 1, 0, tzinfo=UTC)
 
@@ -84,7 +84,16 @@ def test_each_shared_fault_blames_its_component_and_hits_every_member(kind: str,
         "rack_power_loss": ("power_domain", "c-job0-pdu-0"),
     }[kind]
     assert (record.details["component_kind"], record.details["component"]) == expected
-    batches = {b["node"]: b for b in _batches(cluster, agents, cluster.t + 3.0)}
+    if kind == "driver_rollout":  # installed first: the agents report the new version before anything fails
+        installed = {b["node"]: b for b in _batches(cluster, agents, cluster.t + ROLLOUT_LEAD_S - 5.0)}
+        for node in record.nodes:
+            assert installed[node]["heartbeat"]["host"]["driver_version"] == ROLLOUT_DRIVER
+            assert not [e for e in installed[node]["logs"] if e["kind"] == "xid"]
+        assert cluster.job.state == "running"
+    onset = cluster.t + (5.0 if kind == "driver_rollout" else 0.0)
+    batches = {b["node"]: b for b in _batches(cluster, agents, onset + 3.0)}
+    if kind == "driver_rollout":
+        assert abs(record.t - onset) <= 1.0  # the fault's time is the GSP's failure, not the install
     for node in record.nodes:
         kinds = [e["kind"] for e in batches[node]["logs"]]
         if kind == "switch_down":
