@@ -79,6 +79,7 @@ USER_FIX_S = 120.0  # a user's bug: the user reads the traceback, fixes the code
 COMPONENT_REPAIR_S = 60.0
 REPAIR_S = 300.0  # an evicted machine is back in the spare pool this long after: a quick shop, so spares never run out
 ACTOR = "faultline-campaign"
+TIMELINE_GAP_S = 3600.0  # between two processes' simulated timelines (run_campaign)
 # The policy's blast-radius rail (at most a share of a job's nodes evicted per hour) is sized for real fault rates:
 # Llama 3's 2,048-node job lost a node every ~3 hours, far from 25% an hour. The campaign squeezes one fault
 # every few minutes into a 4-node job, which would trip it on the second fault and leave every later eviction
@@ -618,9 +619,18 @@ def run_campaign(
                 shared_rate=shared_rate,
             ).run()
         )  # fmt: skip
+    # Each process keeps a simulated clock of its own, and the service reads the fleet's findings by time (shared
+    # causes): laid end to end, the processes' timelines never put one job's findings inside another's window at
+    # another simulated moment (the clocks drift apart by hours over a campaign).
+    span = config.duration_s + TIMELINE_GAP_S
+    shift = span if len(groups) * span <= MAX_SIMULATED_S else 0.0
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine or pool inherited
     with ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
-        args = [(config, settings, faults, say, g, mix, service_checks, shared_rate) for g in groups]
+        args = [
+            (replace(config, start=config.start - timedelta(seconds=k * shift)), settings, faults, say, g, mix,
+             service_checks, shared_rate)
+            for k, g in enumerate(groups)
+        ]  # fmt: skip
         futures = [pool.submit(_run_group, a) for a in args]
         try:
             parts = [f.result() for f in futures]

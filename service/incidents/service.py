@@ -204,11 +204,38 @@ def resolve_if_mitigated(session: Session, *, incident: Incident, now: datetime)
 
 @decision_lifecycle.after_finish
 def _resolve_after_decision(session: Session, decision: Decision, now: datetime) -> None:
-    """A decision just closed: if it was its incident's remedy and nothing else waits, the incident resolves."""
+    """A decision just closed: if it was its incident's remedy and nothing else waits, the incident resolves; an
+    eviction carried out also settles the job's other incidents about the machine it took away."""
     if decision.incident_id is not None:
         incident = session.get(Incident, decision.incident_id)
         if incident is not None:
             resolve_if_mitigated(session, incident=incident, now=now)
+    if decision.kind == "evict" and decision.state == "done" and decision.node_id and decision.job_id:
+        _resolve_left_machine(session, decision=decision, now=now)
+
+
+def _resolve_left_machine(session: Session, *, decision: Decision, now: datetime) -> list[int]:
+    """The job's other open incidents anchored at the machine an eviction just took out of the job, with nothing
+    waiting on anyone: their machine is gone as their own remedy would have taken it (a node out for its stop-time
+    checks still under memory pressure opened one of its own, which its checks' eviction then left open)."""
+    name = session.scalar(select(Node.name).where(Node.id == decision.node_id))
+    waiting = select(Decision.id).where(
+        Decision.incident_id == Incident.id, Decision.state.in_(("pending", "awaiting_approval"))
+    )
+    others = session.scalars(
+        select(Incident)
+        .where(
+            Incident.job_id == decision.job_id,
+            Incident.anchor == name,
+            Incident.state != "resolved",
+            Incident.id != decision.incident_id,
+            ~waiting.exists(),
+        )
+        .order_by(Incident.id)
+        .with_for_update()
+    ).all()
+    why = f"mitigated: its machine {name} evicted from the job (decision {decision.id})"
+    return [i.id for i in others if resolve(session, incident=i, resolution=why, now=now)]
 
 
 def resolve_quiet(

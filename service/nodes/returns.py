@@ -146,7 +146,8 @@ def placed_by_agents(
     session: Session, *, reports: Mapping[int, tuple[int, str, list[tuple[int, datetime]]]], now: datetime
 ) -> list[str]:
     """Agents of out-of-service nodes reported ranks of a job: node id -> (job id, job, [(pid, seen at)]). Processes
-    seen after the node went out that it did not run before then are new work: placed before its gate."""
+    seen after the node went out that it did not run before then are new work: placed before its gate; on a cordoned
+    node, only those of another job than the ones it ran (a cordon lets the running job be)."""
     if not reports:
         return []
     names = session.scalars(select(Node.name).where(Node.id.in_(list(reports)), Node.state.in_(OUT_OF_SERVICE))).all()
@@ -157,20 +158,20 @@ def placed_by_agents(
         later = {pid for pid, at in seen if at > since}
         if not later:
             continue  # reported before it went out (a spooled batch)
-        old = set(
-            session.scalars(
-                select(ProcessSnapshot.pid)
-                .where(
-                    ProcessSnapshot.node_id == node.id,
-                    ProcessSnapshot.ts >= since - _OLD_WORK,
-                    ProcessSnapshot.ts <= since,
-                )
-                .distinct()
+        before = session.execute(
+            select(ProcessSnapshot.pid, ProcessSnapshot.job_id)
+            .where(
+                ProcessSnapshot.node_id == node.id,
+                ProcessSnapshot.ts >= since - _OLD_WORK,
+                ProcessSnapshot.ts <= since,
             )
-        )
-        new = sorted(later - old)
+            .distinct()
+        ).all()
+        new = sorted(later - {pid for pid, _ in before})
         if not new:
             continue  # its old ranks, still dying (or finishing under a drain)
+        if node.state == "cordoned" and job_id in {ran for _, ran in before}:
+            continue  # a cordon drains new work only: the job it ran, restarting in its own allocation, is not placed
         shown = ", ".join(str(p) for p in new[:8]) + (f" and {len(new) - 8} more" if len(new) > 8 else "")
         how = f"its agent reports processes of the job it did not run before (pids {shown})"
         if placed_before_gate(session, node=node, job_id=job_id, job=job, how=how, now=now):

@@ -221,9 +221,9 @@ def _spared(session: Session, *, names: Sequence[str], now: datetime, settings: 
 def _covered(
     node: str, *, at: datetime, job: str | None, spans: dict[str, list[planned.Span]], active: Sequence[Silence]
 ) -> str | None:
-    """Why a node's evidence at `at` is no shared cause's (None: it is): inside a planned maintenance window (its
-    going down is the maintenance), or covered by a silence active now (as diagnosis treats a silenced node: its
-    findings are kept, nothing is decided or held against it)."""
+    """Why a member gets no cordon at `at` (None: it gets one): inside a planned maintenance window (its going down
+    is the maintenance), or covered by a silence active now (as diagnosis treats a silenced node: its findings are
+    kept, nothing is decided or held against it)."""
     span = planned.covering(spans, node=node, at=at)
     if span is not None:
         return f"planned maintenance (window {span.window_id})"
@@ -373,14 +373,15 @@ def detect_and_decide(session: Session, *, now: datetime, settings: Settings) ->
     ]
     if len({f[1] for f in found}) < 2:
         return []  # one node (the normal case): nothing shared to look for
-    # A node down for announced maintenance (a rack's planned power work) or silenced is no member failing: its
-    # findings are kept for the record but count for no component.
+    # A node down for announced maintenance (a rack's planned power work) is no member failing: its findings are
+    # the maintenance, kept for the record but counted for no component. A silence is not: it mutes what faultline
+    # says and does about a node, not what its findings show (a silenced node behind a failed switch is one of the
+    # switch's members, spared its cordon by decide_for_component).
     spans = planned.maintenance_spans(session, since=now - window, until=now + window, settings=settings)
-    active = silences.active_silences(session, now=now)
     findings = [
         NodeFinding(node, category, observed_at, finding_id)
-        for finding_id, node, category, observed_at, job in found
-        if _covered(node, at=observed_at, job=job, spans=spans, active=active) is None
+        for finding_id, node, category, observed_at, _job in found
+        if planned.covering(spans, node=node, at=observed_at) is None
     ]
     if len({f.node for f in findings}) < 2:
         return []

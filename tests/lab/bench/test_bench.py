@@ -65,3 +65,18 @@ def test_bench_storage_times_retention_against_a_writer_and_leaves_nothing_behin
         ).scalar_one()
         probe_rows = conn.execute(text("SELECT count(*) FROM metric_samples WHERE job_id = -4242")).scalar_one()
     assert left == 0 and probe_rows == 0
+
+
+def test_bench_diagnosis_times_a_cold_pass_steady_ones_and_the_first_after_a_worker_restart(tmp_path, committed):
+    out = tmp_path / "diagnosis.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "faultline", "bench", "diagnosis", "--gpus", "16", "--passes", "2", "--history", "60",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    [size] = json.loads(out.read_text())["sizes"]
+    assert size["gpus"] == 16 and size["cold_s"] > 0 and size["p95_s"] > 0
+    # A fresh process ran the pass on what the passes before stored (its stages timed as any pass's).
+    assert size["restart_s"] > 0 and "rollup" in size["restart_timings"]
+    assert "after a worker restart" in result.stderr + result.stdout and "restart s" in result.stdout

@@ -14,6 +14,7 @@ from ml import counters, node_signals, peers, training_metrics
 from ml.findings import JobInfo
 from ml.metrics import NVLINK_CRC_FLIT_ERRORS
 from service.config import get_settings
+from service.decisions.lifecycle import acknowledge
 from service.diagnosis.service import DiagnosisResult
 from service.incidents.service import resolve, resolve_quiet
 from service.models import Decision, Finding, Incident, Job
@@ -174,3 +175,25 @@ def test_a_gpu_that_lags_again_in_the_same_long_job_is_a_new_finding_and_inciden
     assert again.new_findings == 1 and len(again.incidents) == 1 and again.incidents != first.incidents
     rows_of = session.scalars(select(Finding).where(Finding.job_id == job.id, Finding.detector == "peers")).all()
     assert len(rows_of) == 2 and {f.subject for f in rows_of} == {"n2/1"}
+
+
+def test_an_eviction_settles_the_jobs_other_incidents_about_its_machine(session: Session) -> None:
+    """A straggler's diagnose sent a node for its checks; under memory pressure there, it opened an incident of its
+    own; the checks' eviction of the node (the first incident's) settles it too. Another node's, or one with a
+    decision still waiting, stays open."""
+    job = rows.job(session)
+    node, other = rows.node(session), rows.node(session)
+    first = rows.incident(session, job=job, anchor="", root_cause="straggler", suspects=[node.name])
+    pressure = rows.incident(session, job=job, anchor=node.name, root_cause="host", suspects=[node.name], state="open")
+    elsewhere = rows.incident(session, job=job, anchor=other.name, root_cause="host", suspects=[other.name])
+    waiting = rows.incident(session, job=job, anchor=node.name, root_cause="nvlink", suspects=[node.name])
+    rows.decision(session, incident=waiting, node=node, kind="reset_gpu")
+    evict = rows.decision(session, incident=first, node=node)
+
+    acknowledge(session, decision_id=evict.id, outcome="done", message="drained", actor="scheduler:s", now=T0,
+                settings=get_settings())  # fmt: skip
+
+    session.refresh(pressure)
+    assert pressure.state == "resolved"
+    assert pressure.resolution == f"mitigated: its machine {node.name} evicted from the job (decision {evict.id})"
+    assert [session.get_one(Incident, i.id).state for i in (elsewhere, waiting)] == ["mitigating", "mitigating"]

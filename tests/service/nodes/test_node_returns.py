@@ -342,3 +342,32 @@ def test_the_chat_message_of_a_node_at_work_before_its_gate_links_to_the_node() 
     assert lark["card"]["header"]["template"] == "red" and "Open node" in str(lark)
     digest = formats.render("slack", [payload, {**payload, "node": "gpu-node-006", "title": "gpu-node-006 runs"}])
     assert "gpu-node-006 runs" in str(digest)
+
+
+def test_a_cordoned_node_may_run_its_own_job_again_but_another_job_there_is_placed_before_its_gate(
+    client, session, tokens
+) -> None:
+    _channel(session)
+    assert client.post("/api/v1/ingest", json=batch("cordoned-1"), headers=tokens["agent"]).status_code == 200
+    node = session.scalar(select(Node).where(Node.name == "cordoned-1"))
+    earlier = session.scalar(select(func.min(ProcessSnapshot.ts)).where(ProcessSnapshot.node_id == node.id))
+    # A shared cause's cordon (its switch down): no new work, the job running there left be.
+    assert lifecycle.cordon(session, node=node, reason="switch leaf-3 down", actor="faultline", now=earlier)
+    session.flush()
+
+    restarted = batch("cordoned-1")
+    for proc in restarted["processes"]:
+        proc["pid"] += 100  # the job restarted in its own allocation (torchrun's restart): new pids, the same job
+    assert client.post("/api/v1/ingest", json=restarted, headers=tokens["agent"]).status_code == 200
+    session.expire_all()
+    assert session.get_one(Node, node.id).state == "cordoned" and session.scalar(_alerts()) == 0
+
+    other = batch("cordoned-1", job_id="job-2")
+    for proc in other["processes"]:
+        proc["pid"] += 200  # a scheduler put another job there: new work before the gate
+    assert client.post("/api/v1/ingest", json=other, headers=tokens["agent"]).status_code == 200
+    session.expire_all()
+    node = session.get_one(Node, node.id)
+    assert node.state == "returning" and node.work_before_gate_at is not None
+    assert _history(session, node)[-1] == ("placed_before_gate", "cordoned", "returning", "placement")
+    assert session.scalar(_alerts()) == 1

@@ -168,27 +168,29 @@ def test_a_racks_planned_maintenance_is_no_shared_cause(session: Session) -> Non
 
 def test_nodes_in_a_window_or_silenced_are_no_failing_members(session: Session) -> None:
     """Of leaf-1's eight nodes, two are inside an announced window (the beat has not drained them yet) and a person
-    silenced one: the other five make the shared incident, and only they are cordoned for it."""
+    silenced one: the windows' two are the maintenance, no members; the silenced one is a member (a silence mutes
+    faultline, it does not explain the finding) spared its cordon; the other five are cordoned."""
     names = _fleet(session)
     behind = names[8:16]
     settings = _settings(breaker_max_share=0.5)
     for name in behind[:2]:
         window = WindowIn(starts_at=NOW - timedelta(minutes=2), ends_at=NOW + timedelta(hours=1), reason="firmware")
         planned.announce(session, name=name, window_in=window, actor="operator:ops", now=NOW - timedelta(minutes=3))
-    session.add(
-        Silence(
-            node_pattern=behind[2], starts_at=NOW - timedelta(minutes=1), ends_at=NOW + timedelta(hours=1),
-            author="ops", comment="reseating its HCA",
-        )
+    silence = Silence(
+        node_pattern=behind[2], starts_at=NOW - timedelta(minutes=1), ends_at=NOW + timedelta(hours=1),
+        author="ops", comment="reseating its HCA",
     )  # fmt: skip
+    session.add(silence)
     session.flush()
+    silence_id = silence.id
     job = rows.job(session, "llm-mixed")
 
     decide(session, job, _ib_errors(behind, NOW), NOW + timedelta(seconds=30), settings)
 
     (incident,) = session.scalars(select(SharedIncident)).all()
-    assert sorted(m["node"] for m in incident.members) == behind[3:]
+    assert sorted(m["node"] for m in incident.members) == behind[2:]
     assert sorted(_cordons(session)) == behind[3:]
+    assert incident.evidence["spared"] == {behind[2]: f"silenced (silence {silence_id})"}
     # The silenced node: nothing decided, nothing held against it (the windows' nodes are judged by the per-node path
     # on their own until the beat drains and silences them, service/planned/).
     silenced = session.scalar(select(Node).where(Node.name == behind[2]))
