@@ -11,6 +11,7 @@ back, the mount back, the power restored) restores them and restarts the job.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from lab.sim import logformat as fmt
@@ -21,13 +22,20 @@ from lab.sim.network_faults import _hca, _ip
 from lab.sim.scenarios import FaultSpec
 
 POD_MACHINES = 4  # machines behind one leaf switch, in one rack, on one power domain
-ROLLOUT_DRIVER = "570.86.10"  # the bad driver a rollout installs
+ROLLOUT_BRANCH = "570.86"  # the bad driver a rollout installs: this branch, a build per simulated cluster
 ROLLOUT_LEAD_S = 60.0  # from the install (the agents report the version) to the GSP failing under load
 MIN_MEMBERS = 3  # a component fault needs this many of its machines in the job to be told from single faults
 _XID_119 = (
     "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) "
     "(0x20801348 0x404)."
 )
+
+
+def rollout_driver(node_prefix: str) -> str:
+    """The driver a rollout installs on this cluster's machines. A build of its own per cluster, as its racks and
+    switches are its own (`topology`): the campaign's jobs run in processes of their own over one service, and two
+    jobs' rollouts meeting in the fleet's current labels would look like one rollout to twice the machines."""
+    return f"{ROLLOUT_BRANCH}.{100 + zlib.crc32(node_prefix.encode()) % 900}"
 
 
 def topology(node_prefix: str, machine: int) -> dict[str, Any]:
@@ -92,13 +100,14 @@ class SharedFaults(FaultInjection):
         under the job's load (the same Xid 119 everywhere): every rank blocks in its CUDA call, the job hangs. The
         fault's time is that onset, when there is something to find."""
         machines = sorted(self.slots)
-        self._component(record, "driver", ROLLOUT_DRIVER, machines)
+        driver = rollout_driver(self.config.node_prefix)
+        self._component(record, "driver", driver, machines)
         for n in machines:
-            self.hosts[n].driver_version = ROLLOUT_DRIVER
-        self._later(ROLLOUT_LEAD_S, lambda: self._rollout_fails(record, machines))
+            self.hosts[n].driver_version = driver
+        self._later(ROLLOUT_LEAD_S, lambda: self._rollout_fails(record, machines, driver))
 
-    def _rollout_fails(self, record: FaultRecord, machines: list[int]) -> None:
-        hit = [n for n in machines if n in self.slots and self.hosts[n].driver_version == ROLLOUT_DRIVER]
+    def _rollout_fails(self, record: FaultRecord, machines: list[int], driver: str) -> None:
+        hit = [n for n in machines if n in self.slots and self.hosts[n].driver_version == driver]
         if not hit:
             return  # rolled back, or its machines left the job, before the driver met the load
         record.t, record.injected_at = self.t, self._ts()

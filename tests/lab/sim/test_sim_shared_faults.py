@@ -15,7 +15,7 @@ from lab.sim.host import DRIVER_VERSION
 from lab.sim.mix import SHARED_CATEGORY, draws
 from lab.sim.model import Cluster
 from lab.sim.scenarios import FAULT_KINDS, SHARED_FAULT_KINDS, FaultSpec
-from lab.sim.shared_faults import ROLLOUT_DRIVER, ROLLOUT_LEAD_S, topology
+from lab.sim.shared_faults import ROLLOUT_LEAD_S, rollout_driver, topology
 
 START = datetime(2026, 11, 29, 1, 0, tzinfo=UTC)
 
@@ -79,7 +79,7 @@ def test_each_shared_fault_blames_its_component_and_hits_every_member(kind: str,
     assert record.nodes == [f"c-job0-{i:03d}" for i in range(4)]  # the job's machines, all in pod 0
     expected = {
         "switch_down": ("switch", "c-job0-leaf-0"),
-        "driver_rollout": ("driver", ROLLOUT_DRIVER),
+        "driver_rollout": ("driver", rollout_driver("c-job0-")),
         "storage_outage": ("storage", "/mnt/datasets/c-job0"),
         "rack_power_loss": ("power_domain", "c-job0-pdu-0"),
     }[kind]
@@ -87,7 +87,7 @@ def test_each_shared_fault_blames_its_component_and_hits_every_member(kind: str,
     if kind == "driver_rollout":  # installed first: the agents report the new version before anything fails
         installed = {b["node"]: b for b in _batches(cluster, agents, cluster.t + ROLLOUT_LEAD_S - 5.0)}
         for node in record.nodes:
-            assert installed[node]["heartbeat"]["host"]["driver_version"] == ROLLOUT_DRIVER
+            assert installed[node]["heartbeat"]["host"]["driver_version"] == rollout_driver("c-job0-")
             assert not [e for e in installed[node]["logs"] if e["kind"] == "xid"]
         assert cluster.job.state == "running"
     onset = cluster.t + (5.0 if kind == "driver_rollout" else 0.0)
@@ -99,7 +99,7 @@ def test_each_shared_fault_blames_its_component_and_hits_every_member(kind: str,
         if kind == "switch_down":
             assert "nccl_ib_error" in kinds or any("ib" in k for k in kinds), kinds
         elif kind == "driver_rollout":
-            assert batches[node]["heartbeat"]["host"]["driver_version"] == ROLLOUT_DRIVER
+            assert batches[node]["heartbeat"]["host"]["driver_version"] == rollout_driver("c-job0-")
             assert {e["fields"]["xid"] for e in batches[node]["logs"] if e["kind"] == "xid"} == {119}
         elif kind == "storage_outage":
             io = [e for e in batches[node]["logs"] if e["kind"] == "traceback"]
@@ -130,3 +130,10 @@ def test_the_campaign_draws_shared_faults_at_its_rate_in_turn_and_leaves_the_oth
     assert 15 <= len(shared) <= 45
     assert [d.kind for d in shared[:4]] == list(SHARED_FAULT_KINDS)
     assert all(m == p for m, p in zip(mixed, plain, strict=True) if m.category != SHARED_CATEGORY)
+
+
+def test_each_clusters_rollout_installs_a_build_of_its_own() -> None:
+    """The campaign's jobs' clusters (prefixes by job) roll out different builds: their rollouts never share a label."""
+    builds = {rollout_driver(f"camp{run:05d}{job}-") for run in (12345, 36703) for job in "ab"}
+    assert len(builds) == 4 and all(b.startswith("570.86.") for b in builds)
+    assert rollout_driver("c-job0-") == rollout_driver("c-job0-")
