@@ -346,9 +346,8 @@ def detect_and_decide(session: Session, *, now: datetime, settings: Settings) ->
         return []
     window = timedelta(seconds=settings.shared_cause_window_s)
     rows = session.execute(
-        select(Finding.id, Node.name, Finding.category, Finding.observed_at, Finding.evidence, Job.external_id)
+        select(Finding.id, Node.name, Finding.category, Finding.observed_at, Finding.evidence)
         .outerjoin(Node, Node.id == Finding.node_id)
-        .outerjoin(Job, Job.id == Finding.job_id)
         .where(
             # created_at (the database's clock) bounds the scan by its index; observed_at (the evidence's) decides.
             # A pass on a clock ahead of the database's (a test, a replay) bounds it by the database's own.
@@ -366,8 +365,8 @@ def detect_and_decide(session: Session, *, now: datetime, settings: Settings) ->
     # against it below.)
     closed = [e for e in explained_members(session, now=now) if e.resolved]
     found = [
-        (finding_id, node, category, observed_at, job)
-        for finding_id, name, category, observed_at, evidence, job in rows
+        (finding_id, node, category, observed_at)
+        for finding_id, name, category, observed_at, evidence in rows
         if not is_explained(closed, node=name, category=category, observed_at=observed_at, evidence=evidence)
         for node in ([name] if name else _nodes_cited(evidence))
     ]
@@ -380,7 +379,7 @@ def detect_and_decide(session: Session, *, now: datetime, settings: Settings) ->
     spans = planned.maintenance_spans(session, since=now - window, until=now + window, settings=settings)
     findings = [
         NodeFinding(node, category, observed_at, finding_id)
-        for finding_id, node, category, observed_at, _job in found
+        for finding_id, node, category, observed_at in found
         if planned.covering(spans, node=node, at=observed_at) is None
     ]
     if len({f.node for f in findings}) < 2:
