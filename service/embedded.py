@@ -113,7 +113,7 @@ def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedRedis:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"redis-server exited with {process.returncode}; see {folder / 'redis.log'}")
-        if _redis_answers(port):
+        if redis_answers(port):
             (folder / "port").write_text(str(port))
             return EmbeddedRedis(process=process, url=f"redis://127.0.0.1:{port}/0")
         time.sleep(0.1)
@@ -121,7 +121,8 @@ def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedRedis:
     raise RuntimeError("redis-server did not start within 15 s")
 
 
-def _redis_answers(port: int) -> bool:
+def redis_answers(port: int) -> bool:
+    """Whether a Redis server on this local port answers PING."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
@@ -133,7 +134,7 @@ def _redis_answers(port: int) -> bool:
 def running_redis(data_dir: Path) -> str | None:
     """The URL of the embedded Redis of `data_dir` if one is running (a demo's), else None."""
     port_file = data_dir / "redis" / "port"
-    if port_file.exists() and _redis_answers(port := int(port_file.read_text().strip())):
+    if port_file.exists() and redis_answers(port := int(port_file.read_text().strip())):
         return f"redis://127.0.0.1:{port}/0"
     return None
 

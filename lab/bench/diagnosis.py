@@ -136,10 +136,7 @@ def _size(gpus: int, args: argparse.Namespace) -> dict[str, Any]:
     passes: list[dict[str, Any]] = []
     for i in range(args.passes + 1):
         if i:
-            with session_scope() as session:
-                end = now + timedelta(seconds=SHIP_S)
-                _signals(session, job=job, node_ids=node_ids, start=now, end=end, step_streams=args.step_streams)
-            now += timedelta(seconds=SHIP_S)
+            now = _ship_tick(job=job, node_ids=node_ids, now=now, step_streams=args.step_streams)
         gc.collect()
         t0 = time.perf_counter()
         with session_scope() as session:
@@ -147,10 +144,7 @@ def _size(gpus: int, args: argparse.Namespace) -> dict[str, Any]:
         seconds = time.perf_counter() - t0
         passes.append({"seconds": seconds, "timings": result.timings, "findings": result.new_findings})
         say(f"  {'cold' if i == 0 else f'pass {i}'}: {seconds:.3f} s ({_stages(result.timings)})")
-    with session_scope() as session:
-        end = now + timedelta(seconds=SHIP_S)
-        _signals(session, job=job, node_ids=node_ids, start=now, end=end, step_streams=args.step_streams)
-    now += timedelta(seconds=SHIP_S)
+    now = _ship_tick(job=job, node_ids=node_ids, now=now, step_streams=args.step_streams)
     restart = _restart_pass(job_id, now=now)
     say(
         f"  after a worker restart: {restart['seconds']:.3f} s (the process's start {restart['startup_s']:.1f} s "
@@ -306,6 +300,16 @@ def _record_columns(session: Session, *, job_id: int) -> None:
             text("INSERT INTO job_columns (job_id, source, name) SELECT :job, :source, unnest(CAST(:names AS text[]))"),
             {"job": job_id, "source": source, "names": columns},
         )
+
+
+def _ship_tick(*, job: Any, node_ids: list[int], now: datetime, step_streams: int) -> datetime:
+    """SHIP_S more seconds of the job's signals after `now`, as the agents' next batches bring them; the new now."""
+    from service.db import session_scope
+
+    end = now + timedelta(seconds=SHIP_S)
+    with session_scope() as session:
+        _signals(session, job=job, node_ids=node_ids, start=now, end=end, step_streams=step_streams)
+    return end
 
 
 def _signals(

@@ -108,12 +108,7 @@ def run_size(gpus: int, args: argparse.Namespace, *, logs: Path, bench: ModuleTy
         passes: list[dict[str, Any]] = []
         for i in range(2 * args.passes + 1):
             if i:
-                with session_scope() as session:
-                    end = now + timedelta(seconds=bench.SHIP_S)
-                    bench._signals(
-                        session, job=job, node_ids=node_ids, start=now, end=end, step_streams=args.step_streams
-                    )
-                now += timedelta(seconds=bench.SHIP_S)
+                now = bench._ship_tick(job=job, node_ids=node_ids, now=now, step_streams=args.step_streams)
             split = i == 0 or (i - 1) % 4 in (1, 2)  # cold split; then single, split, split, single, ...
             seconds, report = timed_pass(job_id, now=now, split=split)
             passes.append(

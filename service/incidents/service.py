@@ -7,7 +7,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Float, Row, case, func, or_, select, text, true, update
+from sqlalchemy import Exists, Float, Row, case, func, or_, select, text, true, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -214,14 +214,20 @@ def _resolve_after_decision(session: Session, decision: Decision, now: datetime)
         _resolve_left_machine(session, decision=decision, now=now)
 
 
+def _waiting_on_anyone() -> Exists:
+    """Whether a decision of the incident in the outer query still waits for a scheduler or a person."""
+    return (
+        select(Decision.id)
+        .where(Decision.incident_id == Incident.id, Decision.state.in_(decision_lifecycle.OPEN))
+        .exists()
+    )
+
+
 def _resolve_left_machine(session: Session, *, decision: Decision, now: datetime) -> list[int]:
     """The job's other open incidents anchored at the machine an eviction just took out of the job, with nothing
     waiting on anyone: their machine is gone as their own remedy would have taken it (a node out for its stop-time
     checks still under memory pressure opened one of its own, which its checks' eviction then left open)."""
     name = session.scalar(select(Node.name).where(Node.id == decision.node_id))
-    waiting = select(Decision.id).where(
-        Decision.incident_id == Incident.id, Decision.state.in_(("pending", "awaiting_approval"))
-    )
     others = session.scalars(
         select(Incident)
         .where(
@@ -229,7 +235,7 @@ def _resolve_left_machine(session: Session, *, decision: Decision, now: datetime
             Incident.anchor == name,
             Incident.state != "resolved",
             Incident.id != decision.incident_id,
-            ~waiting.exists(),
+            ~_waiting_on_anyone(),
         )
         .order_by(Incident.id)
         .with_for_update()
@@ -245,15 +251,12 @@ def resolve_quiet(
 
     `job_ids`: only those jobs' incidents (callers whose processes each keep their own clock: one process's now
     resolved another's incidents as quiet minutes early); every job's by default."""
-    waiting = select(Decision.id).where(
-        Decision.incident_id == Incident.id, Decision.state.in_(("pending", "awaiting_approval"))
-    )
     quiet = session.scalars(
         select(Incident)
         .where(
             Incident.state != "resolved",
             Incident.updated_at < now - timedelta(seconds=quiet_s),
-            ~waiting.exists(),
+            ~_waiting_on_anyone(),
             Incident.job_id.in_(job_ids) if job_ids is not None else true(),
         )
         .order_by(Incident.id)

@@ -6,7 +6,6 @@ data) comes back to the scheduler, which sends the node to repair."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +16,9 @@ from sqlalchemy.orm import Session
 
 from lab.sim import gpustate
 from lab.sim.config import SimConfig
-from lab.sim.runner import SimRunner
 from service.models import CheckResult, Decision
 from service.tokens import service as tokens
-from tests.e2e.test_sim_scheduler import _Lines
+from tests.e2e.simthread import sim_running
 from tests.fakes.decisions import make_decision, read_decision, scheduler_token
 from tests.procs import api_server, wait_for
 
@@ -48,12 +46,7 @@ def test_a_diagnosed_node_answers_its_checks_from_its_fault_and_the_verdict_evic
         restart_seconds=2.0, repair_seconds=600.0, check_seconds=3.0, fault_after=2.0, interval=1.0,
         service_checks=True,
     )  # fmt: skip
-    lines: list[str] = []
-    stop = threading.Event()
-    runner = SimRunner(config, stop=stop, out=_Lines(lines))
-    thread = threading.Thread(target=runner.run, kwargs={"handle_signals": False}, daemon=True)
-    thread.start()
-    try:
+    with sim_running(config) as (runner, lines):
         wait_for(lambda: runner.cluster is not None and bool(runner.cluster.faults), what="the fault", timeout=60)
         cluster = runner.cluster
         assert cluster is not None
@@ -78,8 +71,4 @@ def test_a_diagnosed_node_answers_its_checks_from_its_fault_and_the_verdict_evic
         assert "numerics" in failed
         results = tmp_path / "sim" / name / gpustate.STATE_FILE
         wait_for(lambda: not results.exists(), what="the answers gone once the machine left its check", timeout=10)
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not thread.is_alive()
     assert any(f"{name}: its checks ran" in line for line in lines), lines

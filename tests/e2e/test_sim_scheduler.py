@@ -5,7 +5,6 @@ as in the adapters' end-to-end tests."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +15,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from lab.sim.config import SimConfig
-from lab.sim.runner import SimRunner
 from service.models import Decision, Incident
+from tests.e2e.simthread import sim_running
 from tests.fakes.decisions import make_decision, read_decision, scheduler_token
 from tests.procs import api_server, wait_for
 
@@ -46,12 +45,7 @@ def test_evict_swaps_a_spare_in_registers_the_new_rank_map_and_the_ack_resolves_
         dir=tmp_path / "sim", agents=False, server=api, scheduler_token=token.read_text().strip(),
         restart_seconds=2.0, repair_seconds=600.0,
     )  # fmt: skip
-    lines: list[str] = []
-    stop = threading.Event()
-    runner = SimRunner(config, stop=stop, out=_Lines(lines))
-    thread = threading.Thread(target=runner.run, kwargs={"handle_signals": False}, daemon=True)
-    thread.start()
-    try:
+    with sim_running(config) as (runner, lines):
         # The launcher's registration at the start: the job and where its ranks run.
         wait_for(lambda: len(_job(api, token, job_id).get("ranks", [])) == 4, what="the job registered", timeout=30)
         evicted, spare = f"{prefix}001", f"{prefix}002"
@@ -78,22 +72,4 @@ def test_evict_swaps_a_spare_in_registers_the_new_rank_map_and_the_ack_resolves_
         # The launcher of the spare now runs node rank 1's processes; the evicted machine's runs none.
         wait_for(lambda: (tmp_path / "sim" / spare / "ranks.pids").read_text().count("\n") == 3, what="new ranks")
         assert (tmp_path / "sim" / evicted / "ranks.pids").read_text().splitlines()[1:] == []
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    assert not thread.is_alive()
     assert any("scheduler: evict" in line and "done" in line for line in lines), lines
-
-
-class _Lines:
-    """A text sink that keeps the runner's lines."""
-
-    def __init__(self, lines: list[str]) -> None:
-        self.lines = lines
-
-    def write(self, text: str) -> int:
-        self.lines += [t for t in text.splitlines() if t]
-        return len(text)
-
-    def flush(self) -> None:
-        pass

@@ -23,7 +23,7 @@ from lab.evaluation.chaos import (
     schedule,
     stop_postgres_immediately,
 )
-from service.embedded import free_port, start_redis
+from service.embedded import free_port, redis_answers, start_redis
 from service.processes import spawn
 
 
@@ -38,15 +38,6 @@ def test_schedule_is_seeded_sorted_and_hits_every_target() -> None:
     assert schedule(1, blows=0, span_s=(0.0, 1.0)) == []
     with pytest.raises(ValueError):
         schedule(1, blows=2, span_s=(10.0, 5.0))
-
-
-def _ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def _redis(port: int, *command: str) -> bytes:
@@ -92,7 +83,7 @@ def test_redis_and_a_service_child_killed_and_restarted(tmp_path: Path) -> None:
         assert chaos.log == []  # nothing due yet
         chaos.due(10.0)
         chaos.wait_idle()
-        assert chaos.up["redis"].is_set() and _ping(port)
+        assert chaos.up["redis"].is_set() and redis_answers(port)
         assert _redis(port, "GET", "k").endswith(b"v\r\n")  # what it had written came back
         chaos.due(25.0)
         chaos.wait_idle()
