@@ -8,6 +8,7 @@ never enters a process that outlives it); DEVICE is `cuda`, or `cpu` to run the 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -19,9 +20,12 @@ from agents.preflight.search import LocalReport
 
 # Sizes per device: an 8192 bf16 GEMM is ~1 ms on an H100; the CPU's is small so a CI run stays short.
 GEMM_SIZE = {"cuda": (8192, 20), "cpu": (256, 3)}
-# On the CPU, the best of this many short runs: nodes sharing a host's cores (a test's processes, a CPU job's pods)
-# are otherwise measured by the scheduler's share each got, and a healthy one below the median is named.
+# On the CPU, the best of this many short runs, one thread each, spread over CPU_GEMM_SPREAD_S: nodes sharing a
+# host's cores (a test's processes, a CPU job's pods) start together after their rendezvous, and measured at once,
+# each gets the scheduler's share (less with every process's thread pool spinning on the same cores), so a healthy
+# one would be named. A truly slow CPU is slow in every run.
 CPU_GEMM_RUNS = 7
+CPU_GEMM_SPREAD_S = 1.5
 LOCAL_ALLREDUCE_BYTES = 64 * 2**20
 
 
@@ -113,7 +117,15 @@ def gemm(device: str) -> list[CheckResult]:
 
         n, iters = GEMM_SIZE["cpu"]
         runtime = compute.TorchCompute(torch, device_type="cpu", gemm_n=n, gemm_iters=iters)
-        runs = [compute.measure(runtime, "gemm_bf16") for _ in range(CPU_GEMM_RUNS)]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            runs = []
+            for _ in range(CPU_GEMM_RUNS):
+                runs.append(compute.measure(runtime, "gemm_bf16"))
+                time.sleep(random.uniform(0.5, 1.5) * CPU_GEMM_SPREAD_S / CPU_GEMM_RUNS)
+        finally:
+            torch.set_num_threads(threads)
         return max(runs, key=lambda results: min(r.measured or 0.0 for r in results))
     return compute.measure(runtime, "gemm_bf16")
 

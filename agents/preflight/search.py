@@ -252,7 +252,7 @@ class _Search:
         """Name the bad nodes of a group that failed."""
         if len(group) == 1:
             [single] = yield [_probe(group)]
-            self._single(group[0], single)
+            yield from self.confirm(group[0], single)
             return
         if halves_passed is not None:
             yield from self.cut(*halves_passed)
@@ -263,19 +263,20 @@ class _Search:
         if not failed:
             yield from self.cut(left, right)
             return
-        deeper: list[Step] = []
-        for half, result in failed:
-            if len(half) == 1:
-                self._single(half[0], result)
-            else:
-                deeper.append(self.bisect(half))
+        deeper = [self.confirm(half[0], r) if len(half) == 1 else self.bisect(half) for half, r in failed]
         yield from _side_by_side(deeper)
 
-    def _single(self, node: str, result: Measured) -> None:
-        if result.verdict == "fail":
-            self.name(node, "slow", f"{result.why} (with known-good {result.ref})")
-        else:
-            self.name(node, "unresolved", f"failed in a group, {result.why}")
+    def confirm(self, node: str, first: Measured) -> Step:
+        """A node measured alone with a known-good one: slow twice is named; slow once and fine the second time was
+        the moment's (a busy link, a host's shared cores), not the node's, and is not named."""
+        if first.verdict != "fail":
+            self.name(node, "unresolved", f"failed in a group, {first.why}")
+            return
+        [again] = yield [_probe((node,))]
+        if again.verdict == "fail":
+            self.name(node, "slow", f"{first.why} (with known-good {first.ref}; again with {again.ref})")
+        elif again.verdict == "unknown":
+            self.name(node, "unresolved", f"{first.why} once, not measured again: {again.why}")
 
     def cut(self, a: Group, b: Group) -> Step:
         """a and b each pass alone and fail together: a bad link between one node of each. While both sides have
