@@ -43,6 +43,7 @@ from agents.nvml_fabric import WithFabric, open_exporter_fabric
 from agents.nvml_xid import NvmlXids, open_nvml_xids
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
+from agents.port_watch import PortWatch
 from agents.procs import ProcessScanner, Worker
 from agents.samples import SampleBuffer, left_over
 from agents.shipper import Shipper
@@ -178,6 +179,7 @@ class Agent:
             storage_mounts=config.mounts,
         )
         self.node.prime()
+        self.port_watch = PortWatch()  # the ports' links between ship ticks: a port gone down ships at once
         self._primed = time.monotonic()
         self.node_metrics: list[dict[str, Any]] = []
         self.shipper: Shipper | None = None
@@ -299,6 +301,12 @@ class Agent:
         readings = self.read_gpus()
         ts = datetime.now(UTC).isoformat()
         self.samples.add([_sample(ts, r) for r in readings])
+
+    def watch_links(self) -> bool:
+        """Whether an RDMA port went down since the last sample tick: a critical event each (agents/port_watch.py)."""
+        events = self.port_watch.changes(self.node.link_states(), datetime.now(UTC))
+        self.events += events
+        return bool(events)
 
     def take_node_sample(self) -> None:
         """Read the network ports, the host and the volumes once, into the batch being gathered."""
@@ -596,6 +604,7 @@ class Agent:
                     return EXIT_AUTH
                 if sample.fire(now):
                     self.take_sample()  # first, so a coinciding ship tick carries it
+                    critical = self.watch_links() or critical
                 if ship.fire(now) or len(self.samples) >= MAX_BATCH_METRICS:
                     processes = now >= next_procs
                     if processes:

@@ -118,6 +118,20 @@ class NetworkCollector:
             items.append({"ts": ts, "subject": nic.subject, "fields": fields})
         return items
 
+    def link_states(self) -> dict[str, tuple[int | None, int | None]]:
+        """Each known RDMA port's (state, link_downed) as the kernel shows them now: two small files a port, cheap
+        enough for every sample tick (agents/port_watch.py). Ports are found by `read`, at the ship tick."""
+        out: dict[str, tuple[int | None, int | None]] = {}
+        for port in list(self._ports.values()):
+            state = read_text(os.path.join(port.path, "state"))
+            if state is None:
+                continue  # vanished: `read` drops it
+            downed = (
+                read_int(os.path.join(port.path, "counters", "link_downed")) if "link_downed" in port.counters else None
+            )
+            out[port.subject] = (_port_state(state), downed)
+        return out
+
     def close(self) -> None:
         if isinstance(self.pause, IoctlStats):
             self.pause.close()

@@ -59,6 +59,10 @@ class NodeCollectors:
         items += self._guard("host", lambda: self.host.read(ts)) or []
         return [item for item in items if self._valid(item["subject"])]
 
+    def link_states(self) -> dict[str, tuple[int | None, int | None]]:
+        """The RDMA ports' (state, link_downed) now, for the watch between ship ticks (agents/port_watch.py)."""
+        return self._guard("port watch", self.network.link_states) or {}
+
     def facts(self) -> dict[str, Any]:
         """The heartbeat's `host` object (wire.md): driver, kernel, GPU firmware, RDMA presence, fabric manager, ports
         seen, and the operator's location labels and storage mounts."""

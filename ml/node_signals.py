@@ -153,6 +153,14 @@ def _flaps(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str,
         if flap_rows.empty:
             continue
         times = [_iso(t) for t in flap_rows["last_ts"]]
+        # Each flap named by the counter's value after it: the agent's port watch reports the same flap with the
+        # same value seconds earlier, and the policy counts the two as one (service/decisions/service.py).
+        # A state drop the counter missed has no such name.
+        named = downed.where(rose).loc[flap_rows.index]
+        port_flaps = [
+            {"port": str(subject), "link_downed": int(v) if math.isfinite(v) else None, "at": _iso(t)}
+            for v, t in zip(named, flap_rows["last_ts"], strict=True)
+        ]
         errors = sum(_increase(rows, c) for c in PORT_ERRORS)
         for _, row in flap_rows.iterrows():
             count = len(times)
@@ -174,6 +182,7 @@ def _flaps(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str,
                         "signals": [_ref(str(node), str(subject), LINK_DOWNED, row["last_ts"])],
                         "times": times,
                         "flaps": count,
+                        "port_flaps": port_flaps,
                         "link_errors": int(errors),
                     },
                 )

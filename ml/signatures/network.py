@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from ml.findings import Finding
-from ml.signatures.common import MAX_LIST, _finding, _group, _Job, _Occ, _rank_note, _times
+from ml.signatures.common import MAX_LIST, _finding, _group, _Job, _Occ, _rank_note, _times, _ts
 
 # IB completion statuses that say the link or the peer stopped answering (ibv_wc_status).
 _IB_LINK_STATUSES = frozenset({12, 13, 20})  # RETRY_EXC, RNR_RETRY_EXC, RESP_TIMEOUT
@@ -51,6 +51,44 @@ def _ib_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                 peers=peers[:MAX_LIST] or None,
                 peer_nodes=peer_nodes or None,
                 vendor_errors=sorted({v for o in group if isinstance(v := o.fields.get("vendor_err"), int)}) or None,
+            )
+        )
+    return findings
+
+
+def _port_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    """RDMA ports the node's agent saw go down between its reads (agents/port_watch.py, `port_down`): the node's own
+    link, each a flap, stamped with the latest so that each stores its own finding and the policy's flap tolerance
+    counts them. `port_flaps` names each flap by its port's link_downed count, which the window rule
+    (ml/node_signals.py) reports for the same flap later: counted once (service/decisions/service.py)."""
+    findings = []
+    for node, group in sorted(_group((o for o in occs if o.kind == "port_down"), lambda o: o.node).items()):
+        ports = sorted({str(o.fields["port"]) for o in group if o.fields.get("port")})
+        flaps = [
+            {
+                "port": str(o.fields.get("port") or ""),
+                "link_downed": downed if isinstance(downed := o.fields.get("link_downed"), int) else None,
+                "at": _ts(o.record).isoformat(),
+            }
+            for o in group
+        ]
+        times = _times(group)
+        findings.append(
+            _finding(
+                group,
+                key=f"ib:{node}:port",
+                category="network",
+                confidence=0.85,
+                summary=f"{', '.join(ports) or 'an RDMA port'} on {node} went down "
+                f"({len(flaps)} time{'s' * (len(flaps) > 1)})",
+                node=node,
+                job=job,
+                blame="infrastructure",
+                action="evict",
+                sig_text=f"port down {ports}",
+                times=times,
+                ports=ports,
+                port_flaps=flaps[-MAX_LIST:],
             )
         )
     return findings

@@ -266,16 +266,37 @@ def network_fatal(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -
 
 
 def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -> dict[str, list[datetime]]:
-    """(node, observed at, evidence) of network findings -> per node, the distinct times a fault was seen."""
+    """(node, observed at, evidence) of network findings -> per node, the distinct times a fault was seen. A port's
+    flap named by its link_downed count (`port_flaps`: the agent's port watch within a second, the window rule
+    later, ml/node_signals.py) is one fault however many findings report it, at its first report."""
     out: dict[str, set[datetime]] = defaultdict(set)
+    flaps: dict[tuple[str, str, int], datetime] = {}
     for node, observed_at, evidence in rows:
+        ev = evidence or {}
+        named = [f for f in ev.get("port_flaps") or [] if isinstance(f, dict) and isinstance(f.get("link_downed"), int)]
+        for flap in named:
+            at = _as_time(flap.get("at"))
+            key = (node, str(flap.get("port")), flap["link_downed"])
+            if at is not None and (key not in flaps or at < flaps[key]):
+                flaps[key] = at
+        if named and len(named) == len(ev.get("port_flaps") or []):
+            continue  # every flap it reports is named: counted by name, not again by its times
         out[node].add(observed_at)
-        for t in (evidence or {}).get("times", []):
-            try:
-                out[node].add(datetime.fromisoformat(t) if isinstance(t, str) else t)
-            except ValueError:
-                continue
+        for t in ev.get("times", []):
+            if (at := _as_time(t)) is not None:
+                out[node].add(at)
+    for (node, _, _), at in flaps.items():
+        out[node].add(at)
     return {node: sorted(times) for node, times in out.items()}
+
+
+def _as_time(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def _evidence_chain(session: Session, plans: list[DecisionPlan]) -> dict[int, dict[str, Any]]:

@@ -26,6 +26,7 @@ CRITICAL_KINDS = frozenset(
         "ib_error",
         "ib_verbs_error",
         "ib_async_event",
+        "port_down",
         "nccl_error",
         "watchdog_timeout",
         "watchdog_stuck",

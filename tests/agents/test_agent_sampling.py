@@ -238,3 +238,22 @@ def test_node_metrics_are_read_once_per_ship_tick_not_per_sample(tmp_path: Path)
         if item["subject"] == "ib:mlx5_0/1"
     ]
     assert waits[0] == 3421987654 and waits[-1] == 3421990000
+
+
+def test_a_port_going_down_goes_at_once_between_ship_ticks(tmp_path: Path) -> None:
+    sysfs = Path(shutil.copytree(paths.FIXTURES / "sysfs", tmp_path / "sys"))
+    port = sysfs / "class/infiniband/mlx5_3/ports/1"
+    with receiver() as dcgm, receiver() as rx:
+        dcgm.page = _exporter_page
+        flags = ("--sample-interval", "0.2", "--ship-interval", "600", "--kmsg", "none", "--sysfs-root", str(sysfs))
+        with _agent(rx.url, dcgm, tmp_path, *flags):
+            wait_for(lambda: len(rx.requests) == 1, timeout=30, what="the first batch")  # sent at start
+            wait_for(lambda: dcgm.gets >= 3, timeout=30, what="samples after it")
+            (port / "counters" / "link_downed").write_text("4\n")
+            (port / "state").write_text("1: DOWN\n")
+            # The next ship tick is ten minutes away: this batch can only be the port's.
+            wait_for(lambda: len(rx.requests) >= 2, timeout=60, what="the port's batch")
+    (event,) = rx.bodies()[1]["logs"]
+    assert (event["kind"], event["source"], event["severity"]) == ("port_down", "sysfs", "error")
+    assert event["fields"]["port"] == "ib:mlx5_3/1" and event["fields"]["state"] == 1
+    assert event["fields"]["link_downed"] in (3, 4)  # the state and the counter are two files: either read first

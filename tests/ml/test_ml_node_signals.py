@@ -85,6 +85,11 @@ def test_each_flap_is_a_finding_with_every_flap_time() -> None:
     assert len(flaps) == 2 and len({f.key for f in flaps}) == 2
     assert all(f.category == "network" and f.action == "evict" for f in flaps)
     assert len(flaps[0].evidence["times"]) == 2
+    # Each flap named by link_downed after it, as the agent's port watch names it (counted once by the policy).
+    assert [(x["port"], x["link_downed"]) for x in flaps[0].evidence["port_flaps"]] == [
+        ("ib:mlx5_1/1", 1),
+        ("ib:mlx5_1/1", 2),
+    ]
     assert evidence_of("node_signals", json.loads(json.dumps(flaps[0].evidence))) is not None
 
 
@@ -96,6 +101,7 @@ def test_a_state_drop_without_the_counter_is_a_flap_too() -> None:
     found = _detect(_frame(drop))
     assert [f.evidence["rule"] for f in found] == ["flap"]
     assert found[0].node == "node-001"
+    assert [x["link_downed"] for x in found[0].evidence["port_flaps"]] == [None]  # no count names it
 
 
 def test_a_counter_that_dips_and_comes_back_is_no_flap() -> None:
@@ -186,6 +192,20 @@ def test_congestion_far_over_its_peers_is_a_change_point_after_two_windows() -> 
     assert "for 19 s" in found[0].summary
     # One window is not yet a change, however far over.
     assert _detect(_frame(_congested_from(WINDOWS - 1, 100))) == []
+
+
+def test_a_job_younger_than_the_continuity_period_is_judged_on_its_last_window() -> None:
+    """A job (re)started 60 s ago has no window 120 s back: its congestion is compared on the last window, not left
+    unknown until the job is two minutes old; a healthy young job names nobody."""
+    young = _frame(_congested_from(WINDOWS - 2, 100))
+    young = young[young["window_start"] >= young["window_start"].max() - pd.Timedelta(seconds=50)]
+    summary = node_summary.aggregate(young)
+    assert node_summary.worth_a_look(summary, node_summary.peer_summary(summary)) == ["node-001"]
+    found = _detect(young)
+    assert [(f.node, f.evidence["rule"], f.action) for f in found] == [("node-001", "congestion", "evict")]
+    healthy = _frame()
+    healthy = healthy[healthy["window_start"] >= healthy["window_start"].max() - pd.Timedelta(seconds=50)]
+    assert _detect(healthy) == []
 
 
 def test_congestion_just_over_the_bar_waits_for_the_continuity_period() -> None:

@@ -317,6 +317,28 @@ def test_ib_errors_list_each_occurrence_time_for_flap_tolerance():
     assert f.evidence["count"] == 4 and f.observed_at == START + timedelta(seconds=10)
 
 
+def test_a_port_the_agent_saw_go_down_is_the_nodes_network_fault_each_flap_named_by_its_counter():
+    records = [
+        rec("port_down", "node-001", None, at, port="ib:mlx5_3/1", state=st, was=4, link_downed=n)
+        for at, st, n in ((10.0, 1, 4), (33.0, 4, 5))
+    ]
+    f = only(detect(records, job_of(2)))
+    assert (f.category, f.action, f.blame, f.node, f.confidence) == (
+        "network",
+        "evict",
+        "infrastructure",
+        "node-001",
+        0.85,
+    )
+    assert f.evidence["ports"] == ["ib:mlx5_3/1"] and "went down (2 times)" in f.summary
+    assert [(x["link_downed"], x["at"]) for x in f.evidence["port_flaps"]] == [
+        (4, (START + timedelta(seconds=10)).isoformat()),
+        (5, (START + timedelta(seconds=33)).isoformat()),
+    ]
+    # Stamped with the latest flap: each flap stores a finding of its own, for the flap tolerance.
+    assert f.key.endswith(f"@{START + timedelta(seconds=33):%Y%m%dT%H%M%S}")
+
+
 def test_oom_is_the_jobs_own_and_never_evicts():
     f = only(detect(training("oom_cuda_mid_format_mgfn_35.txt")))
     assert (f.category, f.blame, f.action, f.node) == ("oom", "user_code", "none", None)

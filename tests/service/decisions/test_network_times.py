@@ -1,0 +1,44 @@
+"""What the network flap tolerance counts (service/decisions/service.py, network_times): the distinct times a node's
+network faults were seen, a port's flap counted once however many findings report it (named by its link_downed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from service.decisions.service import network_times
+
+T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+PORT = "ib:mlx5_3/1"
+
+
+def _at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def _flaps(*flaps: tuple[int | None, float]) -> dict[str, Any]:
+    return {
+        "port_flaps": [{"port": PORT, "link_downed": n, "at": _at(s).isoformat()} for n, s in flaps],
+        "times": [_at(s).isoformat() for _, s in flaps],
+    }
+
+
+def test_one_flap_from_the_port_watch_and_the_window_rule_is_one_fault_at_its_first_report() -> None:
+    rows = [
+        ("n1", _at(0.6), _flaps((4, 0.6))),  # the agent's port watch, within a second
+        ("n1", _at(16), _flaps((4, 16))),  # the 10 s window rule, the same flap
+    ]
+    assert network_times(rows) == {"n1": [_at(0.6)]}
+    # The second flap: two faults, whoever saw it first.
+    rows += [("n1", _at(24), _flaps((4, 0.6), (5, 24))), ("n1", _at(36), _flaps((4, 16), (5, 36)))]
+    assert network_times(rows) == {"n1": [_at(0.6), _at(24)]}
+
+
+def test_other_network_faults_and_unnamed_flaps_count_by_their_times() -> None:
+    rows = [
+        ("n1", _at(0.2), {"times": [_at(0.2).isoformat()]}),  # NCCL's IB completion error of the same moment
+        ("n1", _at(0.6), _flaps((4, 0.6))),
+        ("n2", _at(20), _flaps((None, 20))),  # a state drop the counter missed: no name, its time
+        ("n2", _at(20), _flaps((None, 20))),
+    ]
+    assert network_times(rows) == {"n1": [_at(0.2), _at(0.6)], "n2": [_at(20)]}
