@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     # A 10 s metric window is summarized this long after its end: agents ship every 5 s, so its samples
     # have arrived by then. Later samples stay raw (plots, evidence) but miss their window.
     window_grace_s: float = Field(default=6.0, ge=0)
+    # Node samples (ports, host) are read at the agent's ship tick and shipped with it: their 10 s window is whole
+    # about a second after its end. Built and judged then, a port's fault is seen 10 s sooner, in the pass that
+    # compares the GPUs of the window before, not in the one that builds the GPU windows (window_grace_s).
+    node_window_grace_s: float = Field(default=1.0, ge=0)
     # A job whose agents reported within this long is active.
     active_job_s: float = Field(default=120.0, gt=0)
     # After a stack-dump request, aggregate what arrived by this deadline even if some ranks never answer.

@@ -2,8 +2,8 @@
 with the agent's own code, on the simulated clock.
 
 The agent's pieces it uses: ExporterParser on the node's dcgm-exporter text, KernelLogParser and
-TrainingLogParser on the node's log lines, NodeCollectors on the node's fake kernel tree (written to disk as
-the simulator writes it). What it does itself: the clock (simulated time plus the node's skew), the process
+TrainingLogParser on the node's log lines, NodeCollectors and PortWatch on the node's fake kernel tree (written to
+disk as the simulator writes it). What it does itself: the clock (simulated time plus the node's skew), the process
 list (one worker per live rank, as the process scanner reports it) and the agent's restarts: stopped, it
 samples nothing; started again, it has fresh parsers and counter baselines and reads the lines written while
 it was down, as an agent does from its saved positions; a late node's first start reads from the end.
@@ -22,6 +22,7 @@ from agents.gpu import ExporterParser, GpuReading
 from agents.node import NodeCollectors
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training import DEFAULT_STEP_PATTERNS, TrainingLogParser
+from agents.port_watch import PortWatch
 from lab.sim import stacks
 from lab.sim.exporter import render
 from lab.sim.gpu import GpuSample
@@ -70,6 +71,7 @@ class VirtualAgent:
             storage_mounts=place["storage_mounts"],
         )
         self.collectors.prime()
+        self.port_watch = PortWatch()
         self._fed = set()
         held, self.held = self.held, []
         if self.ever_started:  # its saved positions: it goes on where it stopped
@@ -117,6 +119,9 @@ class VirtualAgent:
             self.inventory = [r.inventory() for r in readings]
         ts = self._clock(now).isoformat()
         self.metrics += [{"ts": ts, "gpu": r.gpu, "fields": r.fields} for r in readings]
+        # The port watch of the agent's sample tick: the ports' state and link_downed files as they are now.
+        self.writer.sync(self.tree.link_files())
+        self.events += self.port_watch.changes(self.collectors.link_states(), self._clock(now))
 
     def batch(
         self, now: datetime, stack_requests: Sequence[str] = (), *, urgent: bool = False

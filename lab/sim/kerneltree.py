@@ -44,6 +44,17 @@ class NodeTree:
         self._static = self._render_static()
         self._interrupts: tuple[int, str] = (-1, "")
 
+    def link_files(self) -> dict[str, str]:
+        """The files the agent's port watch reads every sample tick (agents/port_watch.py): each port's state and
+        link_downed, for a writer to bring up to date between the whole tree's syncs."""
+        out = {}
+        for port in (*self.fabric.ports, self.fabric.roce):
+            base = f"{IB}/{port.device}/ports/1"
+            out[f"{base}/state"] = f"{port.state}: {STATE_NAMES[port.state]}\n"
+            if "link_downed" in port.counters:
+                out[f"{base}/counters/link_downed"] = f"{port.counters['link_downed']}\n"
+        return out
+
     def files(self) -> dict[str, str]:
         """Every file of the tree with its current text."""
         out = dict(self._static)

@@ -130,8 +130,11 @@ def diagnose_job(
     with _timed(timings, "rollup"):
         # GPU metrics: the windows that closed since the last pass are built once, then read compactly.
         closed = windows.rollup(session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback)
-        windows.rollup_nodes(session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback)
-    # The peer comparison and the node signals judge windows one pass old (windows.JUDGE_LAG_S).
+        nodes_closed = windows.rollup_nodes(
+            session, job=job, now=now, grace_s=settings.node_window_grace_s, lookback_s=lookback
+        )
+    # The peer comparison judges windows one pass old (windows.JUDGE_LAG_S); the node signals judge the node windows
+    # as they close, which is before the GPU windows do (settings.node_window_grace_s), in a pass of their own.
     judged = min(closed, windows.closed_at(now, grace_s=settings.window_grace_s, lag_s=windows.JUDGE_LAG_S))
     with _timed(timings, "activity"):
         activity = metric_passes.job_activity(session, job=job, closed=closed, lookback_s=lookback, now=now)
@@ -164,7 +167,7 @@ def diagnose_job(
             (
                 "node_signals",
                 lambda: metric_passes.node_findings(
-                    session, job=job, info=info, closed=judged, lookback_s=lookback, names=names, now=now
+                    session, job=job, info=info, closed=nodes_closed, lookback_s=lookback, names=names, now=now
                 ),
             ),
         ],

@@ -27,9 +27,10 @@ from service.models import Job, Node, job_columns
 DETECTOR = "windows"
 NODE_DETECTOR = "node_windows"
 # Passes come every 5 s (the beat) and windows close every 10 s, so each window is met by two passes. The heavy
-# stages are spread over both: the first builds the GPU and the node windows, the next compares peers and judges
-# the machines' ports and hosts on them (each pair takes about a second at 16,384 GPUs; one pass doing three of
-# the four went over the 2 s budget). The judging stages read what closed JUDGE_LAG_S before.
+# stages are spread over both: the GPU windows are built 6 s after their end (window_grace_s), the peers compare
+# them a pass later, with the node windows of the window after built and judged 1 s after its end
+# (node_window_grace_s) (each pair takes about a second at 16,384 GPUs; one pass doing three of the four went over
+# the 2 s budget). The peers read what closed JUDGE_LAG_S before.
 JUDGE_LAG_S = 5.0
 VERSION = 1
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # date_bin's origin: windows aligned on the epoch's 10 s marks

@@ -4,6 +4,7 @@ with the agent's own parsers and collectors), the ground truth that blames the c
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -137,3 +138,21 @@ def test_each_clusters_rollout_installs_a_build_of_its_own() -> None:
     builds = {rollout_driver(f"camp{run:05d}{job}-") for run in (12345, 36703) for job in "ab"}
     assert len(builds) == 4 and all(b.startswith("570.86.") for b in builds)
     assert rollout_driver("c-job0-") == rollout_driver("c-job0-")
+
+
+def test_the_virtual_agent_watches_its_ports_every_second_as_the_agent_does(tmp_path: Path) -> None:
+    """A port that goes down is a critical `port_down` event at the next sample, not at the next ship tick."""
+    cluster = _cluster()
+    agents = _agents(cluster, tmp_path)
+    _batches(cluster, agents, 22.0)  # a ship tick: the ports found
+    now = START + timedelta(seconds=23)
+    agents[1].sample(now, cluster.snapshot()[agents[1].name])
+    assert not agents[1].has_critical()
+    cluster.fabrics[1].flap_down(0, random.Random(1))
+    for a in agents:
+        a.sample(now, cluster.snapshot()[a.name])
+    assert [i for i, a in enumerate(agents) if a.has_critical()] == [1]
+    batch = agents[1].batch(now, urgent=True)
+    assert batch is not None
+    (event,) = [e for e in batch["logs"] if e["kind"] == "port_down"]
+    assert event["fields"]["state"] == 1 and event["fields"]["port"].startswith("ib:mlx5_")

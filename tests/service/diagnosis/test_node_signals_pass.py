@@ -152,16 +152,19 @@ def test_the_incident_page_plots_the_port_against_its_peers(session: Session) ->
 
 
 def test_windows_are_built_on_one_pass_and_judged_on_the_next(session: Session) -> None:
-    """Passes come every 5 s and windows every 10 s: the pass that builds a window's GPU and node rows is not the
-    one that compares peers and judges the machines on them (windows.JUDGE_LAG_S)."""
+    """Passes come every 5 s and windows every 10 s: the pass that builds a window's GPU rows is not the one that
+    compares peers on them (windows.JUDGE_LAG_S); the node windows (their samples come with the ship tick) are built
+    and judged 1 s after their end, a pass before the GPU windows are built."""
     job, _ = _job(session, nodes=1)
+    grace, node_grace = get_settings().window_grace_s, get_settings().node_window_grace_s
+    assert (grace, node_grace) == (6, 1)
     boundary = floor_time(datetime.now(UTC))
-    for offset, built, judged in ((7, 0, -10), (12, 0, 0), (17, 10, 0), (22, 10, 10)):
+    for offset, built, nodes, judged in ((7, 0, 0, -10), (12, 0, 10, 0), (17, 10, 10, 0), (22, 10, 20, 10)):
         now = boundary + timedelta(seconds=offset)
-        assert windows.rollup(session, job=job, now=now, grace_s=6, lookback_s=300) == boundary + timedelta(
+        assert windows.rollup(session, job=job, now=now, grace_s=grace, lookback_s=300) == boundary + timedelta(
             seconds=built
         )
-        assert windows.rollup_nodes(session, job=job, now=now, grace_s=6, lookback_s=300) == boundary + timedelta(
-            seconds=built
-        )
-        assert windows.closed_at(now, grace_s=6, lag_s=windows.JUDGE_LAG_S) == boundary + timedelta(seconds=judged)
+        assert windows.rollup_nodes(
+            session, job=job, now=now, grace_s=node_grace, lookback_s=300
+        ) == boundary + timedelta(seconds=nodes)
+        assert windows.closed_at(now, grace_s=grace, lag_s=windows.JUDGE_LAG_S) == boundary + timedelta(seconds=judged)
