@@ -265,11 +265,18 @@ def network_fatal(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -
     return {node for node, _, evidence in rows if (evidence or {}).get("adapter_failed")}
 
 
+# An error NCCL reports of a link that just flapped (its IB retries run out some seconds after the link went down:
+# NCCL_IB_TIMEOUT 18 and 7 retries are about 7.5 s) is that flap's consequence, not a second fault: from this long
+# before a named flap (clocks and polls apart) to this long after it.
+FLAP_CONSEQUENCE_S = (2.0, 15.0)
+
+
 def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -> dict[str, list[datetime]]:
     """(node, observed at, evidence) of network findings -> per node, the distinct times a fault was seen. A port's
     flap named by its link_downed count (`port_flaps`: the agent's port watch within a second, the window rule
-    later, ml/node_signals.py) is one fault however many findings report it, at its first report."""
-    out: dict[str, set[datetime]] = defaultdict(set)
+    later, ml/node_signals.py) is one fault however many findings report it, at its first report; another finding's
+    time around a named flap (NCCL's IB error of it, FLAP_CONSEQUENCE_S) is that flap too."""
+    other: dict[str, set[datetime]] = defaultdict(set)
     flaps: dict[tuple[str, str, int], datetime] = {}
     for node, observed_at, evidence in rows:
         ev = evidence or {}
@@ -281,13 +288,18 @@ def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -
                 flaps[key] = at
         if named and len(named) == len(ev.get("port_flaps") or []):
             continue  # every flap it reports is named: counted by name, not again by its times
-        out[node].add(observed_at)
+        other[node].add(observed_at)
         for t in ev.get("times", []):
             if (at := _as_time(t)) is not None:
-                out[node].add(at)
+                other[node].add(at)
+    out: dict[str, set[datetime]] = defaultdict(set)
     for (node, _, _), at in flaps.items():
         out[node].add(at)
-    return {node: sorted(times) for node, times in out.items()}
+    before, after = (timedelta(seconds=s) for s in FLAP_CONSEQUENCE_S)
+    for node, times in other.items():
+        named_at = sorted(out[node])
+        out[node] |= {t for t in times if not any(f - before <= t <= f + after for f in named_at)}
+    return {node: sorted(times) for node, times in out.items() if times}
 
 
 def _as_time(value: object) -> datetime | None:

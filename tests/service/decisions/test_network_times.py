@@ -34,11 +34,15 @@ def test_one_flap_from_the_port_watch_and_the_window_rule_is_one_fault_at_its_fi
     assert network_times(rows) == {"n1": [_at(0.6), _at(24)]}
 
 
-def test_other_network_faults_and_unnamed_flaps_count_by_their_times() -> None:
+def test_nccls_error_of_a_flap_is_that_flap_and_other_faults_count_by_their_times() -> None:
     rows = [
         ("n1", _at(0.2), {"times": [_at(0.2).isoformat()]}),  # NCCL's IB completion error of the same moment
         ("n1", _at(0.6), _flaps((4, 0.6))),
+        ("n1", _at(8), {"times": [_at(8).isoformat()]}),  # its retries ran out 7.5 s later: the same flap
         ("n2", _at(20), _flaps((None, 20))),  # a state drop the counter missed: no name, its time
         ("n2", _at(20), _flaps((None, 20))),
     ]
-    assert network_times(rows) == {"n1": [_at(0.2), _at(0.6)], "n2": [_at(20)]}
+    assert network_times(rows) == {"n1": [_at(0.6)], "n2": [_at(20)]}
+    # An error half a minute after the flap is a fault of its own.
+    rows.append(("n1", _at(40), {"times": [_at(40).isoformat()]}))
+    assert network_times(rows)["n1"] == [_at(0.6), _at(40)]
