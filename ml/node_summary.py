@@ -162,9 +162,12 @@ def aggregate_ends(table: pd.DataFrame) -> pd.DataFrame:
     young = pd.to_datetime(table["first_ts"], utc=True, errors="coerce").isna()
     first_ts = table["first_ts"].where(~young, table["continuity_ts"])
     out["span_s"] = _seconds(first_ts, table["last_ts"])
-    # Congestion is judged over the continuity period; a machine younger than it (a job just started or restarted),
-    # over its last window: unknown until 120 s, a young job's congestion waited for its age, not for its evidence.
+    # Congestion is judged over the continuity period; in a job younger than it (just started or restarted: no
+    # machine has a window that far back), over the last window: unknown until 120 s, a young job's congestion waited
+    # for its age, not for its evidence. Machines of one job are never judged over different spans (a late joiner's
+    # last window against its peers' two minutes): a late joiner waits for its period, as before.
     fresh = pd.to_datetime(table["continuity_ts"], utc=True, errors="coerce").isna()
+    fresh &= bool(fresh.all())
     out["continuity_span_s"] = _seconds(table["continuity_ts"].where(~fresh, table["previous_ts"]), table["last_ts"])
     for c in LOOKBACK_RISES:
         first = table[f"first_{c}"].where(~young, table[f"continuity_{c}"])

@@ -337,6 +337,8 @@ def _median(expression: str) -> str:
 
 
 _NS = node_summary
+# No machine of the job has a window at the continuity period's start: the job is younger than it.
+_YOUNG_JOB = "CASE WHEN NOT bool_or(continuity_ts IS NOT NULL) OVER ()"
 _GAUGES_AT_LAST = (
     node_metrics.PORT_STATE,
     node_metrics.PORT_RATE_GBPS,
@@ -367,16 +369,16 @@ _NODE_SQL = text(
             *_GAUGES_AT_LAST,
             # A machine younger than the lookback (a new job, a late joiner): from the continuity period on.
             f"{_seconds('coalesce(first_ts, continuity_ts)', 'last_ts')} AS span_s",
-            # Congestion over the continuity period; a machine younger than it, over its last window.
-            f"{_seconds('coalesce(continuity_ts, previous_ts)', 'last_ts')} AS continuity_span_s",
+            # Congestion over the continuity period; in a job younger than it (no machine has a window that far
+            # back), over the last window (ml.node_summary.aggregate_ends).
+            f"{_seconds(_YOUNG_JOB + ' THEN previous_ts ELSE continuity_ts END', 'last_ts')} AS continuity_span_s",
             *(
                 f"{_rise(f'CASE WHEN first_ts IS NULL THEN continuity_{c} ELSE first_{c} END', 'last_' + c)} "
                 f"AS rise_{c}"
                 for c in _NS.LOOKBACK_RISES
             ),
             *(
-                f"{_rise(f'CASE WHEN continuity_ts IS NULL THEN previous_{c} ELSE continuity_{c} END', 'last_' + c)} "
-                f"AS rise_{c}"
+                f"{_rise(f'{_YOUNG_JOB} THEN previous_{c} ELSE continuity_{c} END', 'last_' + c)} AS rise_{c}"
                 for c in _NS.CONGESTION
             ),
         ]
