@@ -71,10 +71,9 @@ ENDS_COLUMNS = (
     "subject",
     "first_ts",
     "continuity_ts",
-    "previous_ts",
     "last_ts",
     *(f"{end}_{c}" for c in LOOKBACK_RISES for end in ("first", "continuity", "last")),
-    *(f"{end}_{c}" for c in CONGESTION for end in ("continuity", "previous", "last")),
+    *(f"{end}_{c}" for c in CONGESTION for end in ("continuity", "last")),
     "down_lately",  # the port's state below ACTIVE in one of the last two windows
     PORT_STATE,  # the last window's
     PORT_RATE_GBPS,
@@ -116,15 +115,14 @@ def ends(frame: pd.DataFrame) -> pd.DataFrame:
         by_start = g.set_index("window_start")
         value = functools.partial(_value_at, by_start, at)
         out: dict[str, Any] = {"node": node, "subject": subject}
-        for when in ("first", "continuity", "previous", "last"):
+        for when in ("first", "continuity", "last"):
             stamp = pd.Timestamp(at[when])
             out[f"{when}_ts"] = by_start.at[stamp, "last_ts"] if stamp in by_start.index else pd.NaT
         for c in LOOKBACK_RISES:
             out[f"first_{c}"], out[f"last_{c}"] = value("first", f"{c}_max"), value("last", f"{c}_max")
             out[f"continuity_{c}"] = value("continuity", f"{c}_max")
         for c in CONGESTION:
-            for when in ("continuity", "previous", "last"):
-                out[f"{when}_{c}"] = value(when, f"{c}_max")
+            out[f"continuity_{c}"], out[f"last_{c}"] = value("continuity", f"{c}_max"), value("last", f"{c}_max")
         out["down_lately"] = bool(min(value("previous", PORT_STATE), value("last", PORT_STATE)) < PORT_ACTIVE)
         for c in (PORT_STATE, PORT_RATE_GBPS, PSI_MEM_SOME, PSI_MEM_FULL):
             out[c] = value("last", c)
@@ -162,18 +160,12 @@ def aggregate_ends(table: pd.DataFrame) -> pd.DataFrame:
     young = pd.to_datetime(table["first_ts"], utc=True, errors="coerce").isna()
     first_ts = table["first_ts"].where(~young, table["continuity_ts"])
     out["span_s"] = _seconds(first_ts, table["last_ts"])
-    # Congestion is judged over the continuity period; in a job younger than it (just started or restarted: no
-    # machine has a window that far back), over the last window: unknown until 120 s, a young job's congestion waited
-    # for its age, not for its evidence. Machines of one job are never judged over different spans (a late joiner's
-    # last window against its peers' two minutes): a late joiner waits for its period, as before.
-    fresh = pd.to_datetime(table["continuity_ts"], utc=True, errors="coerce").isna()
-    fresh &= bool(fresh.all())
-    out["continuity_span_s"] = _seconds(table["continuity_ts"].where(~fresh, table["previous_ts"]), table["last_ts"])
+    out["continuity_span_s"] = _seconds(table["continuity_ts"], table["last_ts"])
     for c in LOOKBACK_RISES:
         first = table[f"first_{c}"].where(~young, table[f"continuity_{c}"])
         out[f"rise_{c}"] = _rise(first, table[f"last_{c}"])
     for c in CONGESTION:
-        out[f"rise_{c}"] = _rise(table[f"continuity_{c}"].where(~fresh, table[f"previous_{c}"]), table[f"last_{c}"])
+        out[f"rise_{c}"] = _rise(table[f"continuity_{c}"], table[f"last_{c}"])
     out["down_lately"] = table["down_lately"].fillna(False).astype(bool)
     for c in (PORT_STATE, PORT_RATE_GBPS, PSI_MEM_SOME, PSI_MEM_FULL, "available_share"):
         out[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")

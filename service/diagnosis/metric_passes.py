@@ -337,8 +337,6 @@ def _median(expression: str) -> str:
 
 
 _NS = node_summary
-# No machine of the job has a window at the continuity period's start: the job is younger than it.
-_YOUNG_JOB = "CASE WHEN NOT bool_or(continuity_ts IS NOT NULL) OVER ()"
 _GAUGES_AT_LAST = (
     node_metrics.PORT_STATE,
     node_metrics.PORT_RATE_GBPS,
@@ -353,9 +351,9 @@ _NODE_SQL = text(
     "WITH e AS (SELECT node_id, subject, "
     + ", ".join(
         [
-            *(f"{_at(when, 'last_ts')} AS {when}_ts" for when in ("first", "continuity", "previous", "last")),
+            *(f"{_at(when, 'last_ts')} AS {when}_ts" for when in ("first", "continuity", "last")),
             *(f"{_at(w, c + '_max')} AS {w}_{c}" for c in _NS.LOOKBACK_RISES for w in ("first", "continuity", "last")),
-            *(f"{_at(w, c + '_max')} AS {w}_{c}" for c in _NS.CONGESTION for w in ("continuity", "previous", "last")),
+            *(f"{_at(w, c + '_max')} AS {w}_{c}" for c in _NS.CONGESTION for w in ("continuity", "last")),
             "coalesce(bool_or(port_state < :active) FILTER (WHERE window_start >= :previous), false) AS down_lately",
             *(f"{_at('last', c)} AS {c}" for c in _GAUGES_AT_LAST),
             f"{_at('last', 'mem_available_mib / nullif(mem_total_mib, 0)')} AS available_share",
@@ -369,18 +367,13 @@ _NODE_SQL = text(
             *_GAUGES_AT_LAST,
             # A machine younger than the lookback (a new job, a late joiner): from the continuity period on.
             f"{_seconds('coalesce(first_ts, continuity_ts)', 'last_ts')} AS span_s",
-            # Congestion over the continuity period; in a job younger than it (no machine has a window that far
-            # back), over the last window (ml.node_summary.aggregate_ends).
-            f"{_seconds(_YOUNG_JOB + ' THEN previous_ts ELSE continuity_ts END', 'last_ts')} AS continuity_span_s",
+            f"{_seconds('continuity_ts', 'last_ts')} AS continuity_span_s",
             *(
                 f"{_rise(f'CASE WHEN first_ts IS NULL THEN continuity_{c} ELSE first_{c} END', 'last_' + c)} "
                 f"AS rise_{c}"
                 for c in _NS.LOOKBACK_RISES
             ),
-            *(
-                f"{_rise(f'{_YOUNG_JOB} THEN previous_{c} ELSE continuity_{c} END', 'last_' + c)} AS rise_{c}"
-                for c in _NS.CONGESTION
-            ),
+            *(f"{_rise('continuity_' + c, 'last_' + c)} AS rise_{c}" for c in _NS.CONGESTION),
         ]
     )
     + " FROM e), s AS (SELECT subject, count(*)::float8 AS n, "

@@ -194,35 +194,6 @@ def test_congestion_far_over_its_peers_is_a_change_point_after_two_windows() -> 
     assert _detect(_frame(_congested_from(WINDOWS - 1, 100))) == []
 
 
-def test_a_job_younger_than_the_continuity_period_is_judged_on_its_last_window() -> None:
-    """A job (re)started 60 s ago has no window 120 s back: its congestion is compared on the last window, not left
-    unknown until the job is two minutes old; a healthy young job names nobody."""
-    young = _frame(_congested_from(WINDOWS - 2, 100))
-    young = young[young["window_start"] >= young["window_start"].max() - pd.Timedelta(seconds=50)]
-    summary = node_summary.aggregate(young)
-    assert node_summary.worth_a_look(summary, node_summary.peer_summary(summary)) == ["node-001"]
-    found = _detect(young)
-    assert [(f.node, f.evidence["rule"], f.action) for f in found] == [("node-001", "congestion", "evict")]
-    healthy = _frame()
-    healthy = healthy[healthy["window_start"] >= healthy["window_start"].max() - pd.Timedelta(seconds=50)]
-    assert _detect(healthy) == []
-
-
-def test_a_late_joiner_among_older_machines_waits_for_its_continuity_period() -> None:
-    """A machine swapped into a running job is not picked by the summary on its last window against its peers' two
-    minutes (spans of different lengths, peers maybe idle through a restart): it waits for its own period, as
-    before (the service reads only the machines the summary picks)."""
-    frame = _frame(_congested_from(WINDOWS - 2, 100))
-    late = (frame["node"] == "node-001") & (
-        frame["window_start"] < frame["window_start"].max() - pd.Timedelta(seconds=50)
-    )
-    joined = frame[~late]
-    summary = node_summary.aggregate(joined)
-    assert "node-001" not in node_summary.worth_a_look(summary, node_summary.peer_summary(summary))
-    whole = node_summary.aggregate(frame)  # the same machine there all along: picked
-    assert "node-001" in node_summary.worth_a_look(whole, node_summary.peer_summary(whole))
-
-
 def test_congestion_just_over_the_bar_waits_for_the_continuity_period() -> None:
     # Waiting at 7 x the peers (the bar is 5 x): log2(7/5) a window needs about 13 windows to reach the threshold.
     assert _detect(_frame(_congested_from(WINDOWS - 4, 6, pauses=0.0))) == []
