@@ -32,11 +32,11 @@ class PortWatch:
             if before is None:
                 continue  # first sight (the agent's start, a port found later): nothing to compare with
             was, downed_before = before
-            left_active = was == IB_PORT_ACTIVE and state is not None and state < IB_PORT_ACTIVE
+            down_now = state is not None and state < IB_PORT_ACTIVE
             rose = downed is not None and downed_before is not None and downed > downed_before
-            if not (left_active or rose):
+            if not ((was == IB_PORT_ACTIVE and down_now) or rose):
                 continue
-            what = "down" if state is not None and state < IB_PORT_ACTIVE else "down and back up"
+            what = "down" if down_now else "down and back up"
             fields: dict[str, object] = {"port": subject, "state": state, "was": was, "link_downed": downed}
             events.append(
                 Event(

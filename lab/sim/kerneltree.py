@@ -60,9 +60,9 @@ class NodeTree:
         out = dict(self._static)
         if self.host.driver_version != DRIVER_VERSION:  # a rollout (lab/sim/shared_faults.py) replaced the driver
             out.update(_driver_files(self.host.driver_version))
+        out.update(self.link_files())
         for port in (*self.fabric.ports, self.fabric.roce):
             base = f"{IB}/{port.device}/ports/1"
-            out[f"{base}/state"] = f"{port.state}: {STATE_NAMES[port.state]}\n"
             out[f"{base}/phys_state"] = f"{port.phys_state}: {PHYS_STATE_NAMES[port.phys_state]}\n"
             for name, value in port.counters.items():
                 out[f"{base}/counters/{name}"] = f"{value}\n"

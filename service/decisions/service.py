@@ -280,13 +280,14 @@ def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -
     flaps: dict[tuple[str, str, int], datetime] = {}
     for node, observed_at, evidence in rows:
         ev = evidence or {}
-        named = [f for f in ev.get("port_flaps") or [] if isinstance(f, dict) and isinstance(f.get("link_downed"), int)]
+        reported = ev.get("port_flaps") or []
+        named = [f for f in reported if isinstance(f, dict) and isinstance(f.get("link_downed"), int)]
         for flap in named:
             at = _as_time(flap.get("at"))
             key = (node, str(flap.get("port")), flap["link_downed"])
             if at is not None and (key not in flaps or at < flaps[key]):
                 flaps[key] = at
-        if named and len(named) == len(ev.get("port_flaps") or []):
+        if named and len(named) == len(reported):
             continue  # every flap it reports is named: counted by name, not again by its times
         other[node].add(observed_at)
         for t in ev.get("times", []):
@@ -297,7 +298,7 @@ def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -
         out[node].add(at)
     before, after = (timedelta(seconds=s) for s in FLAP_CONSEQUENCE_S)
     for node, times in other.items():
-        named_at = sorted(out[node])
+        named_at = set(out[node])
         out[node] |= {t for t in times if not any(f - before <= t <= f + after for f in named_at)}
     return {node: sorted(times) for node, times in out.items() if times}
 
