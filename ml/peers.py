@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ml import recurrence, windows
+from ml import changepoint, recurrence, windows
 from ml.findings import Finding, JobInfo, PeerEvidence, PeerMetric, PeerWindow
 from ml.metrics import GPU_TEMP, MEMORY_TEMP, POWER_USAGE, SM_CLOCK, WINDOW_S
 from ml.peer_spans import (
@@ -44,6 +44,15 @@ DETECTOR = "peers"
 SUPPORT_WEIGHT = 0.5  # a supporting metric (SUPPORT_Z) counts for this fraction of its weight
 HISTORY_FACTOR = 2  # windows analyzed beyond the continuity period, to date the onset
 MAX_CONFIDENCE = 0.95
+# The change point (ml/changepoint.py) over the spans ending at every window boundary, each giving the confidence
+# its metrics would give alone. Four spans in a row at least: a GPU apart through 60 s, never one 30 s episode (three
+# spans hold some of it), which the recurrence rule judges. Far out on several metrics (0.85 to 0.95 a span) it is
+# named then; on two (about 0.75), after four or five; on one metric alone (0.6 at most) the continuity rule (120 s)
+# comes first.
+CHANGEPOINT_RULE = "changepoint"
+CHANGEPOINT_DRIFT = 0.55
+CHANGEPOINT_LEVEL = 0.8
+CHANGEPOINT_MIN_STEPS = 4
 
 
 def detect(
@@ -58,7 +67,8 @@ def detect(
 ) -> list[Finding]:
     """GPUs that are their peers' outlier on a metric in every sub-window of the continuity period, or again
     and again over the recurrence horizon, from raw samples: the same spans a service computes one at a time
-    from stored windows (`summarize_span`), back to back here where the service has one per window."""
+    from stored windows (`summarize_span`), one per window through the continuity period as the service has them,
+    back to back beyond it."""
     try:
         now = _utc(now)
         n_total = max(max(1, round(continuity_s / window_s)) * HISTORY_FACTOR, math.ceil(horizon_s / window_s))
@@ -66,14 +76,22 @@ def detect(
         since = latest_end - timedelta(seconds=n_total * window_s + WINDOW_S)
         frame = metrics[pd.to_datetime(metrics["ts"], utc=True, errors="coerce", format="mixed") >= since]
         rolled = windows.from_samples(frame)
-        spans = {}
-        for i in range(n_total):
-            end = latest_end - timedelta(seconds=i * window_s)
-            spans[end.isoformat()] = summarize_span(
-                job, rolled, end=end, span_s=window_s, metrics_priority=metrics_priority
-            )
+        # Back to back over the horizon; at every window boundary through the continuity period too, where the
+        # change point reads them (the recurrence rule reads the back-to-back ones, as it was tuned on them).
+        ends = [latest_end - timedelta(seconds=i * window_s) for i in range(n_total)]
+        dense = [latest_end - timedelta(seconds=k * WINDOW_S) for k in range(round(continuity_s / WINDOW_S))]
+        spans = {
+            end.isoformat(): summarize_span(job, rolled, end=end, span_s=window_s, metrics_priority=metrics_priority)
+            for end in dict.fromkeys([*ends, *dense])
+        }
         return from_spans(
-            job, spans, latest_end=latest_end, span_s=window_s, continuity_s=continuity_s, horizon_s=horizon_s
+            job,
+            spans,
+            latest_end=latest_end,
+            span_s=window_s,
+            continuity_s=continuity_s,
+            horizon_s=horizon_s,
+            recurrence_spans={end.isoformat(): spans[end.isoformat()] for end in ends},
         )
     except (LookupError, ValueError, TypeError, AttributeError, ArithmeticError):
         return []  # unreadable input: nothing to claim
@@ -87,13 +105,18 @@ def from_spans(
     span_s: float = SPAN_S,
     continuity_s: float = 120,
     horizon_s: float = recurrence.HORIZON_S,
+    recurrence_spans: dict[str, dict[str, Any]] | None = None,
 ) -> list[Finding]:
     """Findings from span summaries keyed by their end (ISO): the GPUs flagged in every span of the continuity
-    period, back to back from `latest_end` (a span that is missing or quiet ends the comparison); then the GPUs
-    flagged in separate episodes over the horizon (ml/recurrence.py) that the continuity rule did not name."""
+    period, back to back from `latest_end` (a span that is missing or quiet ends the comparison), or sooner by the
+    change point on the spans at every window boundary; then the GPUs flagged in separate episodes over the horizon
+    (ml/recurrence.py, on `recurrence_spans` where given) that neither named."""
     findings = _continuity(job, spans, latest_end=latest_end, span_s=span_s, continuity_s=continuity_s)
     named = {(f.subject, f.category) for f in findings}
-    recurrent = recurrence.detect(job, spans, latest_end=latest_end, span_s=span_s, horizon_s=horizon_s)
+    recurrent = recurrence.detect(
+        job, spans if recurrence_spans is None else recurrence_spans, latest_end=latest_end, span_s=span_s,
+        horizon_s=horizon_s,
+    )  # fmt: skip
     return findings + [f for f in recurrent if (f.subject, f.category) not in named]
 
 
@@ -108,25 +131,107 @@ def _continuity(
         if span is None:
             break
         chain.append(span)
-    if len(chain) < n_cont or not all(span["active"] for span in chain[:n_cont]):
-        return []
-    metrics = dict.fromkeys(m for span in chain for m in span["metrics"])
     suspects: dict[str, list[dict[str, Any]]] = {}
     zscores: dict[str, list[dict[str, float]]] = {}
-    for metric in metrics:
-        spec = _spec(metric)
-        per_window = {
-            w: span["metrics"].get(metric, {}).get("out", {}) for w, span in enumerate(chain) if span["active"]
-        }
-        zscores[metric] = [chain[w]["metrics"].get(metric, {}).get("z", {}) for w in range(n_cont)]
-        for unit, record in _continuous(per_window, n_cont).items():
-            record.update(metric=metric, category=spec.category, weight=spec.weight)
-            suspects.setdefault(unit, []).append(record)
+    if len(chain) >= n_cont and all(span["active"] for span in chain[:n_cont]):
+        for metric in dict.fromkeys(m for span in chain for m in span["metrics"]):
+            spec = _spec(metric)
+            per_window = {
+                w: span["metrics"].get(metric, {}).get("out", {}) for w, span in enumerate(chain) if span["active"]
+            }
+            zscores[metric] = [chain[w]["metrics"].get(metric, {}).get("z", {}) for w in range(n_cont)]
+            for unit, record in _continuous(per_window, n_cont).items():
+                record.update(metric=metric, category=spec.category, weight=spec.weight)
+                suspects.setdefault(unit, []).append(record)
+    for unit, records in _changepoints(spans, latest_end, span_s, n_cont).items():
+        named = {r["category"] for r in suspects.get(unit, [])}
+        suspects.setdefault(unit, []).extend(r for r in records if r["category"] not in named)
     findings = []
     for unit, records in suspects.items():
         support = _support(unit, records, zscores)
         findings += _findings(job, unit, records, support, latest_end, span_s, n_cont)
     return findings
+
+
+def _changepoints(
+    spans: dict[str, dict[str, Any]], latest_end: datetime, span_s: float, n_cont: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Units the change point names before the continuity period is over (ml/changepoint.py). Each span ending at a
+    window boundary, back from the latest, gives a unit and category its evidence: the confidence its metrics of
+    that category would give on that span alone (flagged ones by their score, those SUPPORT_Z away at half weight,
+    each on the side it stands in the latest span). The CUSUM of that evidence over CHANGEPOINT_DRIFT reaching
+    CHANGEPOINT_LEVEL names the unit: several metrics far out together decide in a few spans, one metric alone adds
+    nothing and waits for the continuity rule. The run ends at the first span (going back) with no metric of the
+    category flagged, or one the job did not work through."""
+    step = timedelta(seconds=WINDOW_S)
+    chain = []  # latest first
+    for k in range(n_cont * max(1, round(span_s / WINDOW_S))):
+        span = spans.get((latest_end - k * step).isoformat())
+        if span is None or not span["active"]:
+            break
+        chain.append(span)
+    if len(chain) < CHANGEPOINT_MIN_STEPS:
+        return {}
+    latest = chain[0]["metrics"]
+    sides: dict[tuple[str, str], dict[str, float]] = {}  # (unit, category) -> metric -> side in the latest span
+    for metric, entry in latest.items():
+        category = _spec(metric).category
+        for unit, z in entry.get("z", {}).items():
+            sides.setdefault((unit, category), {})[metric] = math.copysign(1.0, z)
+        for unit, rec in entry.get("out", {}).items():
+            sides.setdefault((unit, category), {})[metric] = math.copysign(1.0, rec["z"])
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (unit, category), metric_sides in sides.items():
+        evidence = []
+        for span in chain:
+            level = _span_evidence(span["metrics"], unit, metric_sides)
+            if level is None:
+                break
+            evidence.append(level)
+        if (
+            len(evidence) < CHANGEPOINT_MIN_STEPS
+            or changepoint.alarm(evidence[::-1], drift=CHANGEPOINT_DRIFT, threshold=CHANGEPOINT_LEVEL) is None
+        ):
+            continue
+        back_to_back = chain[:: max(1, round(span_s / WINDOW_S))][: math.ceil(len(evidence) / round(span_s / WINDOW_S))]
+        for metric, side in metric_sides.items():
+            run = []
+            for w, span in enumerate(back_to_back):
+                rec = span["metrics"].get(metric, {}).get("out", {}).get(unit)
+                if rec is None or math.copysign(1.0, rec["z"]) != side:
+                    break
+                run.append((w, rec))
+            if not run:
+                continue  # a supporting metric: in the evidence, not a record of its own
+            spec = _spec(metric)
+            out.setdefault(unit, []).append(
+                {
+                    "run": run,
+                    "direction": "high" if side > 0 else "low",
+                    "analyzed": len(back_to_back),
+                    "rule": CHANGEPOINT_RULE,
+                    "apart_s": span_s + (len(evidence) - 1) * WINDOW_S,  # the flagged spans' union
+                    "metric": metric,
+                    "category": category,
+                    "weight": spec.weight,
+                }
+            )
+    return out
+
+
+def _span_evidence(metrics: dict[str, Any], unit: str, sides: dict[str, float]) -> float | None:
+    """The confidence one span alone gives that `unit` stands apart on these metrics (each on its side); None when
+    none of them is flagged there."""
+    miss, flagged = 1.0, False
+    for metric, side in sides.items():
+        entry = metrics.get(metric, {})
+        rec = entry.get("out", {}).get(unit)
+        if rec is not None and math.copysign(1.0, rec["z"]) == side:
+            miss *= 1.0 - _spec(metric).weight * strength(rec["score"])
+            flagged = True
+        elif side * entry.get("z", {}).get(unit, 0.0) >= SUPPORT_Z:
+            miss *= 1.0 - SUPPORT_WEIGHT * _spec(metric).weight
+    return 1.0 - miss if flagged else None
 
 
 def _continuous(per_window: dict[int, dict[str, dict[str, Any]]], n_cont: int) -> dict[str, dict[str, Any]]:
@@ -215,6 +320,8 @@ def _findings(
         evidence_metrics = most_telling_first(evidence_metrics, idle=idle)
         lead = evidence_metrics[0]
         names = ", ".join(m["metric"] for m in evidence_metrics)
+        changed = [r["apart_s"] for r in recs if r.get("rule") == CHANGEPOINT_RULE]
+        apart_s = max(changed) if changed else len(lead["windows"]) * window_s
         evidence: PeerEvidence = {
             "signals": [
                 {
@@ -231,6 +338,7 @@ def _findings(
             "job_id": job.job_id,
             "window_s": window_s,
             "continuity_s": n_cont * window_s,
+            **({"rule": CHANGEPOINT_RULE} if all(r.get("rule") == CHANGEPOINT_RULE for r in recs) else {}),
             "metrics": evidence_metrics,
             "supporting": [{k: v for k, v in r.items() if k != "category"} for r in supporting],
         }
@@ -242,10 +350,11 @@ def _findings(
                 subject=unit,
                 confidence=confidence,
                 summary=(
-                    f"{node} GPU {gpu} is its peers' outlier for {len(lead['windows']) * window_s:.0f} s "
+                    f"{node} GPU {gpu} is its peers' outlier for {apart_s:.0f} s "
                     f"({lead['direction']} {lead['metric']}: {significant(lead['windows'][0]['value'], 4)} vs peers "
                     f"{significant(lead['windows'][0]['peer_median'], 4)}); metrics: {names}"
                     + ("; less busy than its peers: waiting for its input, not slow" if idle else "")
+                    + ("; a change point: far out on these at once" if evidence.get("rule") == CHANGEPOINT_RULE else "")
                 ),
                 observed_at=apart_since,
                 node=node,

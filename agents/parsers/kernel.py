@@ -1,5 +1,6 @@
-"""Kernel log parser: NVIDIA Xid / SXid / NVRM lines, PCIe AER errors, the OOM killer, and the fabric
-manager's start-up failures (syslog files and journals carry them next to the kernel's lines).
+"""Kernel log parser: NVIDIA Xid / SXid / NVRM lines, PCIe AER errors, the OOM killer, the fabric manager's
+start-up failures (syslog files and journals carry them next to the kernel's lines), and a network adapter's own
+fatal errors (mlx5's health poller).
 
 Accepts every way the kernel log reaches the agent (raw /dev/kmsg records, dmesg, journald, syslog files, bare
 lines: agents/parsers/kernel_prefixes.py reads their prefixes). Lines about anything else are ignored.
@@ -63,6 +64,14 @@ _SXID_DETAIL = re.compile(r"(?:Data \{|Severity \d)")
 # The kernel's OOM killer: "oom-kill:constraint=CONSTRAINT_NONE,...,task=python,pid=698405,uid=1000", then
 # "Out of memory: Killed process 698405 (python) total-vm:..kB, anon-rss:12918388kB, ..." (cgroup limits say
 # "Memory cgroup out of memory: Killed process ..."). One kill, one event.
+# mlx5's health poller (drivers/net/ethernet/mellanox/mlx5/core/health.c): the adapter's firmware raised a fatal
+# error, or stopped answering, and the driver resets it or leaves it in an error state. The adapter failed: not a
+# link that flapped. "mlx5_core 0000:81:00.0: poll_health:806:(pid 0): Fatal error 1 detected".
+_MLX5 = re.compile(r"\bmlx5_core (\S+?):? (?:(\w+):\d+:\(pid \d+\): )?(.*)")
+_MLX5_FATAL = re.compile(
+    r"Fatal error (\d+) detected|health compromised|handling bad device|health recovery flow aborted"
+)
+
 _OOM_KILL = re.compile(r"oom-kill:(?:constraint=(\w+))?.*?\btask=([^,]*),pid=(\d+)")
 _OOM_KILLED = re.compile(r"(Memory cgroup out of memory|Out of memory): Killed process (\d+) \(([^)]*)\)")
 _OOM_RSS = re.compile(r"anon-rss:(\d+)kB")
@@ -110,7 +119,8 @@ class _Block:
 
 
 class KernelLogParser(LineParser):
-    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer`, `nvrm`, `oom` and `fabric_manager` events."""
+    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer`, `nvrm`, `oom`, `fabric_manager` and `nic_fatal`
+    events."""
 
     name = "kernel"
 
@@ -189,6 +199,8 @@ class KernelLogParser(LineParser):
             events += self._oom_start(raw, msg, ts)
         elif _FM_NOTHING in msg or "abric" in msg:
             events += self._fabric_manager(raw, msg, ts)
+        elif "mlx5_core" in msg:
+            events += self._nic_fatal(raw, msg, ts)
         return events
 
     def _nvrm(self, raw: str, msg: str, ts: datetime) -> list[Event]:
@@ -361,6 +373,21 @@ class KernelLogParser(LineParser):
         return [
             Event(ts=ts, source=SOURCE, kind="sxid", line=clip(raw), severity=severity, fields=fields, critical=fatal)
         ]
+
+    def _nic_fatal(self, raw: str, msg: str, ts: datetime) -> list[Event]:
+        """A network adapter's own fatal error: critical, so the agent ships it at once; a link's up and down lines
+        are the port watch's business (agents/port_watch.py)."""
+        m = _MLX5.search(msg)
+        fatal = _MLX5_FATAL.search(m.group(3)) if m else None
+        if m is None or fatal is None:
+            return []
+        fields: dict[str, Any] = {"device": m.group(1), "driver": "mlx5_core", "message": clip(m.group(3).strip(), 500)}
+        if m.group(2):
+            fields["function"] = m.group(2)
+        if fatal.group(1):
+            fields["error"] = int(fatal.group(1))
+        kind, severity = "nic_fatal", "critical"
+        return [Event(ts=ts, source=SOURCE, kind=kind, line=clip(raw), severity=severity, fields=fields, critical=True)]
 
     # -- the OOM killer: "oom-kill:..." and "Out of memory: Killed process ...", one event ---------------------
 

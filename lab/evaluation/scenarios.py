@@ -125,6 +125,8 @@ SIM_SCENARIOS = (
     "healthy", "gpu_lost", "ecc_dbe", "nvlink", "ib_flap", "straggler", "hang", "user_bug", "nan_loss",
     # Machine-level signals (issue 16): IB port counters, PCIe link, host memory, row remapping.
     "ib_port_flap", "ib_port_flap_nccl", "ib_congestion", "pcie_downgrade", "host_mem_pressure", "row_remap_pending",
+    # A network adapter's own failure (issue 44): mlx5's health poller reports a fatal error, the port stays down.
+    "nic_down",
     # Real-life noise and harder faults (issue 17). transient and healthy_real are healthy runs (nothing to find).
     "two_faults", "fault_in_checkpoint", "intermittent_straggler", "hang_in_checkpoint", "software_slow",
     "transient", "healthy_real",

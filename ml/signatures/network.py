@@ -1,5 +1,6 @@
-"""Network rules: InfiniBand completion errors, RDMA verbs failures and async events on a node, and NCCL errors
-(a remote peer they name is a pointer; a failure of the NVLS transport is the node's NVLink fabric)."""
+"""Network rules: InfiniBand completion errors, ports gone down, an adapter's own fatal error, RDMA verbs failures and
+async events on a node, and NCCL errors (a remote peer they name is a pointer; a failure of the NVLS transport is the
+node's NVLink fabric)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,36 @@ def _port_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                 times=times,
                 ports=ports,
                 port_flaps=flaps[-MAX_LIST:],
+            )
+        )
+    return findings
+
+
+def _adapter_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    """A network adapter whose driver reported a fatal error of its own (the kernel's `nic_fatal`: mlx5's health
+    poller): the node's hardware, marked `adapter_failed` so that the policy's flap tolerance does not wait for a
+    second fault. The port watch's `port_down` and NCCL's errors of the same moment are its consequences."""
+    findings = []
+    for node, group in sorted(_group((o for o in occs if o.kind == "nic_fatal"), lambda o: o.node).items()):
+        devices = sorted({str(o.fields["device"]) for o in group if o.fields.get("device")})
+        errors = sorted({e for o in group if isinstance(e := o.fields.get("error"), int)})
+        findings.append(
+            _finding(
+                group,
+                key=f"ib_adapter:{node}",
+                category="network",
+                confidence=0.9,
+                summary=f"network adapter {', '.join(devices) or '?'} on {node} failed"
+                + (f" (firmware fatal error {', '.join(map(str, errors))})" if errors else ""),
+                node=node,
+                job=job,
+                blame="infrastructure",
+                action="evict",
+                sig_text=f"nic fatal {devices}",
+                times=_times(group),
+                device=", ".join(devices) or None,
+                reason="adapter_fatal",
+                adapter_failed=True,
             )
         )
     return findings

@@ -26,7 +26,13 @@ from ml.signatures.common import (
     _ts,
 )
 from ml.signatures.hardware import _aer_findings, _nvrm_findings, _sxid_findings, _xid_findings
-from ml.signatures.network import _ib_findings, _ib_verbs_findings, _nccl_findings, _port_findings
+from ml.signatures.network import (
+    _adapter_findings,
+    _ib_findings,
+    _ib_verbs_findings,
+    _nccl_findings,
+    _port_findings,
+)
 from ml.signatures.runtime import _cuda_findings, _dataloader_findings, _oom_findings
 from ml.signatures.symptoms import _symptom_findings
 from ml.signatures.tracebacks import _crash_findings, _traceback_findings
@@ -39,6 +45,7 @@ _RULES: tuple[Callable[[list[_Occ], _Job], list[Finding]], ...] = (
     _aer_findings,
     _ib_findings,
     _port_findings,
+    _adapter_findings,
     _ib_verbs_findings,
     _nccl_findings,
     _symptom_findings,

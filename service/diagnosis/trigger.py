@@ -27,6 +27,7 @@ CRITICAL_KINDS = frozenset(
         "ib_verbs_error",
         "ib_async_event",
         "port_down",
+        "nic_fatal",
         "nccl_error",
         "watchdog_timeout",
         "watchdog_stuck",

@@ -428,3 +428,47 @@ def test_rsyslog_escaped_newlines_are_split():
     assert event.fields["xid"] == 79 and event.fields["pci"] == "0000:3b:00"
     assert event.ts == datetime(2026, 11, 22, 10, tzinfo=UTC)
     assert event.line.count("\n") == 2 and event.line.startswith(line)
+
+
+# -- a network adapter's own failure (mlx5's health poller, drivers/net/ethernet/mellanox/mlx5/core/health.c) ------
+
+
+def test_mlx5_health_fatal_error_is_a_critical_nic_fatal_event_with_its_device():
+    event = one("[ 4021.118203] mlx5_core 0000:81:00.0: poll_health:806:(pid 0): Fatal error 1 detected")
+    assert (event.kind, event.severity, event.critical) == ("nic_fatal", "critical", True)
+    assert event.fields == {
+        "device": "0000:81:00.0",
+        "driver": "mlx5_core",
+        "function": "poll_health",
+        "error": 1,
+        "message": "Fatal error 1 detected",
+    }
+    assert event.ts == BOOT + timedelta(seconds=4021.118203)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "mlx5_core 0000:81:00.0: poll_health:794:(pid 0): device's health compromised - reached miss count",
+        "mlx5_core 0000:81:00.0: mlx5_health_try_recover:329:(pid 1843): handling bad device here",
+        "mlx5_core mlx5_3: mlx5_health_try_recover:340:(pid 921): health recovery flow aborted, PCI reads still not "
+        "working",
+    ],
+)
+def test_mlx5_adapter_failures_in_each_form_are_nic_fatal(line: str):
+    event = one(line)
+    assert event.kind == "nic_fatal" and event.critical
+    assert event.fields["device"] in ("0000:81:00.0", "mlx5_3") and "error" not in event.fields
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "mlx5_core 0000:81:00.0 ibp129s0: Link down",  # the port watch's business
+        "mlx5_core 0000:81:00.0: print_health_info:430:(pid 0): assert_var[0] 0x00000000",  # detail of the above
+        "mlx5_core 0000:81:00.0: E-Switch: Total vports 10, per vport: max uc(1024) max mc(16384)",
+        "mlx5_core 0000:81:00.0: mlx5_health_try_recover:337:(pid 1843): health recovery succeeded",
+    ],
+)
+def test_other_mlx5_lines_are_not_adapter_failures(line: str):
+    assert parse(line) == []

@@ -75,7 +75,9 @@ def test_straggler_found_on_the_right_gpu_within_three_minutes(seed: int, nodes:
     # The evidence a UI plots: per window, the suspect against the peers' median and p10-p90 band.
     lead = first.evidence["metrics"][0]
     assert lead["metric"] in peers.DEFAULT_PRIORITY
-    assert len(lead["windows"]) >= 4
+    # Named by the change point (issue 44: within a minute): its back-to-back spans are shown, not the continuity's 4.
+    assert first.evidence["rule"] == "changepoint" and t_first - injected <= 60
+    assert len(lead["windows"]) >= 1
     for w in lead["windows"]:
         assert {"start", "end", "value", "peer_median", "peer_p10", "peer_p90", "score", "z"} <= set(w)
         assert w["peer_p10"] <= w["peer_median"] <= w["peer_p90"]

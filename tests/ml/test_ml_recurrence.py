@@ -100,14 +100,15 @@ def test_one_metric_alone_coming_and_going_accuses_no_one() -> None:
 
 
 def test_a_one_off_outlier_and_a_job_wide_pause_accuse_no_one() -> None:
-    # GPU 3 lags for 60 s once, then the job checkpoints twice (everyone idle; GPU 3 idles warmer than the rest).
+    # GPU 3 lags for 30 s once (the change point wants it apart through 60 s), then the job checkpoints twice
+    # (everyone idle; GPU 3 idles warmer than the rest).
     def paused(t: int) -> bool:
         return 280 <= t < 330 or 430 <= t < 480
 
     def bad(u: int, t: int) -> dict[str, float]:
         if u != 3:
             return {}
-        return THROTTLED if 100 <= t < 160 else {"power_usage": 1.6} if paused(t) else {}
+        return THROTTLED if 100 <= t < 130 else {"power_usage": 1.6} if paused(t) else {}
 
     history = passes(samples(bad, paused))
     assert [(t, f.subject) for t, fs in history for f in fs] == []
@@ -217,3 +218,28 @@ def test_a_machine_whose_traffic_beats_above_and_below_its_peers_is_not_accused(
     # Its low side alone, the same number of times, is a recurrent outlier: the beat is what clears it.
     low = traffic_samples(1.0, then_factor=0.5)
     assert {f.node for _, fs in passes(low) for f in fs if f.evidence.get("rule") == "recurrence"} == {"n2"}
+
+
+def test_a_gpu_far_apart_on_several_metrics_is_named_by_the_change_point_within_a_minute() -> None:
+    """Issue 44: a straggler within 60 s. Throttled from t=100 (clock, power and both busy gauges apart), the GPU is
+    named once four spans in a row stand apart (their ends 50 s after the onset), not after the 120 s continuity."""
+    history = passes(samples(lambda u, t: THROTTLED if u == 3 and t >= 100 else {}))
+    hits = [(t, f) for t, fs in history for f in fs]
+    assert {f.subject for _, f in hits} == {"n1/1"}
+    t_first, first = hits[0]
+    assert 140 <= t_first <= 160, t_first
+    assert first.evidence["rule"] == "changepoint" and first.action == "evict" and first.confidence >= 0.8
+    assert {m["metric"] for m in first.evidence["metrics"]} == set(THROTTLED)
+    check_evidence([first])
+    # Once the continuity period is over, the continuity rule names it (the same GPU, the same key's series).
+    later = [f for t, fs in history if t >= 100 + 130 for f in fs]
+    assert later and all(f.evidence.get("rule") is None for f in later)
+    assert {f.series for f in later} == {first.series}
+
+
+def test_one_metric_far_apart_waits_for_the_continuity_rule() -> None:
+    """One metric alone (a GPU hotter than its peers, nothing else) is not the change point's to name."""
+    history = passes(samples(lambda u, t: {"tensor_active": 1.6} if u == 3 and t >= 100 else {}))
+    hits = [(t, f) for t, fs in history for f in fs]
+    assert hits and {f.subject for _, f in hits} == {"n1/1"}
+    assert hits[0][0] >= 100 + 110 and hits[0][1].evidence.get("rule") is None

@@ -746,3 +746,21 @@ def test_a_launcher_stopped_from_outside_is_no_failure_but_one_whose_worker_died
     for records in (stopped + unprompted, stopped + failed):
         (symptom,) = detect(records)
         assert symptom.role == "symptom" and symptom.evidence["count"] == 1
+
+
+def test_a_network_adapters_fatal_error_is_its_nodes_failed_adapter_not_a_flap():
+    records = [
+        rec("nic_fatal", "node-001", None, 10.0, device="0000:81:00.0", driver="mlx5_core", error=1),
+        rec("nic_fatal", "node-001", None, 10.5, device="0000:81:00.0", driver="mlx5_core"),
+    ]
+    f = only(detect(records, job_of(2)))
+    assert (f.category, f.action, f.blame, f.node, base_key(f)) == (
+        "network",
+        "evict",
+        "infrastructure",
+        "node-001",
+        "ib_adapter:node-001",
+    )
+    # The policy's flap tolerance reads this: an adapter that failed does not come back like a link.
+    assert f.evidence["adapter_failed"] is True
+    assert "0000:81:00.0" in f.summary and "fatal error 1" in f.summary
