@@ -188,12 +188,12 @@ def _changepoints(
             if level is None:
                 break
             evidence.append(level)
-        if (
-            len(evidence) < CHANGEPOINT_MIN_STEPS
-            or changepoint.alarm(evidence[::-1], drift=CHANGEPOINT_DRIFT, threshold=CHANGEPOINT_LEVEL) is None
-        ):
+        alarm = changepoint.alarm(evidence[::-1], drift=CHANGEPOINT_DRIFT, threshold=CHANGEPOINT_LEVEL)
+        steps = len(evidence) - alarm.onset if alarm is not None else 0  # the spans since the change
+        if steps < CHANGEPOINT_MIN_STEPS:
             continue
-        back_to_back = chain[:: max(1, round(span_s / WINDOW_S))][: math.ceil(len(evidence) / round(span_s / WINDOW_S))]
+        per_span = max(1, round(span_s / WINDOW_S))
+        back_to_back = chain[::per_span][: math.ceil(steps / per_span)]
         for metric, side in metric_sides.items():
             run = []
             for w, span in enumerate(back_to_back):
@@ -210,7 +210,7 @@ def _changepoints(
                     "direction": "high" if side > 0 else "low",
                     "analyzed": len(back_to_back),
                     "rule": CHANGEPOINT_RULE,
-                    "apart_s": span_s + (len(evidence) - 1) * WINDOW_S,  # the flagged spans' union
+                    "apart_s": span_s + (steps - 1) * WINDOW_S,  # the union of the spans since the change
                     "metric": metric,
                     "category": category,
                     "weight": spec.weight,

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     # about a second after its end. Built and judged then, a port's fault is seen 10 s sooner, in the pass that
     # compares the GPUs of the window before, not in the one that builds the GPU windows (window_grace_s).
     node_window_grace_s: float = Field(default=1.0, ge=0)
+    # A job of this many GPUs or more compares peers one pass after its GPU windows close (windows.JUDGE_LAG_S):
+    # building the windows and comparing them each take about a second at 16,384 GPUs, too much for one pass. A
+    # smaller job's pass does both in a fraction of a second and judges a window as soon as it closed, 5 s sooner.
+    diagnosis_judge_lag_min_gpus: int = Field(default=4096, ge=0)
     # A job whose agents reported within this long is active.
     active_job_s: float = Field(default=120.0, gt=0)
     # After a stack-dump request, aggregate what arrived by this deadline even if some ranks never answer.

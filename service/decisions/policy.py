@@ -35,7 +35,8 @@ class PolicyContext:
     gpu_resets: Mapping[tuple[str, str], Sequence[datetime]] = field(default_factory=dict)
     # node -> why: machines a person cleared on the same kind of evidence as they are accused on now (rejects.py).
     overruled: Mapping[str, str] = field(default_factory=dict)
-    # Nodes whose network adapter itself failed (a fatal async event): not a flap, so no flap tolerance.
+    # Nodes whose network adapter itself failed (a fatal async event, its driver's fatal error): not a flap, so no
+    # flap tolerance.
     network_fatal: Collection[str] = frozenset()
     # node -> its remedies and faults: the escalation ladder's history (service/nodes/ladder.py).
     ladders: Mapping[str, History] = field(default_factory=dict)
@@ -190,7 +191,7 @@ def _for_suspect(
     if suspect.action == "evict" and suspect.confidence >= settings.policy_evict_min_confidence:
         rails["confidence"] = _compared(suspect.confidence, ">=", settings.policy_evict_min_confidence)
         if proposal.root_cause == "network" and node in ctx.network_fatal:
-            rails["flap_tolerance"] = "the network adapter itself failed (a fatal async event): not a flap"
+            rails["flap_tolerance"] = "the network adapter itself failed (a fatal async event, a driver's fatal error)"
         elif proposal.root_cause == "network":
             times = _recent(ctx.network_events.get(suspect.node, ()), ctx.now, settings.policy_network_flap_window_s)
             needed = settings.policy_network_flap_count

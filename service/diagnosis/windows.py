@@ -30,7 +30,7 @@ NODE_DETECTOR = "node_windows"
 # stages are spread over both: the GPU windows are built 6 s after their end (window_grace_s), the peers compare
 # them a pass later, with the node windows of the window after built and judged 1 s after its end
 # (node_window_grace_s) (each pair takes about a second at 16,384 GPUs; one pass doing three of the four went over
-# the 2 s budget). The peers read what closed JUDGE_LAG_S before.
+# the 2 s budget). The peers of a job that large read what closed JUDGE_LAG_S before (`judge_lag_s`).
 JUDGE_LAG_S = 5.0
 VERSION = 1
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # date_bin's origin: windows aligned on the epoch's 10 s marks
@@ -85,6 +85,12 @@ def rollup(session: Session, *, job: Job, now: datetime, grace_s: float, lookbac
 def rollup_nodes(session: Session, *, job: Job, now: datetime, grace_s: float, lookback_s: float) -> datetime:
     """The same for the node windows (ports, hosts, volumes)."""
     return _rollup(session, "node", NODE_DETECTOR, job=job, now=now, grace_s=grace_s, lookback_s=lookback_s)
+
+
+def judge_lag_s(gpus: int, *, min_gpus: int) -> float:
+    """How long after its windows close a job's peers are compared: JUDGE_LAG_S for a job of `min_gpus` GPUs or more
+    (its rollup and its peer comparison in separate passes), at once for a smaller one."""
+    return JUDGE_LAG_S if gpus >= min_gpus else 0.0
 
 
 def closed_at(now: datetime, *, grace_s: float, lag_s: float = 0.0) -> datetime:

@@ -147,12 +147,16 @@ def test_the_incident_page_plots_the_port_against_its_peers(session: Session) ->
 
 
 def test_windows_are_built_on_one_pass_and_judged_on_the_next(session: Session) -> None:
-    """Passes come every 5 s and windows every 10 s: the pass that builds a window's GPU rows is not the one that
-    compares peers on them (windows.JUDGE_LAG_S); the node windows (their samples come with the ship tick) are built
-    and judged 1 s after their end, a pass before the GPU windows are built."""
+    """Passes come every 5 s and windows every 10 s: in a large job the pass that builds a window's GPU rows is not
+    the one that compares peers on them (windows.JUDGE_LAG_S); a small job's pass does both at once. The node windows
+    (their samples come with the ship tick) are built and judged 1 s after their end, a pass before the GPU windows
+    are built."""
     job, _ = _job(session, nodes=1)
     grace, node_grace = get_settings().window_grace_s, get_settings().node_window_grace_s
     assert (grace, node_grace) == (6, 1)
+    large = get_settings().diagnosis_judge_lag_min_gpus
+    assert windows.judge_lag_s(16384, min_gpus=large) == windows.JUDGE_LAG_S
+    assert windows.judge_lag_s(8, min_gpus=large) == 0.0
     boundary = floor_time(datetime.now(UTC))
     for offset, built, nodes, judged in ((7, 0, 0, -10), (12, 0, 10, 0), (17, 10, 10, 0), (22, 10, 20, 10)):
         now = boundary + timedelta(seconds=offset)
@@ -163,3 +167,4 @@ def test_windows_are_built_on_one_pass_and_judged_on_the_next(session: Session) 
             session, job=job, now=now, grace_s=node_grace, lookback_s=300
         ) == boundary + timedelta(seconds=nodes)
         assert windows.closed_at(now, grace_s=grace, lag_s=windows.JUDGE_LAG_S) == boundary + timedelta(seconds=judged)
+        assert windows.closed_at(now, grace_s=grace, lag_s=0.0) == boundary + timedelta(seconds=built)

@@ -1,0 +1,54 @@
+"""A beat schedule on the wall clock's marks: every interval, a fixed phase past each multiple of it.
+
+Celery's interval schedule runs every N seconds from whenever beat started. Metric windows close at fixed marks
+(their end plus the grace), so a pass at an arbitrary phase waits up to a whole interval for the window that just
+closed; a pass just after each mark judges it at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery.schedules import schedstate, schedule
+
+
+class aligned(schedule):  # lower case, as Celery's own schedules (schedule, crontab, solar)
+    """Due at `phase_s` past every multiple of `run_every` on the UTC clock (the epoch's marks)."""
+
+    def __init__(
+        self, run_every: timedelta, phase_s: float = 0.0, nowfun: Callable[[], datetime] | None = None, app: Any = None
+    ) -> None:
+        super().__init__(run_every, relative=False, nowfun=nowfun, app=app)
+        self.phase_s = float(phase_s)
+
+    def _period(self) -> float:
+        return self.run_every.total_seconds()
+
+    def _next_mark(self, after: float) -> float:
+        """The first mark strictly after `after` (epoch seconds)."""
+        return (math.floor((after - self.phase_s) / self._period()) + 1) * self._period() + self.phase_s
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        now = self.maybe_make_aware(self.now()).timestamp()
+        return timedelta(seconds=self._next_mark(self.maybe_make_aware(last_run_at).timestamp()) - now)
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        remaining = self.remaining_estimate(last_run_at).total_seconds()
+        if remaining > 0:
+            return schedstate(is_due=False, next=remaining)
+        now = self.maybe_make_aware(self.now()).timestamp()
+        return schedstate(is_due=True, next=self._next_mark(now) - now)
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return self.__class__, (self.run_every, self.phase_s, self.nowfun)
+
+    def __repr__(self) -> str:
+        return f"<aligned: every {self._period():g} s, {self.phase_s:g} s past the mark>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, aligned) and (self.run_every, self.phase_s) == (other.run_every, other.phase_s)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as Celery's own
