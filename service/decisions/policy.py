@@ -191,7 +191,7 @@ def _for_suspect(
     if suspect.action == "evict" and suspect.confidence >= settings.policy_evict_min_confidence:
         rails["confidence"] = _compared(suspect.confidence, ">=", settings.policy_evict_min_confidence)
         if proposal.root_cause == "network" and node in ctx.network_fatal:
-            rails["flap_tolerance"] = "the network adapter itself failed (a fatal async event, a driver's fatal error)"
+            rails["flap_tolerance"] = "the network adapter itself failed (its fatal error): not a flap"
         elif proposal.root_cause == "network":
             times = _recent(ctx.network_events.get(suspect.node, ()), ctx.now, settings.policy_network_flap_window_s)
             needed = settings.policy_network_flap_count
