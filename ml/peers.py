@@ -47,10 +47,10 @@ MAX_CONFIDENCE = 0.95
 # The change point (ml/changepoint.py) over the spans ending at every window boundary, each giving the confidence
 # its metrics would give alone. Four spans in a row at least: a GPU apart through 60 s, never one 30 s episode (three
 # spans hold some of it), which the recurrence rule judges. Far out on several metrics (0.85 to 0.95 a span) it is
-# named then; on two (about 0.75), after four or five; on one metric alone (0.6 at most) the continuity rule (120 s)
-# comes first.
+# named then; on two strong ones (about 0.75), after eight; on weaker ones (a temperature that lags a throttle,
+# with one busy gauge: about 0.6) or one alone the continuity rule (120 s) judges it.
 CHANGEPOINT_RULE = "changepoint"
-CHANGEPOINT_DRIFT = 0.55
+CHANGEPOINT_DRIFT = 0.65
 CHANGEPOINT_LEVEL = 0.8
 CHANGEPOINT_MIN_STEPS = 4
 
@@ -163,9 +163,9 @@ def _changepoints(
     CHANGEPOINT_LEVEL names the unit: several metrics far out together decide in a few spans, one metric alone adds
     nothing and waits for the continuity rule. The run ends at the first span (going back) with no metric of the
     category flagged, or one the job did not work through."""
-    step = timedelta(seconds=WINDOW_S)
+    step, per_span = timedelta(seconds=WINDOW_S), max(1, round(span_s / WINDOW_S))  # overlapping spans per span
     chain = []  # latest first
-    for k in range(n_cont * max(1, round(span_s / WINDOW_S))):
+    for k in range(n_cont * per_span):
         span = spans.get((latest_end - k * step).isoformat())
         if span is None or not span["active"]:
             break
@@ -192,7 +192,6 @@ def _changepoints(
         steps = len(evidence) - alarm.onset if alarm is not None else 0  # the spans since the change
         if steps < CHANGEPOINT_MIN_STEPS:
             continue
-        per_span = max(1, round(span_s / WINDOW_S))
         back_to_back = chain[::per_span][: math.ceil(steps / per_span)]
         for metric, side in metric_sides.items():
             run = []

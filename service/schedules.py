@@ -14,6 +14,10 @@ from typing import Any
 
 from celery.schedules import schedstate, schedule
 
+from service.config import Settings
+
+PASS_PHASE_S = 0.2  # after the mark a window closes on: the clocks of beat and the database differ a little
+
 
 class aligned(schedule):  # lower case, as Celery's own schedules (schedule, crontab, solar)
     """Due at `phase_s` past every multiple of `run_every` on the UTC clock (the epoch's marks)."""
@@ -30,6 +34,10 @@ class aligned(schedule):  # lower case, as Celery's own schedules (schedule, cro
     def _next_mark(self, after: float) -> float:
         """The first mark strictly after `after` (epoch seconds)."""
         return (math.floor((after - self.phase_s) / self._period()) + 1) * self._period() + self.phase_s
+
+    def crossed(self, before: datetime, after: datetime) -> bool:
+        """Whether a mark falls in (before, after]: for a harness that steps its own clock (lab/evaluation/soak.py)."""
+        return self._next_mark(before.timestamp()) <= after.timestamp()
 
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
         now = self.maybe_make_aware(self.now()).timestamp()
@@ -52,3 +60,10 @@ class aligned(schedule):  # lower case, as Celery's own schedules (schedule, cro
         return isinstance(other, aligned) and (self.run_every, self.phase_s) == (other.run_every, other.phase_s)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, as Celery's own
+
+
+def diagnosis_passes(settings: Settings) -> aligned:
+    """The periodic diagnosis passes: every `diagnosis_interval_s`, just after the GPU windows close (their end plus
+    `window_grace_s`), so that a pass judges the window that closed at once, not up to an interval later."""
+    interval = settings.diagnosis_interval_s
+    return aligned(timedelta(seconds=interval), phase_s=(settings.window_grace_s + PASS_PHASE_S) % interval)

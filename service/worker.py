@@ -9,11 +9,10 @@ from celery.signals import beat_init
 from kombu import Queue
 
 from service.config import get_settings
-from service.schedules import aligned
+from service.schedules import diagnosis_passes
 
 # Queues by kind of work, so a flood of one kind cannot starve another and each can be scaled alone.
 QUEUES = ("diagnosis", "notify", "maintenance")
-_PASS_PHASE_S = 0.2  # after the mark a window closes on: the clocks of beat and the database differ a little
 
 
 def create_celery() -> Celery:
@@ -129,12 +128,7 @@ def create_celery() -> Celery:
             },
             "detect-active-jobs": {
                 "task": "diagnosis.detect_active_jobs",
-                # Just after the GPU windows close (their end + window_grace_s), whenever beat started: a pass then
-                # judges the window that closed at once, not up to an interval later.
-                "schedule": aligned(
-                    timedelta(seconds=settings.diagnosis_interval_s),
-                    phase_s=(settings.window_grace_s + _PASS_PHASE_S) % settings.diagnosis_interval_s,
-                ),
+                "schedule": diagnosis_passes(settings),
                 # A pass not started within one interval is superseded by the next one.
                 "options": {"expires": settings.diagnosis_interval_s},
             },

@@ -1,12 +1,12 @@
 """`faultline eval --soak DURATION`: several healthy jobs with real-life noise, over simulated hours, in
 accelerated time; every finding, incident and decision they draw is reported.
 
-What runs for real: the simulator's cluster model with its realism on (checkpoints, evaluations, restarts from
-a checkpoint, loader stalls, warmup and loss spikes, per-node speed, thermal drift over the day, a late node,
-agent restarts, clock skew), the agent's own parsers and node collectors (lab/evaluation/soak_agent.py),
-the service's ingest into PostgreSQL, its diagnosis passes every `diagnosis_interval_s` of simulated time and
-the fast pass on critical events, incidents, silences and the decision policy. What is simulated: the clock
-(the data carries simulated times and each pass runs with now = simulated time, which is how an hour takes
+What runs for real: the simulator's cluster model with its realism on (checkpoints, evaluations, restarts from a
+checkpoint, loader stalls, warmup and loss spikes, per-node speed, thermal drift over the day, a late node,
+agent restarts, clock skew), the agent's own parsers and node collectors (lab/evaluation/soak_agent.py), the
+service's ingest into PostgreSQL, its diagnosis passes every `diagnosis_interval_s` of simulated time (on beat's
+marks) and the fast pass on critical events, incidents, silences and the decision policy. What is simulated: the
+clock (the data carries simulated times and each pass runs with now = simulated time, which is how an hour takes
 minutes), the HTTP hop, Celery's scheduling, and the agent processes. Stack-dump requests are counted, not
 answered (no process to dump): a healthy job should not draw any.
 
@@ -55,6 +55,7 @@ from service.ingest.service import UpsertCache, store_batches
 from service.jobs.schemas import JobIn, Parallelism
 from service.jobs.service import register
 from service.models import Decision, Directive, Finding, Incident, Job, Node
+from service.schedules import diagnosis_passes
 
 SHIP_S = 5.0  # the agent's default ship interval
 SAMPLE_S = 1.0  # and its sample interval
@@ -154,9 +155,8 @@ class Soak:
             self._make_jobs(session)
         self.say(self._banner())
         steps = round(cfg.duration_s / SAMPLE_S)
-        ship_every, pass_every, maint_every = (
-            max(1, round(s / SAMPLE_S)) for s in (SHIP_S, self.settings.diagnosis_interval_s, MAINTENANCE_S)
-        )
+        ship_every, maint_every = (max(1, round(s / SAMPLE_S)) for s in (SHIP_S, MAINTENANCE_S))
+        passes = diagnosis_passes(self.settings)
         last_progress = time.monotonic()
         try:
             with _stop_requests() as stop:
@@ -172,7 +172,7 @@ class Soak:
                         self._ship(now)
                     else:
                         self._ship(now, critical_only=True)
-                    if k % pass_every == 0:
+                    if passes.crossed(now - timedelta(seconds=SAMPLE_S), now):  # beat's marks (service/schedules)
                         for run in self.jobs:
                             self._pass(run, now, fast=False)
                     if k % maint_every == 0:

@@ -52,3 +52,10 @@ def test_the_diagnosis_pass_runs_just_after_the_gpu_windows_close() -> None:
     # A window [t, t + 10 s) closes window_grace_s after its end; the pass comes a fraction of a second later.
     after_close = (every.phase_s - settings.window_grace_s) % settings.diagnosis_interval_s
     assert 0 < after_close < 1
+
+
+def test_a_harness_stepping_its_own_clock_meets_the_same_marks() -> None:
+    every = aligned(timedelta(seconds=5), phase_s=1.2)
+    steps = [T + timedelta(seconds=s) for s in range(21)]
+    crossed = [round((b - T).total_seconds()) for a, b in zip(steps, steps[1:], strict=False) if every.crossed(a, b)]
+    assert crossed == [2, 7, 12, 17]  # the first whole second after each mark at 01.2, 06.2, ...
