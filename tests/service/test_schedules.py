@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 from service.config import get_settings
 from service.schedules import aligned
@@ -57,5 +58,5 @@ def test_the_diagnosis_pass_runs_just_after_the_gpu_windows_close() -> None:
 def test_a_harness_stepping_its_own_clock_meets_the_same_marks() -> None:
     every = aligned(timedelta(seconds=5), phase_s=1.2)
     steps = [T + timedelta(seconds=s) for s in range(21)]
-    crossed = [round((b - T).total_seconds()) for a, b in zip(steps, steps[1:], strict=False) if every.crossed(a, b)]
+    crossed = [round((b - T).total_seconds()) for a, b in pairwise(steps) if every.crossed(a, b)]
     assert crossed == [2, 7, 12, 17]  # the first whole second after each mark at 01.2, 06.2, ...
