@@ -61,9 +61,6 @@ _NVRM_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
 _SXID = re.compile(rf"(nvidia-nvswitch\d*): SXid \((?:PCI:)?({_PCI})\): (\d{{1,6}}),\s*(.*)")
 _SXID_DETAIL = re.compile(r"(?:Data \{|Severity \d)")
 
-# The kernel's OOM killer: "oom-kill:constraint=CONSTRAINT_NONE,...,task=python,pid=698405,uid=1000", then
-# "Out of memory: Killed process 698405 (python) total-vm:..kB, anon-rss:12918388kB, ..." (cgroup limits say
-# "Memory cgroup out of memory: Killed process ..."). One kill, one event.
 # mlx5's health poller (drivers/net/ethernet/mellanox/mlx5/core/health.c): the adapter's firmware raised a fatal
 # error, or stopped answering, and the driver resets it or leaves it in an error state. The adapter failed: not a
 # link that flapped. "mlx5_core 0000:81:00.0: poll_health:806:(pid 0): Fatal error 1 detected".
@@ -72,6 +69,9 @@ _MLX5_FATAL = re.compile(
     r"Fatal error (\d+) detected|health compromised|handling bad device|health recovery flow aborted"
 )
 
+# The kernel's OOM killer: "oom-kill:constraint=CONSTRAINT_NONE,...,task=python,pid=698405,uid=1000", then
+# "Out of memory: Killed process 698405 (python) total-vm:..kB, anon-rss:12918388kB, ..." (cgroup limits say
+# "Memory cgroup out of memory: Killed process ..."). One kill, one event.
 _OOM_KILL = re.compile(r"oom-kill:(?:constraint=(\w+))?.*?\btask=([^,]*),pid=(\d+)")
 _OOM_KILLED = re.compile(r"(Memory cgroup out of memory|Out of memory): Killed process (\d+) \(([^)]*)\)")
 _OOM_RSS = re.compile(r"anon-rss:(\d+)kB")
