@@ -39,15 +39,21 @@ class aligned(schedule):  # lower case, as Celery's own schedules (schedule, cro
         """Whether a mark falls in (before, after]: for a harness that steps its own clock (lab/evaluation/soak.py)."""
         return self._next_mark(before.timestamp()) <= after.timestamp()
 
+    def _now_s(self) -> float:
+        return self.maybe_make_aware(self.now()).timestamp()
+
+    def _remaining_s(self, last_run_at: datetime, now: float) -> float:
+        """Seconds from `now` to the first mark after the last run (negative: that mark has passed)."""
+        return self._next_mark(self.maybe_make_aware(last_run_at).timestamp()) - now
+
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
-        now = self.maybe_make_aware(self.now()).timestamp()
-        return timedelta(seconds=self._next_mark(self.maybe_make_aware(last_run_at).timestamp()) - now)
+        return timedelta(seconds=self._remaining_s(last_run_at, self._now_s()))
 
     def is_due(self, last_run_at: datetime) -> schedstate:
-        remaining = self.remaining_estimate(last_run_at).total_seconds()
+        now = self._now_s()  # one reading of the clock for both answers
+        remaining = self._remaining_s(last_run_at, now)
         if remaining > 0:
             return schedstate(is_due=False, next=remaining)
-        now = self.maybe_make_aware(self.now()).timestamp()
         return schedstate(is_due=True, next=self._next_mark(now) - now)
 
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:

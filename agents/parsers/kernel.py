@@ -386,8 +386,17 @@ class KernelLogParser(LineParser):
             fields["function"] = m.group(2)
         if fatal.group(1):
             fields["error"] = int(fatal.group(1))
-        kind, severity = "nic_fatal", "critical"
-        return [Event(ts=ts, source=SOURCE, kind=kind, line=clip(raw), severity=severity, fields=fields, critical=True)]
+        return [
+            Event(
+                ts=ts,
+                source=SOURCE,
+                kind="nic_fatal",
+                line=clip(raw),
+                severity="critical",
+                fields=fields,
+                critical=True,
+            )
+        ]
 
     # -- the OOM killer: "oom-kill:..." and "Out of memory: Killed process ...", one event ---------------------
 

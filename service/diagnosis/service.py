@@ -136,8 +136,7 @@ def diagnose_job(
     # The peer comparison of a large job judges windows one pass old (windows.judge_lag_s); the node signals judge
     # the node windows as they close, which is before the GPU windows do (settings.node_window_grace_s).
     gpus = info.world_size or len(info.rank_nodes or {})
-    lag = windows.judge_lag_s(gpus, min_gpus=settings.diagnosis_judge_lag_min_gpus)
-    judged = min(closed, windows.closed_at(now, grace_s=settings.window_grace_s, lag_s=lag))
+    judged = windows.peers_judged(closed, now=now, gpus=gpus, settings=settings)
     with _timed(timings, "activity"):
         activity = metric_passes.job_activity(session, job=job, closed=closed, lookback_s=lookback, now=now)
     job_signals = JobSignals(

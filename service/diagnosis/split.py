@@ -95,8 +95,7 @@ def plan(
     lookback = settings.diagnosis_window_s
     closed = windows.rollup(session, job=job, now=now, grace_s=settings.window_grace_s, lookback_s=lookback)
     windows.rollup_nodes(session, job=job, now=now, grace_s=settings.node_window_grace_s, lookback_s=lookback)
-    lag = windows.judge_lag_s(gpus, min_gpus=settings.diagnosis_judge_lag_min_gpus)
-    judged = min(closed, windows.closed_at(now, grace_s=settings.window_grace_s, lag_s=lag))
+    judged = windows.peers_judged(closed, now=now, gpus=gpus, settings=settings)
     ends = [e.isoformat() for e in metric_passes.peer_ends(session, job=job, closed=judged)[:GROUP_SPANS_MAX]]
     per_group = max(1, round(settings.diagnosis_split_group_gpus * len(node_ids) / max(gpus, 1)))
     groups = [node_ids[i : i + per_group] for i in range(0, len(node_ids), per_group)]

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from ml.metrics import METRIC_COLUMNS, WINDOW_MAX_COLUMNS, WINDOW_S
 from ml.node_metrics import NODE_COUNTERS, NODE_GAUGES
 from ml.windows import floor_time
+from service.config import Settings
 from service.diagnosis import frames, state
 from service.models import Job, Node, job_columns
 
@@ -91,6 +92,13 @@ def judge_lag_s(gpus: int, *, min_gpus: int) -> float:
     """How long after its windows close a job's peers are compared: JUDGE_LAG_S for a job of `min_gpus` GPUs or more
     (its rollup and its peer comparison in separate passes), at once for a smaller one."""
     return JUDGE_LAG_S if gpus >= min_gpus else 0.0
+
+
+def peers_judged(closed: datetime, *, now: datetime, gpus: int, settings: Settings) -> datetime:
+    """The end of the GPU windows a pass's peer comparison judges, of those closed by `closed`: one rule for a single
+    pass and for a split pass's plan, whose groups and merge must judge the same spans."""
+    lag = judge_lag_s(gpus, min_gpus=settings.diagnosis_judge_lag_min_gpus)
+    return min(closed, closed_at(now, grace_s=settings.window_grace_s, lag_s=lag))
 
 
 def closed_at(now: datetime, *, grace_s: float, lag_s: float = 0.0) -> datetime:
