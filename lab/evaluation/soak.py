@@ -71,6 +71,7 @@ class JobRun:
     agents: list[VirtualAgent]
     generation: int = -1
     passes: int = 0
+    beat_passes: int = 0  # of `passes`, those on beat's marks; the rest followed stack answers or critical events
     fast_passes: int = 0
     pass_s: float = 0.0
     decision_times: dict[int, float] = field(default_factory=dict)  # decision id -> simulated second made
@@ -174,7 +175,7 @@ class Soak:
                         self._ship(now, critical_only=True)
                     if passes.crossed(now - timedelta(seconds=SAMPLE_S), now):  # beat's marks (service/schedules)
                         for run in self.jobs:
-                            self._pass(run, now, fast=False)
+                            self._pass(run, now, fast=False, beat=True)
                     if k % maint_every == 0:
                         self._maintenance(now)
                     self.covered_s = t
@@ -277,7 +278,7 @@ class Soak:
         with session_scope() as session:
             store_batches(session, batches=batches, cache=self.cache)
 
-    def _pass(self, run: JobRun, now: datetime, *, fast: bool) -> None:
+    def _pass(self, run: JobRun, now: datetime, *, fast: bool, beat: bool = False) -> None:
         began = time.perf_counter()
         with session_scope() as session:
             fn = diagnose_events if fast else diagnose_job
@@ -288,6 +289,7 @@ class Soak:
             run.fast_passes += 1
         else:
             run.passes += 1
+            run.beat_passes += beat
         t = (now - self.start).total_seconds()
         for decision_id in result.decisions:
             run.decision_times.setdefault(decision_id, t)
@@ -360,6 +362,7 @@ class Soak:
                         "diagnoses": kinds.get("diagnose", 0),
                         "stack_requests": sum(1 for d in directives if d.job_id == jid),
                         "passes": run.passes,
+                        "beat_passes": run.beat_passes,
                         "fast_passes": run.fast_passes,
                         "mean_pass_ms": round(1000 * run.pass_s / max(1, run.passes + run.fast_passes), 1),
                         "pass_stage_ms": {

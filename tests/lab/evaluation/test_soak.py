@@ -65,7 +65,8 @@ def test_a_healthy_soak_ships_every_kind_of_data_and_draws_no_decision(committed
     report = _soak((SoakJob("a", 2, 2), SoakJob("b", 2, 4, tp=4)), 240.0)
     assert [j["job_id"].rsplit("-", 1)[1] for j in report["jobs"]] == ["a", "b"]
     for job in report["jobs"]:
-        assert job["passes"] == 240 / get_settings().diagnosis_interval_s
+        # Beat's marks fall every interval whatever the start's phase; a pass after a stack answer comes on top.
+        assert job["beat_passes"] == 240 / get_settings().diagnosis_interval_s <= job["passes"]
         assert job["steps_trained"] > 100 and job["faults"] == []
         assert job["batches"] >= job["nodes"] * 240 / soak.SHIP_S * 0.6  # a late node and agent restarts ship less
         assert "agent_late_start" in job["noise"]  # realism is on
