@@ -22,6 +22,14 @@ def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, what: str = 
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def wait_worker_ready(*, timeout: float = 120) -> None:
+    """Until a Celery worker answers a ping: its start (importing the service, scikit-learn, SciPy) takes seconds on
+    a fast machine and far longer on a loaded one, so a fixed sleep would time what is not under test."""
+    from service.worker import celery_app
+
+    wait_for(lambda: bool(celery_app.control.ping(timeout=0.5)), timeout=timeout, what="a worker to answer a ping")
+
+
 @contextmanager
 def running(args: list[str], *, env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[Popen[bytes]]:
     """Run `python -m <args>`; on exit stop it (SIGTERM, then SIGKILL)."""
@@ -37,5 +45,5 @@ def api_server(env: dict[str, str] | None = None, log: Path | None = None, port:
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     with running(["faultline", "serve", "--port", str(port)], env=env, log=log) as process:
-        wait_healthy(url, process, timeout=30, log=log)
+        wait_healthy(url, process, timeout=120, log=log)  # a loaded machine takes its time to import the service
         yield url

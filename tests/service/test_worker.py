@@ -15,7 +15,7 @@ from sqlalchemy.orm import sessionmaker
 
 from service.db import enqueue_after_commit
 from service.maintenance import tasks
-from tests.procs import running, wait_for
+from tests.procs import running, wait_for, wait_worker_ready
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +37,7 @@ def test_task_runs_after_commit_and_never_after_rollback(committed, redis_url, t
     # Beat-scheduled tasks (decision expiry every 10 s) left by earlier tests that ran beat: not this test's.
     broker.delete("maintenance")
     with running(["faultline", "work", "--concurrency", "1"], log=tmp_path / "worker.log"):
+        wait_worker_ready()
         with factory() as session:
             _insert_old_sample(session, 1)
             enqueue_after_commit(session, tasks.prune_old_signals)

@@ -12,7 +12,7 @@ from service.config import get_settings
 from service.models import Decision, Node
 from service.tokens import service as tokens
 from tests.conftest import bearer
-from tests.procs import running, wait_for
+from tests.procs import running, wait_for, wait_worker_ready
 from tests.service.alerts.test_alertmanager_api import URL, notification, running_job, xid79_alert
 
 pytestmark = pytest.mark.slow
@@ -25,6 +25,7 @@ def test_a_fatal_xid_alert_is_decided_by_a_real_worker_without_beat(committed, t
         operator = tokens.create(session, scope="operator").token
         session.commit()
     with running(["faultline", "work", "--queues", "diagnosis"], log=tmp_path / "worker.log"):
+        wait_worker_ready()
         with TestClient(create_app(get_settings(), factory=factory)) as client:
             job = running_job(client, agent)
             response = client.post(URL, json=notification(xid79_alert("node-2")), headers=bearer(operator))
