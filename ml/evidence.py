@@ -101,6 +101,7 @@ class SignatureEvidence(LogCitedEvidence, total=False):
     errnos: list[str]  # their errno names (ENOMEM)
     ib_events: list[str]  # IB async events (IBV_EVENT_PORT_ERR)
     adapter_failed: bool  # a fatal async event (IBV_EVENT_DEVICE_FATAL): the adapter, not a flap
+    module_problems: list[str]  # an adapter's port modules at fault ("module 0: Bad or shorted cable/module")
     collectives: list[int]  # flight-recorder analysis: the collectives' sequence numbers
     # collective mismatches, NCCL RAS reports (the application's: no machine accused)
     mismatch_ranks: list[int]

@@ -68,6 +68,10 @@ _MLX5 = re.compile(r"\bmlx5_core (\S+?):? (?:(\w+):\d+:\(pid \d+\): )?(.*)")
 _MLX5_FATAL = re.compile(
     r"Fatal error (\d+) detected|health compromised|handling bad device|health recovery flow aborted"
 )
+# Its port module events (mlx5/core/events.c): a cable or transceiver the adapter found at fault, and the port it
+# sits in disabled: "mlx5_port_module_event:1131:(pid 0): Port module event[error]: module 0, Cable error, High
+# Temperature". Plugged and unplugged ("Port module event: module 0, Cable plugged") are not errors.
+_MLX5_MODULE = re.compile(r"Port module event\[error\]: module (\d+), ([^,]+), (.+)")
 
 # The kernel's OOM killer: "oom-kill:constraint=CONSTRAINT_NONE,...,task=python,pid=698405,uid=1000", then
 # "Out of memory: Killed process 698405 (python) total-vm:..kB, anon-rss:12918388kB, ..." (cgroup limits say
@@ -119,8 +123,8 @@ class _Block:
 
 
 class KernelLogParser(LineParser):
-    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer`, `nvrm`, `oom`, `fabric_manager` and `nic_fatal`
-    events."""
+    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer`, `nvrm`, `oom`, `fabric_manager`, `nic_fatal` and
+    `nic_module_error` events."""
 
     name = "kernel"
 
@@ -200,7 +204,7 @@ class KernelLogParser(LineParser):
         elif _FM_NOTHING in msg or "abric" in msg:
             events += self._fabric_manager(raw, msg, ts)
         elif "mlx5_core" in msg:
-            events += self._nic_fatal(raw, msg, ts)
+            events += self._mlx5(raw, msg, ts)
         return events
 
     def _nvrm(self, raw: str, msg: str, ts: datetime) -> list[Event]:
@@ -374,28 +378,28 @@ class KernelLogParser(LineParser):
             Event(ts=ts, source=SOURCE, kind="sxid", line=clip(raw), severity=severity, fields=fields, critical=fatal)
         ]
 
-    def _nic_fatal(self, raw: str, msg: str, ts: datetime) -> list[Event]:
-        """A network adapter's own fatal error: critical, so the agent ships it at once; a link's up and down lines
-        are the port watch's business (agents/port_watch.py)."""
+    def _mlx5(self, raw: str, msg: str, ts: datetime) -> list[Event]:
+        """A network adapter's own fatal error (`nic_fatal`) or a port module's (`nic_module_error`: the cable or
+        transceiver): critical, so the agent ships them at once; a link's up and down lines are the port watch's
+        business (agents/port_watch.py)."""
         m = _MLX5.search(msg)
-        fatal = _MLX5_FATAL.search(m.group(3)) if m else None
-        if m is None or fatal is None:
+        if m is None:
             return []
-        fields: dict[str, Any] = {"device": m.group(1), "driver": "mlx5_core", "message": clip(m.group(3).strip(), 500)}
+        text = m.group(3).strip()
+        fields: dict[str, Any] = {"device": m.group(1), "driver": "mlx5_core", "message": clip(text, 500)}
         if m.group(2):
             fields["function"] = m.group(2)
-        if fatal.group(1):
-            fields["error"] = int(fatal.group(1))
+        if fatal := _MLX5_FATAL.search(text):
+            kind = "nic_fatal"
+            if fatal.group(1):
+                fields["error"] = int(fatal.group(1))
+        elif module := _MLX5_MODULE.search(text):
+            kind = "nic_module_error"
+            fields |= {"module": int(module.group(1)), "status": module.group(2), "problem": module.group(3)}
+        else:
+            return []
         return [
-            Event(
-                ts=ts,
-                source=SOURCE,
-                kind="nic_fatal",
-                line=clip(raw),
-                severity="critical",
-                fields=fields,
-                critical=True,
-            )
+            Event(ts=ts, source=SOURCE, kind=kind, line=clip(raw), severity="critical", fields=fields, critical=True)
         ]
 
     # -- the OOM killer: "oom-kill:..." and "Out of memory: Killed process ...", one event ---------------------

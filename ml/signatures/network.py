@@ -96,30 +96,42 @@ def _port_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
 
 
 def _adapter_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
-    """A network adapter whose driver reported a fatal error of its own (the kernel's `nic_fatal`: mlx5's health
-    poller): the node's hardware, marked `adapter_failed` so that the policy's flap tolerance does not wait for a
-    second fault. The port watch's `port_down` and NCCL's errors of the same moment are its consequences."""
+    """A network adapter whose driver reported a failure of its own: a fatal error (the kernel's `nic_fatal`: mlx5's
+    health poller) or a port module at fault (`nic_module_error`: the cable or transceiver, its port disabled). The
+    node's hardware, marked `adapter_failed` so that the policy's flap tolerance does not wait for a second fault.
+    The port watch's `port_down` and NCCL's errors of the same moment are its consequences."""
     findings = []
-    for node, group in sorted(_group((o for o in occs if o.kind == "nic_fatal"), lambda o: o.node).items()):
+    mine = (o for o in occs if o.kind in ("nic_fatal", "nic_module_error"))
+    for node, group in sorted(_group(mine, lambda o: o.node).items()):
         devices = sorted({str(o.fields["device"]) for o in group if o.fields.get("device")})
         errors = sorted({e for o in group if isinstance(e := o.fields.get("error"), int)})
+        problems = sorted(
+            {f"module {o.fields.get('module', '?')}: {p}" for o in group if (p := o.fields.get("problem"))}
+        )
+        fatal = any(o.kind == "nic_fatal" for o in group)
+        what = f"network adapter {', '.join(devices) or '?'} on {node}"
+        if fatal:
+            detail = f" (firmware fatal error {', '.join(map(str, errors))})" if errors else ""
+            summary = f"{what} failed{detail}"
+        else:
+            summary = f"{what}: a port's cable or transceiver at fault ({'; '.join(problems)})"
         findings.append(
             _finding(
                 group,
                 key=f"ib_adapter:{node}",
                 category="network",
-                confidence=0.9,
-                summary=f"network adapter {', '.join(devices) or '?'} on {node} failed"
-                + (f" (firmware fatal error {', '.join(map(str, errors))})" if errors else ""),
+                confidence=0.9 if fatal else 0.85,
+                summary=summary,
                 node=node,
                 job=job,
                 blame="infrastructure",
                 action="evict",
-                sig_text=f"nic fatal {devices}",
+                sig_text=f"nic {'fatal' if fatal else 'module'} {devices}",
                 times=_times(group),
                 device=", ".join(devices) or None,
-                reason="adapter_fatal",
+                reason="adapter_fatal" if fatal else "module_error",
                 adapter_failed=True,
+                **({"module_problems": problems} if problems else {}),
             )
         )
     return findings

@@ -28,6 +28,7 @@ CRITICAL_KINDS = frozenset(
         "ib_async_event",
         "port_down",
         "nic_fatal",
+        "nic_module_error",
         "nccl_error",
         "watchdog_timeout",
         "watchdog_stuck",

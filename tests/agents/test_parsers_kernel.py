@@ -472,3 +472,47 @@ def test_mlx5_adapter_failures_in_each_form_are_nic_fatal(line: str):
 )
 def test_other_mlx5_lines_are_not_adapter_failures(line: str):
     assert parse(line) == []
+
+
+# Port module events (drivers/net/ethernet/mellanox/mlx5/core/events.c): mlx5_core_err since 5.x, mlx5_core_info
+# (no function prefix) before; the first form as gpud's matcher quotes it (leptonai/gpud, infiniband kmsg matcher).
+
+
+@pytest.mark.parametrize(
+    ("line", "function", "problem"),
+    [
+        (
+            "mlx5_core 0000:5c:00.0: mlx5_port_module_event:1131:(pid 0): Port module event[error]: module 0, "
+            "Cable error, High Temperature",
+            "mlx5_port_module_event",
+            "High Temperature",
+        ),
+        (
+            "mlx5_core 0000:81:00.1: Port module event[error]: module 1, Cable error, Bad or shorted cable/module",
+            None,
+            "Bad or shorted cable/module",
+        ),
+    ],
+)
+def test_a_port_modules_error_is_a_critical_nic_module_error(line: str, function: str | None, problem: str):
+    event = one(line)
+    assert (event.kind, event.severity, event.critical) == ("nic_module_error", "critical", True)
+    assert event.fields.get("function") == function
+    assert (event.fields["status"], event.fields["problem"]) == ("Cable error", problem)
+    assert event.fields["module"] in (0, 1) and event.fields["device"].startswith("0000:")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "mlx5_core 0004:01:00.0: Port module event: module 0, Cable plugged",
+        "mlx5_core 0004:01:00.0: Port module event: module 0, Cable unplugged",  # the port watch sees the port go
+        # benign on DGX Spark (NVIDIA's forum), and a setting of the slot, not a failure
+        "mlx5_core 0000:5c:00.0: mlx5_pcie_event:299:(pid 268269): Detected insufficient power on the PCIe slot (27W).",
+        # monitoring tools reading restricted PFs' counters flood these (gpud issue 1164)
+        "mlx5_core 0000:d2:00.0: mlx5_cmd_out_err:838:(pid 268269): ACCESS_REG(0x805) op_mod(0x1) failed, status bad "
+        "resource(0x5), syndrome (0x305684), err(-22)",
+    ],
+)
+def test_mlx5_module_and_power_notices_are_not_failures(line: str):
+    assert parse(line) == []

@@ -764,3 +764,14 @@ def test_a_network_adapters_fatal_error_is_its_nodes_failed_adapter_not_a_flap()
     # The policy's flap tolerance reads this: an adapter that failed does not come back like a link.
     assert f.evidence["adapter_failed"] is True
     assert "0000:81:00.0" in f.summary and "fatal error 1" in f.summary
+
+
+def test_a_port_modules_cable_error_is_its_nodes_failed_adapter():
+    records = [
+        rec("nic_module_error", "node-002", None, 10.0, device="0000:5c:00.0", module=0, problem="High Temperature"),
+        rec("port_down", "node-002", None, 10.2, port="ib:mlx5_0/1", state=1, was=4, link_downed=1),
+    ]
+    f = next(f for f in detect(records, job_of(2)) if base_key(f) == "ib_adapter:node-002")
+    assert (f.category, f.action, f.node) == ("network", "evict", "node-002")
+    assert f.evidence["adapter_failed"] is True and f.evidence["module_problems"] == ["module 0: High Temperature"]
+    assert "cable or transceiver" in f.summary and "High Temperature" in f.summary

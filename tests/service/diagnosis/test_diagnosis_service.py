@@ -11,6 +11,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -92,6 +93,25 @@ def test_fatal_xid_gives_one_incident_and_one_eviction_with_its_evidence(client,
     again = diagnose_job(session, job_id=job, settings=settings)
     assert again.new_findings == 0 and again.decisions == []
     assert session.scalars(select(Decision).where(Decision.incident_id == incident.id)).all() == [decision]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "mlx5_core 0000:81:00.0: poll_health:806:(pid 0): Fatal error 1 detected",
+        "mlx5_core 0000:81:00.0: mlx5_port_module_event:1131:(pid 0): Port module event[error]: module 0, Cable "
+        "error, Bad or shorted cable/module",
+    ],
+)
+def test_a_network_adapters_own_failure_evicts_its_node_at_the_first_pass(client, session, make_token, line) -> None:
+    """Not a flap: the adapter or its cable failed, so the flap tolerance does not wait for a second fault."""
+    token, job = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}"
+    _ship(client, token, job, {1: _kernel(fmt.kern(datetime.now(UTC), line) + "\n")})
+    result = diagnose_job(session, job_id=job, settings=get_settings())
+    (incident,) = session.scalars(select(Incident).where(Incident.id.in_(result.incidents))).all()
+    assert [s["node"] for s in incident.suspects] == ["node-1"] and incident.blame == "infrastructure"
+    decisions = session.scalars(select(Decision).where(Decision.incident_id == incident.id)).all()
+    assert [(d.kind, d.state) for d in decisions] == [("evict", "pending")]
 
 
 def test_same_traceback_on_every_rank_is_user_code_and_never_evicts(client, session, make_token) -> None:
@@ -272,7 +292,7 @@ def test_a_fatal_xid_is_decided_at_once_by_a_real_worker_without_beat(committed,
 
     from service.app import create_app
     from service.tokens import service as tokens
-    from tests.procs import running, wait_for
+    from tests.procs import running, wait_for, wait_worker_ready
 
     factory = sessionmaker(bind=committed)
     with factory() as session:
@@ -282,7 +302,7 @@ def test_a_fatal_xid_is_decided_at_once_by_a_real_worker_without_beat(committed,
     with running(["faultline", "work", "--queues", "diagnosis"], log=tmp_path / "worker.log"):
         with TestClient(create_app(get_settings(), factory=factory)) as real_client:
             _ship(real_client, token, job, {})  # the job and its ranks exist before the failure
-            time.sleep(3)  # the worker is up
+            wait_worker_ready()
             shipped = time.monotonic()
             _ship(real_client, token, job, {1: _kernel(_xid79())})
 
