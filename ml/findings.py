@@ -90,7 +90,7 @@ CATEGORIES = (
     "nvlink",  # NVLink errors (Xid 74, CRC/replay counters)
     "pcie",  # PCIe AER, replay counters
     "network",  # IB completion errors, NCCL network failures, link flaps, congested or degraded ports
-    "host",  # the machine itself under pressure (memory, CPU, I/O) without a hardware error
+    "host",  # the machine itself: under pressure (memory, CPU, I/O), or its memory failing (EDAC)
     "hang",  # no progress while processes live; localized by stack aggregation
     "straggler",  # fail-slow: one machine slower than its peers
     "oom",  # out of memory (GPU or host)

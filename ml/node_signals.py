@@ -14,6 +14,8 @@ worth a look, are ml/node_summary.py's; the findings are written by ml/node_find
 - errors: a port's physical/link error counters rise far faster than the same port's on its peers.
 - congestion: a machine whose ports wait to send (port_xmit_wait) or send/receive pause frames at many
   times its peers' rate through the continuity period (Minder: PFC among the most telling metrics).
+- memory errors: a host whose memory controllers counted an uncorrected error (EDAC's ue_count rose): its DRAM
+  failed under the job (Llama 3's "system memory" interruptions); no peer comparison, one is a fault.
 - memory pressure: a host whose PSI memory stall or available memory stands out from its peers' for
   several windows (a slow node for a host reason: diagnose it, the evidence does not prove the hardware).
 """
@@ -32,6 +34,7 @@ from ml.findings import Finding, JobInfo
 from ml.metrics import WINDOW_S
 from ml.node_findings import _finding, _iso, _port_name, _ref
 from ml.node_metrics import (
+    EDAC_UE,
     HOST,
     LINK_DOWNED,
     MEM_AVAILABLE_MIB,
@@ -87,7 +90,7 @@ def detect(
         return []
     summary = dict(peers) if peers is not None else peer_summary(aggregate(frame))
     found: list[Finding] = []
-    for rule in (_flaps, _down_or_slow, _errors, _congestion, _memory_pressure):
+    for rule in (_flaps, _down_or_slow, _errors, _congestion, _memory_errors, _memory_pressure):
         found += rule(job, frame, now, summary)
     return found
 
@@ -396,6 +399,40 @@ def _congestion_onset(rate: pd.Series, bar: float) -> int | None:
     scores = [max(-CONGESTION_LOG_CAP, min(math.log2(v / bar), CONGESTION_LOG_CAP)) if v > 0 else -1.0 for v in values]
     hit = changepoint.alarm(scores, drift=0.0, threshold=CONGESTION_CHANGE_THRESHOLD)
     return None if hit is None else len(values) - hit.onset
+
+
+def _memory_errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str, Any]) -> list[Finding]:
+    """A host whose EDAC uncorrected-error count rose between two of its windows. A count the host brought with it
+    (errors before the job, or before a repair) is no rise, and a reboot's reset to 0 is none either."""
+    found: list[Finding] = []
+    for node, rows in frame[frame["subject"] == HOST].groupby("node"):
+        node = str(node)
+        count = _col(rows, f"{EDAC_UE}_max")
+        rises = rows[(count.diff() > 0).to_numpy()]
+        if rises.empty:
+            continue
+        first, last = rises.iloc[0], rises.iloc[-1]
+        total = int(_increase(rows, EDAC_UE))
+        found.append(
+            _finding(
+                node,
+                HOST,
+                "memory_errors",
+                category="host",
+                confidence=0.85,
+                action="evict",
+                summary=f"{node}'s memory controllers counted {total} uncorrected memory error{'s' * (total != 1)} "
+                "(EDAC): its DRAM failed",
+                at=last["last_ts"],
+                key_at=first["window_start"],
+                evidence={
+                    "signals": [_ref(node, HOST, EDAC_UE, last["last_ts"], float(count.loc[last.name]))],
+                    "times": [_iso(t) for t in rises["last_ts"]],
+                    "value": total,
+                },
+            )
+        )
+    return found
 
 
 def _memory_pressure(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str, Any]) -> list[Finding]:

@@ -19,6 +19,7 @@ import pandas as pd
 
 from ml.metrics import WINDOW_S
 from ml.node_metrics import (
+    EDAC_UE,
     EXCESSIVE_BUFFER_OVERRUN_ERRORS,
     HOST,
     LINK_DOWNED,
@@ -65,7 +66,8 @@ AVAILABLE_LOW = 0.03
 # The windows a summary reads (window starts): the lookback's first, the continuity period's first, the last two.
 # Four windows however long the lookback, so the job-wide summary costs the same every pass; a flap or a drop
 # is seen while it is among the last two windows, and its machine's windows are then read whole.
-LOOKBACK_RISES = (LINK_DOWNED, *PORT_ERRORS)
+# EDAC's uncorrected memory errors: any rise is worth a look (ml/node_signals.py's _memory_errors).
+LOOKBACK_RISES = (LINK_DOWNED, *PORT_ERRORS, EDAC_UE)
 ENDS_COLUMNS = (
     "node",
     "subject",
@@ -235,6 +237,7 @@ def worth_a_look(aggregates: pd.DataFrame, peers: Mapping[str, Mapping[str, floa
     )
     worth = (
         (own(f"rise_{LINK_DOWNED}").fillna(0.0) > 0)
+        | (own(f"rise_{EDAC_UE}").fillna(0.0) > 0)
         | a["down_lately"].fillna(False).astype(bool)
         | (own(PORT_RATE_GBPS) < RATE_DROP * theirs(PORT_RATE_GBPS))
         | ((errors >= ERRORS_MIN) & (errors >= ERRORS_FACTOR * peer_errors.clip(lower=1.0)))

@@ -10,7 +10,12 @@ from pathlib import Path
 from subprocess import Popen
 
 from service.embedded import free_port
-from service.processes import spawn, stop, wait_healthy
+from service.processes import healthy, spawn, stop, wait_healthy
+
+# How long an API process may take to start: importing the service takes seconds, and far longer on a loaded VM.
+API_START_S = 120.0
+# How long a CPU torch job's ranks may take to reach their first steps: each imports torch, on a VM of two cores.
+TORCH_STEPS_S = 300.0
 
 
 def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, what: str = "condition") -> None:
@@ -20,6 +25,11 @@ def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, what: str = 
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_api(url: str) -> None:
+    """Until the API at `url` answers its health check."""
+    wait_for(lambda: healthy(url), timeout=API_START_S, what="the API")
 
 
 def wait_worker_ready(*, timeout: float = 120) -> None:
@@ -45,5 +55,5 @@ def api_server(env: dict[str, str] | None = None, log: Path | None = None, port:
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     with running(["faultline", "serve", "--port", str(port)], env=env, log=log) as process:
-        wait_healthy(url, process, timeout=120, log=log)  # a loaded machine takes its time to import the service
+        wait_healthy(url, process, timeout=API_START_S, log=log)
         yield url

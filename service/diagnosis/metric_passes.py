@@ -388,7 +388,7 @@ _NODE_SQL = text(
     + " FROM a GROUP BY subject"
     ") SELECT (SELECT json_object_agg(subject, to_jsonb(s) - 'subject') FROM s) AS summary, "
     "(SELECT array_agg(DISTINCT a.node_id) FROM a JOIN s USING (subject) WHERE "
-    f"a.rise_{node_metrics.LINK_DOWNED} > 0 OR a.down_lately "
+    f"a.rise_{node_metrics.LINK_DOWNED} > 0 OR a.rise_{node_metrics.EDAC_UE} > 0 OR a.down_lately "
     f"OR a.{node_metrics.PORT_RATE_GBPS} < :rate_drop * s.{node_metrics.PORT_RATE_GBPS} "
     "OR ("
     + " + ".join(f"coalesce(a.rise_{c}, 0)" for c in _NS.PORT_ERRORS)

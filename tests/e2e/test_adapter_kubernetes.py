@@ -19,7 +19,7 @@ from service.embedded import free_port
 from service.processes import healthy
 from tests.fakes.decisions import decision_state, make_decision, read_decision, read_node, scheduler_token
 from tests.fakes.kube import FakeKube, fake_kube
-from tests.procs import api_server, running, wait_for
+from tests.procs import api_server, running, wait_api, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +179,7 @@ def test_survives_the_service_being_down_then_acts_within_seconds(
         wait_for(lambda: "unavailable" in log.read_text(), what="the adapter to notice the outage")
         assert adapter.poll() is None, log.read_text()
         with running(["faultline", "serve", "--port", str(port)], log=tmp_path / "api.log"):
-            wait_for(lambda: healthy(url), what="the API")
+            wait_api(url)
             decision = make_decision(committed, node="gpu-05")
             wait_for(lambda: decision_state(committed, decision) == "done", timeout=30, what="the ack")
             assert kube.node("gpu-05")["spec"]["unschedulable"] is True
@@ -199,7 +199,7 @@ def test_service_dies_between_action_and_ack_then_the_ack_is_delivered(
     serve = ["faultline", "serve", "--port", str(port)]
     log = tmp_path / "adapter.log"
     with running(serve, log=tmp_path / "api-1.log") as api:
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
 
         def kill_api(_method: str, path: str) -> None:
             if path.endswith("/status") and api.poll() is None:
@@ -228,7 +228,7 @@ def test_adapter_killed_before_its_ack_redoes_the_action_harmlessly(
     url = f"http://127.0.0.1:{port}"
     serve = ["faultline", "serve", "--port", str(port)]
     with running(serve, log=tmp_path / "api-1.log") as api:
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
         with running(_adapter_args(url, token, kube), log=tmp_path / "adapter-1.log") as adapter:
 
             def kill_both(_method: str, path: str) -> None:

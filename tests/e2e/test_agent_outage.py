@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from service.embedded import free_port
 from service.processes import healthy
 from service.tokens import service as tokens
-from tests.procs import running, wait_for
+from tests.procs import running, wait_api, wait_for
 from tests.receiver import receiver
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def test_service_down_for_a_minute_and_agent_killed_loses_and_duplicates_nothing
         ]  # fmt: skip
         env = {"FAULTLINE_AGENT_TOKEN": token}
         with running(serve, log=tmp_path / "api-1.log") as api:
-            wait_for(lambda: healthy(url), what="the API")
+            wait_api(url)
             with running(agent_args, env=env, log=tmp_path / "agent-1.log") as agent:
                 # A new agent starts at the end of existing logs; write once it follows the file.
                 wait_for(lambda: "for node n1" in (tmp_path / "agent-1.log").read_text(), what="the agent")
@@ -116,7 +116,7 @@ def test_wrong_token_stops_the_agent_with_a_clear_message(committed, tmp_path: P
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with running(["faultline", "serve", "--port", str(port)], log=tmp_path / "api.log"):
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
         args = ["faultline", "agent", "--server", url, "--token", "fl_wrong", "--kmsg", "none", "--interval", "0.5",
                 "--spool-dir", str(tmp_path / "spool")]  # fmt: skip
         with running(args, log=tmp_path / "agent.log") as agent:
@@ -167,7 +167,7 @@ def test_sigterm_with_the_service_silent_exits_within_2_s_and_a_restart_ships_th
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with running(["faultline", "serve", "--port", str(port)], log=tmp_path / "api.log"):
-            wait_for(lambda: healthy(url), what="the API")
+            wait_api(url)
             with running(agent_args(url), env=env, log=tmp_path / "a2.log"):
                 wait_for(lambda: spooled <= _stored_batches(committed), timeout=60, what="the spool shipped")
     with committed.connect() as conn:

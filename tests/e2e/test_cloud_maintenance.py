@@ -13,10 +13,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
 from tests.agents.test_cloud_events import FakeMetadata
-from tests.procs import running, wait_for
+from tests.procs import running, wait_api, wait_for
 from tests.receiver import receiver
 
 NODE = "cloud-node-1"
@@ -57,7 +56,7 @@ def test_an_agent_reports_its_cloud_s_scheduled_event_as_a_window(committed, tmp
     try:
         with receiver() as dcgm, running(["faultline", "serve", "--port", str(port)], log=tmp_path / "api.log"):
             dcgm.page = lambda n: b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0"} 90\n'
-            wait_for(lambda: healthy(url), what="the API")
+            wait_api(url)
             agent = [
                 "faultline", "agent", "--server", url, "--node-name", NODE, "--kmsg", "none", "--no-processes",
                 "--dcgm-url", f"{dcgm.url}/metrics", "--spool-dir", str(tmp_path / "spool"),

@@ -26,9 +26,8 @@ if importlib.util.find_spec("torch") is None:
 
 from lab.evaluation.torchjob.cluster import TorchCluster, launch
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
-from tests.procs import running, wait_for
+from tests.procs import TORCH_STEPS_S, running, wait_api, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 NODES, PROCS = 4, 2
@@ -48,7 +47,7 @@ def diagnosed_job(committed: Any, tmp_path: Path, extra_args: list[str]) -> Iter
     with ExitStack() as stack:
         stack.enter_context(running(["faultline", "serve", "--port", str(port)], log=tmp_path / "api.log"))
         stack.enter_context(running(["faultline", "work", "--beat"], log=tmp_path / "worker.log"))
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
         client = stack.enter_context(
             httpx.Client(base_url=url, headers={"Authorization": f"Bearer {scheduler}"}, timeout=10)
         )
@@ -74,7 +73,7 @@ def _decisions(client: httpx.Client, job_id: str, **filters: str) -> list[dict[s
 def test_a_hung_rank_is_evicted_by_node_within_the_hang_timeout_plus_30_s(committed, tmp_path: Path) -> None:
     hung_rank = 5
     with diagnosed_job(committed, tmp_path, ["--hang-rank", str(hung_rank), "--hang-at-step", "6"]) as job:
-        job["cluster"].wait_for_step(5, timeout=120)
+        job["cluster"].wait_for_step(5, timeout=TORCH_STEPS_S)
         hung_since = time.monotonic()  # step 6 never completes from here on
         client, job_id = job["client"], job["job_id"]
         wait_for(
@@ -98,6 +97,7 @@ def test_a_hung_rank_is_evicted_by_node_within_the_hang_timeout_plus_30_s(commit
 
 def test_the_same_exception_on_every_rank_is_user_code_and_evicts_nothing(committed, tmp_path: Path) -> None:
     with diagnosed_job(committed, tmp_path, ["--user-bug-at-step", "4"]) as job:
+        job["cluster"].wait_for_step(3, timeout=TORCH_STEPS_S)  # the ranks' start is not what this times
         client, job_id = job["client"], job["job_id"]
 
         def user_code_incident() -> list[dict[str, Any]]:

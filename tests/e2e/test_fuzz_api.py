@@ -17,9 +17,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
-from tests.procs import running, wait_for
+from tests.procs import running, wait_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -38,7 +37,7 @@ def test_no_server_error_and_every_answer_matches_the_schema_for_every_scope(com
     # Long polls answer at once, so a generated `wait=60` costs nothing.
     env = {"FAULTLINE_DECISION_MAX_WAIT_S": "0.1"}
     with running(["faultline", "serve", "--port", str(port)], env=env, log=tmp_path / "api.log"):
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
         failed = {}
         for scope in SCOPES:
             argv = [

@@ -17,11 +17,10 @@ import pytest
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port, start_redis
-from service.processes import healthy
 from service.tokens import service as tokens
 from tests.conftest import count
 from tests.factories import batch
-from tests.procs import running, wait_for
+from tests.procs import running, wait_api, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 OUTAGE_S = float(os.environ.get("FAULTLINE_TEST_REDIS_OUTAGE_S", "20"))
@@ -44,7 +43,7 @@ def test_broker_down_for_20_s_loses_no_batch_and_no_critical_event(committed, tm
             running(["faultline", "work", "--queues", "diagnosis"], env=env, log=tmp_path / "worker.log"),
             running(["faultline", "work", "--beat-only"], env=env, log=tmp_path / "beat.log"),
         ):
-            wait_for(lambda: healthy(url), what="the API")
+            wait_api(url)
             ship = {"Authorization": f"Bearer {agent}"}
             first = batch("gpu-node-011", job_id="redis-drill", logs=[])
             assert http.post("/api/v1/ingest", json=first, headers=ship).status_code == 200

@@ -21,9 +21,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
-from tests.procs import running, wait_for
+from tests.procs import running, wait_api, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 NODES, GPUS = 2, 2
@@ -56,7 +55,7 @@ def sim(committed: Any, tmp_path: Path) -> Iterator[Callable[[str], dict[str, An
     url = f"http://127.0.0.1:{port}"
     started: list[subprocess.Popen[bytes]] = []
     with running(["faultline", "serve", "--port", str(port)], log=tmp_path / "api.log"):
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
 
         def start(scenario: str) -> dict[str, Any]:
             args = [

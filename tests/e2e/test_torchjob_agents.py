@@ -26,9 +26,8 @@ if importlib.util.find_spec("torch") is None:
 
 from lab.evaluation.torchjob.cluster import TorchCluster, launch
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
-from tests.procs import running, wait_for
+from tests.procs import TORCH_STEPS_S, running, wait_api, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES, PROCS = 2, 2
@@ -46,7 +45,7 @@ def watched_job(committed: Any, tmp_path: Path, extra_args: list[str]) -> Iterat
     url = f"http://127.0.0.1:{port}"
     with ExitStack() as stack:
         stack.enter_context(running(["faultline", "serve", "--port", str(port)], log=tmp_path / "api.log"))
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
         cluster: TorchCluster = stack.enter_context(
             launch(NODES, PROCS, job_id=job_id, log_dir=tmp_path / "job", extra_args=extra_args)
         )
@@ -74,7 +73,7 @@ def _events(committed: Any, job_id: str, kind: str) -> list[Any]:
 
 def test_rank_map_and_step_progress_reach_the_service(committed, tmp_path: Path) -> None:
     with watched_job(committed, tmp_path, ["--workers", "1"]) as w:
-        w["cluster"].wait_for_step(5, timeout=90)
+        w["cluster"].wait_for_step(5, timeout=TORCH_STEPS_S)
 
         def mapped() -> bool:
             response = w["client"].get(f"/api/v1/jobs/{w['job_id']}")
@@ -113,7 +112,7 @@ def test_rank_map_and_step_progress_reach_the_service(committed, tmp_path: Path)
 
 def test_hung_job_gives_real_stacks_when_directed(committed, tmp_path: Path) -> None:
     with watched_job(committed, tmp_path, ["--hang-rank", "3", "--hang-at-step", "5"]) as w:
-        w["cluster"].wait_for_step(4, timeout=90)
+        w["cluster"].wait_for_step(4, timeout=TORCH_STEPS_S)
         wait_for(lambda: len(w["cluster"].rank_pids()) == 4, timeout=30, what="the ranks")
         wait_for(lambda: w["client"].get(f"/api/v1/jobs/{w['job_id']}").status_code == 200, timeout=30, what="the job")
         created = w["client"].post(f"/api/v1/jobs/{w['job_id']}/stack-dumps", json={"reason": "no progress"})

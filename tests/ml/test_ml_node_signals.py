@@ -231,6 +231,29 @@ def test_pressure_on_every_node_is_the_workloads() -> None:
     assert _detect(_frame(everyone)) == []
 
 
+def test_an_uncorrected_memory_error_evicts_its_host_and_a_count_it_brought_or_a_reset_does_not() -> None:
+    def edac(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if subject != "host":
+            return
+        acc.setdefault("edac_ue", 0.0)
+        acc.setdefault("edac_ce", 3.0)
+        if node == "node-001" and i == 21:
+            acc["edac_ue"] += 1  # the DRAM failed under the job
+        if node == "node-003":
+            acc["edac_ue"] = 2.0 if i < 15 else 0.0  # errors from before the job, then a reboot cleared them
+        if node == "node-004" and i >= 10:
+            acc["edac_ce"] += 1  # corrected errors are the ECC doing its job
+
+    frame = _frame(edac)
+    found = _detect(frame)
+    assert [(f.node, f.category, f.action, f.blame, f.evidence["rule"]) for f in found] == [
+        ("node-001", "host", "evict", "infrastructure", "memory_errors")
+    ]
+    assert found[0].evidence["value"] == 1 and "1 uncorrected memory error " in found[0].summary
+    aggregates = node_summary.aggregate(node_signals._prepare(frame))
+    assert node_summary.worth_a_look(aggregates, node_summary.peer_summary(aggregates)) == ["node-001"]
+
+
 def test_candidates_and_summary_stand_in_for_the_whole_job() -> None:
     """The service reads only the machines worth a look, with the job's summary: the same findings."""
 

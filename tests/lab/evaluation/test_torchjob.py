@@ -30,6 +30,7 @@ if importlib.util.find_spec("torch") is None:  # find_spec, not import: importin
     )
 
 from lab.evaluation.torchjob.cluster import TRAIN_SCRIPT, TorchCluster, launch
+from tests.procs import TORCH_STEPS_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -103,7 +104,7 @@ class TestRunningJob:
     """Progress, rank discovery and fail-slow, observed on one job."""
 
     def test_job_progresses_on_both_nodes(self, job: TorchCluster) -> None:
-        job.wait_for_step(3, timeout=60)
+        job.wait_for_step(3, timeout=TORCH_STEPS_S)
 
         for node in range(NODES):
             steps = [s for s in job.steps() if s.node == node]
@@ -113,7 +114,7 @@ class TestRunningJob:
         assert all(p.poll() is None for p in job.launchers)
 
     def test_rank_pids_match_torchrun_environment(self, job: TorchCluster) -> None:
-        job.wait_for_step(1, timeout=60)
+        job.wait_for_step(1, timeout=TORCH_STEPS_S)
         procs = job.rank_procs()
 
         assert sorted(procs) == list(range(WORLD))
@@ -130,7 +131,7 @@ class TestRunningJob:
             assert not {c.pid for c in children} & set(job.rank_pids().values())
 
     def test_slow_rank_raises_every_ranks_step_time(self, job: TorchCluster) -> None:
-        job.wait_for_step(SLOW_AT_STEP + 5, timeout=90)
+        job.wait_for_step(SLOW_AT_STEP + 5, timeout=TORCH_STEPS_S)
         steps = job.steps()
 
         def median_ms(rank: int, first: int, last: int) -> float:
@@ -174,7 +175,7 @@ def _wait_for_top_frame(pid: int, name: str, timeout: float = 20.0) -> list[tupl
 
 def test_hung_rank_stops_progress_and_py_spy_shows_where(new_job: Any) -> None:
     cluster: TorchCluster = new_job("--hang-rank=3", "--hang-at-step=5")
-    cluster.wait_for_step(4, timeout=60)
+    cluster.wait_for_step(4, timeout=TORCH_STEPS_S)
     pids = cluster.rank_pids()
 
     hung = _wait_for_top_frame(pids[3], "_stuck_in_data_loading")

@@ -101,6 +101,8 @@ def test_the_sql_summary_matches_the_detectors_own(session: Session) -> None:
             acc["pause_tx_frames"] = acc.get("pause_tx_frames", 0.0) + 5 * 800
         if name == names[3] and subject == "host" and t >= 200:
             row.update(psi_mem_some_avg10=40.0, psi_mem_full_avg10=12.0, mem_available_mib=4e4)
+        if name == names[4] and subject == "host":
+            acc["edac_ue"] = 0.0 if t < 250 else 1.0  # an uncorrected memory error
 
     session.execute(insert(node_samples), _samples(job, ids, start, 300, faults))
     session.flush()
@@ -116,7 +118,11 @@ def test_the_sql_summary_matches_the_detectors_own(session: Session) -> None:
     )  # fmt: skip
     expected = node_signals.detect(info, whole, now=now)
     assert sorted((f.key, f.action) for f in passed) == sorted((f.key, f.action) for f in expected)
-    assert {(f.node, f.evidence["rule"]) for f in passed} == {(names[1], "congestion"), (names[3], "memory_pressure")}
+    assert {(f.node, f.evidence["rule"]) for f in passed} == {
+        (names[1], "congestion"),
+        (names[3], "memory_pressure"),
+        (names[4], "memory_errors"),
+    }
     assert isinstance(whole, pd.DataFrame)
 
 

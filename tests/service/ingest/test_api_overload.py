@@ -17,11 +17,10 @@ import pytest
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
 from tests.conftest import count
 from tests.factories import batch
-from tests.procs import running, wait_for
+from tests.procs import running, wait_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MAX_IN_FLIGHT, AGENTS, ROUNDS = 4, 48, 3
@@ -60,7 +59,7 @@ def test_excess_ingest_is_refused_promptly_with_retry_after(committed, tmp_path:
     url = f"http://127.0.0.1:{port}"
     env = {"FAULTLINE_INGEST_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)}
     with running(["faultline", "serve", "--port", str(port)], env=env, log=tmp_path / "api.log"):
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
         answers, health_s = asyncio.run(_burst(url, token))
     codes = [code for code, _, _ in answers]
     latencies = sorted(seconds for _, seconds, _ in answers)

@@ -16,10 +16,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
 from tests.factories import batch
-from tests.procs import running, wait_for
+from tests.procs import running, wait_api, wait_for
 
 pytestmark = pytest.mark.slow
 BATCHES = 150
@@ -50,7 +49,7 @@ def test_sigkill_of_the_api_loses_and_duplicates_nothing(committed, tmp_path):
     sent = [0]
     shipper = threading.Thread(target=_ship_all, args=(url, token, payloads, sent))
     with running(serve, log=tmp_path / "api-1.log") as first:
-        wait_for(lambda: healthy(url), what="the API")
+        wait_api(url)
         shipper.start()
         wait_for(lambda: sent[0] >= BATCHES // 3, what="a third of the batches")
         first.send_signal(signal.SIGKILL)
