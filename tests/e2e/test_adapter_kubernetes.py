@@ -16,7 +16,6 @@ from sqlalchemy import Engine
 
 from faultline.cli import main
 from service.embedded import free_port
-from service.processes import healthy
 from tests.fakes.decisions import decision_state, make_decision, read_decision, read_node, scheduler_token
 from tests.fakes.kube import FakeKube, fake_kube
 from tests.procs import api_server, running, wait_api, wait_for
@@ -213,7 +212,7 @@ def test_service_dies_between_action_and_ack_then_the_ack_is_delivered(
             wait_for(lambda: "unavailable" in log.read_text(), what="the failed ack")
             assert decision_state(committed, decision) == "pending"
             with running(serve, log=tmp_path / "api-2.log"):
-                wait_for(lambda: healthy(url), what="the API, again")
+                wait_api(url)
                 wait_for(lambda: decision_state(committed, decision) == "done", timeout=30, what="the held ack")
             assert adapter.poll() is None
     assert _ours(kube.node("gpu-06")) == [{"key": TAINT, "value": str(decision), "effect": "NoSchedule"}]
@@ -244,7 +243,7 @@ def test_adapter_killed_before_its_ack_redoes_the_action_harmlessly(
     kube.after_patch = None
     assert decision_state(committed, decision) == "pending"
     with running(serve, log=tmp_path / "api-2.log"):
-        wait_for(lambda: healthy(url), what="the API, again")
+        wait_api(url)
         with running(_adapter_args(url, token, kube), log=tmp_path / "adapter-2.log"):
             wait_for(lambda: decision_state(committed, decision) == "done", timeout=30, what="the redone action's ack")
     spec_patches = [r for r in kube.patches() if not r["path"].endswith("/status")]

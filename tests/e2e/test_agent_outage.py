@@ -18,7 +18,6 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
 from tests.procs import running, wait_api, wait_for
 from tests.receiver import receiver
@@ -84,7 +83,7 @@ def test_service_down_for_a_minute_and_agent_killed_loses_and_duplicates_nothing
         with running(agent_args, env=env, log=tmp_path / "agent-2.log") as agent:
             time.sleep(OUTAGE_S / 2)
             with running(serve, log=tmp_path / "api-2.log"):
-                wait_for(lambda: healthy(url), what="the API, again")
+                wait_api(url)
                 wait_for(lambda: not list(spool.glob("*.batch")), timeout=120, what="the spool to drain")
                 stop.set()
                 writer.join()

@@ -11,9 +11,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from service.embedded import free_port
-from service.processes import healthy
 from service.tokens import service as tokens
-from tests.procs import running, wait_for
+from tests.procs import running, wait_api
 
 pytestmark = pytest.mark.slow
 CACHE_S = 2.0
@@ -32,7 +31,7 @@ def test_revocation_reaches_every_api_process_within_the_cache_bound(committed, 
         running(["faultline", "serve", "--port", urls[1].rsplit(":", 1)[1]], env=env, log=tmp_path / "api-1.log"),
     ):
         for url in urls:
-            wait_for(lambda url=url: healthy(url), what=f"the API at {url}")
+            wait_api(url)
             assert httpx.get(f"{url}/api/v1/decisions", headers=headers).status_code == 200  # now cached
         with Session(committed) as session:
             tokens.revoke(session, token_id=token_id)
