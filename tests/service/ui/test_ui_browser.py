@@ -113,7 +113,7 @@ def test_every_page_in_a_real_browser_with_a_simulated_fault_arriving(committed,
             ]  # fmt: skip
             with running(sim, log=tmp_path / "sim.log"):
                 expect(page.locator("#recent-incidents")).to_contain_text(JOB, timeout=90_000)
-                wait_for(lambda: _decision_waiting(committed) is not None, timeout=60, what="an eviction to approve")
+                wait_for(lambda: _decision_waiting(committed) is not None, timeout=180, what="an eviction to approve")
                 decision_id, incident_id = _decision_waiting(committed)  # type: ignore[misc]
                 expect(page.locator(f"#decision-{decision_id}")).to_be_visible(timeout=15_000)
                 shot("overview")

@@ -162,7 +162,8 @@ def test_the_smaller_points_in_a_real_browser(committed, tmp_path) -> None:
         form.get_by_role("button", name="Return to service").click()
         flash = page.locator("p.flash.refused")
         expect(flash).to_contain_text("node-005 is quarantined until")
-        expect(flash).to_contain_text("(in 12 min). Tick “force” to return it now")
+        # 12 min from the seed, less however long a loaded machine took to get here.
+        expect(flash).to_contain_text(re.compile(r"\(in 1[0-2] min\)\. Tick “force” to return it now"))
         assert "force=true" not in flash.inner_text() and not re.search(r"\d{4}-\d\d-\d\dT", flash.inner_text())
         page.screenshot(path=str(SCREENSHOTS / "node-return-refused.png"), full_page=True)
 
