@@ -175,7 +175,8 @@ class Soak:
                         self._ship(now, critical_only=True)
                     if passes.crossed(now - timedelta(seconds=SAMPLE_S), now):  # beat's marks (service/schedules)
                         for run in self.jobs:
-                            self._pass(run, now, fast=False, beat=True)
+                            self._pass(run, now, fast=False)
+                            run.beat_passes += 1
                     if k % maint_every == 0:
                         self._maintenance(now)
                     self.covered_s = t
@@ -278,7 +279,7 @@ class Soak:
         with session_scope() as session:
             store_batches(session, batches=batches, cache=self.cache)
 
-    def _pass(self, run: JobRun, now: datetime, *, fast: bool, beat: bool = False) -> None:
+    def _pass(self, run: JobRun, now: datetime, *, fast: bool) -> None:
         began = time.perf_counter()
         with session_scope() as session:
             fn = diagnose_events if fast else diagnose_job
@@ -289,7 +290,6 @@ class Soak:
             run.fast_passes += 1
         else:
             run.passes += 1
-            run.beat_passes += beat
         t = (now - self.start).total_seconds()
         for decision_id in result.decisions:
             run.decision_times.setdefault(decision_id, t)
