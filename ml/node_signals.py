@@ -407,12 +407,15 @@ def _memory_errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapp
     found: list[Finding] = []
     for node, rows in frame[frame["subject"] == HOST].groupby("node"):
         node = str(node)
-        count = _col(rows, f"{EDAC_UE}_max")
-        rises = rows[(count.diff() > 0).to_numpy()]
-        if rises.empty:
+        # A window without a reading is skipped, not a reset: the rise is read across it (as _increase reads it).
+        count = _col(rows, f"{EDAC_UE}_max").dropna()
+        steps = count.diff()
+        rising = steps[steps > 0]
+        if rising.empty:
             continue
+        rises = rows.loc[rising.index]
         first, last = rises.iloc[0], rises.iloc[-1]
-        total = int(_increase(rows, EDAC_UE))
+        total = int(rising.sum())
         found.append(
             _finding(
                 node,

@@ -253,6 +253,16 @@ def test_an_uncorrected_memory_error_evicts_its_host_and_a_count_it_brought_or_a
     aggregates = node_summary.aggregate(node_signals._prepare(frame))
     assert node_summary.worth_a_look(aggregates, node_summary.peer_summary(aggregates)) == ["node-001"]
 
+    # The window where the count rose lost its reading (a collector's miss): the rise is read across the gap.
+    gap = (
+        (frame["node"] == "node-001")
+        & (frame["subject"] == "host")
+        & (frame["window_start"] == START + timedelta(seconds=210))
+    )
+    frame.loc[gap, ["edac_ue", "edac_ue_max"]] = float("nan")
+    found = _detect(frame)
+    assert [(f.node, f.evidence["rule"], f.evidence["value"]) for f in found] == [("node-001", "memory_errors", 1)]
+
 
 def test_candidates_and_summary_stand_in_for_the_whole_job() -> None:
     """The service reads only the machines worth a look, with the job's summary: the same findings."""
