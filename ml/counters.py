@@ -124,6 +124,7 @@ def _states(samples: _Samples, job: JobInfo, now: datetime, medians: Mapping[str
                     observed_at=_dt(first),
                     action="evict",
                     signals=[_signal(node, int(gpu), column, first, after=1)],
+                    last_at=_dt(rows["ts"].max()).isoformat(),
                 )
             )
     return findings

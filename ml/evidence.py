@@ -52,6 +52,7 @@ class LogCitedEvidence(TypedDict, total=False):
     lines: list[str]
     count: int
     nodes: list[str]
+    last_at: str  # ISO: the newest record's time (its machine's return is judged against it)
 
 
 class SignatureEvidence(LogCitedEvidence, total=False):
@@ -153,6 +154,7 @@ class CounterEvidence(TypedDict, total=False):
     count: int
     gpus: list[int]
     counters: dict[str, int]  # uncorrectable-error column -> increase
+    last_at: str  # ISO: a GPU state's newest reading (its machine's return is judged against it)
     xid: int
     mnemonic: str
     errors: int

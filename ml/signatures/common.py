@@ -219,6 +219,8 @@ def _evidence(occs: Sequence[_Occ], sig_text: str | None = None, **extra: Any) -
         "count": len({(o.record.id, o.kind) for o in occs}),
         "nodes": nodes[:MAX_LIST],
     }
+    if ordered:
+        evidence["last_at"] = _ts(ordered[-1].record).isoformat()
     if ranks:
         evidence["ranks"] = ranks[:MAX_LIST]
     evidence.update(cast(SignatureEvidence, {k: v for k, v in extra.items() if v is not None}))  # the rule's details

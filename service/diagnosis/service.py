@@ -211,6 +211,8 @@ def _decide(
     session: Session, *, job: Job, findings: list[Finding], result: DiagnosisResult, settings: Settings, now: datetime
 ) -> None:
     """Store the pass's findings, group the open ones into incidents, decide, and ask for stacks."""
+    returned = node_lifecycle.returned_at(session, names={f.node for f in findings if f.node})
+    findings = [f for f in findings if not _before_return(f, returned)]
     fresh = store_findings(session, job=job, findings=findings, now=now)
     result.new_findings = len(fresh)
     # A failing NVLink domain (GB200 NVL72) is decided for the whole domain, before its trays' NVLink findings
@@ -228,6 +230,7 @@ def _decide(
 
     open_findings, checked = _without_check_results(_open_findings(session, job=job, now=now))
     open_findings = _late_to_their_incidents(session, job=job, open_findings=open_findings, now=now)
+    open_findings = _since_their_return(session, job=job, open_findings=open_findings, current=findings)
     # What the open shared incidents explain, read once for the pass: its findings and its suspects.
     spans = shared_causes.explained_members(session, now=now)
     open_findings = _not_shared(session, job=job, open_findings=open_findings, spans=spans)
@@ -506,6 +509,42 @@ def _late_to_their_incidents(
     for row_id, incident_id in late.items():
         session.execute(update(FindingRow).where(FindingRow.id == row_id).values(incident_id=incident_id))
     return [item for item in open_findings if item[0] not in late]
+
+
+def _latest_evidence(finding: Finding) -> datetime:
+    """The newest moment a finding's evidence names: its observation, a series' last sighting, its occurrences, its
+    newest log record."""
+    latest = max(finding.observed_at, finding.seen_until or finding.observed_at)
+    times = finding.evidence.get("times")
+    last = finding.evidence.get("last_at")
+    for item in [*(times if isinstance(times, list) else []), *([last] if last else [])]:
+        try:
+            at = datetime.fromisoformat(str(item))
+        except ValueError:
+            continue
+        if at.tzinfo is not None and at > latest:
+            latest = at
+    return latest
+
+
+def _before_return(finding: Finding, returned: dict[str, datetime]) -> bool:
+    """Evidence all of it from before its machine came back into service: the machine before its repair (the calm
+    campaign evicted a node again 11 s after its return gate passed, on a row-remap failure reading stamped before its
+    return, its memory replaced)."""
+    return finding.node in returned and _latest_evidence(finding) < returned[finding.node]
+
+
+def _since_their_return(
+    session: Session, *, job: Job, open_findings: list[tuple[int, Finding, FindingRow]], current: list[Finding]
+) -> list[tuple[int, Finding, FindingRow]]:
+    """Open findings without those from before their machine's return, unless this pass found their claim again
+    with newer evidence (a row of the same key, stored while the machine was out, that a fault after its return
+    repeats)."""
+    returned = node_lifecycle.returned_at(session, names={f.node for _, f, _ in open_findings if f.node})
+    if not returned:
+        return open_findings
+    again = {finding_key(job, f) for f in current}
+    return [item for item in open_findings if item[2].dedup_key in again or not _before_return(item[1], returned)]
 
 
 def _not_shared(

@@ -122,6 +122,26 @@ def lock(session: Session, *, names: Iterable[str]) -> list[Node]:
     return list(session.scalars(select(Node).where(Node.name.in_(set(names))).order_by(Node.name).with_for_update()))
 
 
+def returned_at(session: Session, *, names: Iterable[str]) -> dict[str, datetime]:
+    """Node -> when it last came back from out of service (a scheduler's report, work placed on it, a person's
+    return): what its evidence showed before then was the machine as it was before its repair."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    rows = session.execute(
+        select(Node.name, func.max(NodeEvent.at))
+        .join(NodeEvent, NodeEvent.node_id == Node.id)
+        .where(
+            Node.name.in_(wanted),
+            NodeEvent.from_state.in_(OUT_OF_SERVICE),
+            NodeEvent.to_state.is_not(None),
+            NodeEvent.to_state.not_in(OUT_OF_SERVICE),
+        )
+        .group_by(Node.name)
+    ).all()
+    return {name: at for name, at in rows if at is not None}
+
+
 def mark_suspects(
     session: Session, *, incident: Incident, names: Iterable[str], now: datetime, settings: Settings
 ) -> list[str]:
