@@ -36,7 +36,7 @@ class Outcome:
     incidents: list[dict[str, Any]] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     waited_s: float = 0.0
-    settled: bool = False  # False: the outcome was still changing when the wait ran out
+    settled: bool = False  # False: still changing, or no whole pass had read it, when the wait ran out
 
     def node_decisions(self, node: str) -> list[dict[str, Any]]:
         """Decisions that act on `node` itself (evict, cordon, diagnose, reset a GPU)."""
@@ -136,6 +136,13 @@ class ReplayClient:
         decisions = self._pages("/api/v1/decisions", {"job": job_id})
         return Outcome(job_id, incidents=incidents, decisions=decisions)
 
+    def diagnosed_at(self, job_id: str) -> tuple[bool, str | None]:
+        """(whether the service tells it, when the job's last full diagnosis pass ran)."""
+        job = self._call(self._people, "GET", f"/api/v1/jobs/{job_id}")
+        if not isinstance(job, dict) or "diagnosed_at" not in job:
+            return False, None  # an older service: the quiet outcome alone says it settled
+        return True, job["diagnosed_at"]
+
     def wait(
         self,
         job_id: str,
@@ -146,19 +153,29 @@ class ReplayClient:
         poll_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> Outcome:
-        """Read the outcome until it has not changed for `quiet_s` (and at least `min_wait_s` passed), or until
-        `timeout_s`."""
+        """Read the outcome until a whole diagnosis pass has read what was sent, `min_wait_s` have passed and the
+        outcome has not changed for `quiet_s`, or until `timeout_s`.
+
+        Call it once everything is sent. A pass under way then may have begun before the last batch came; the one
+        after it began after, since a job's full passes run one at a time: two new `diagnosed_at` values. Without
+        them a busy service's outcome looks quiet before its worker got to the job (the corpus eval on a loaded
+        machine scored logs it had not diagnosed yet)."""
         started = time.monotonic()
+        told, before = self.diagnosed_at(job_id)
+        passes: set[str] = set()
         last_key: object = None
         changed_at = started
         while True:
+            # Before the outcome: what a pass decided is committed with its mark, so the outcome read next shows it.
+            if told and len(passes) < 2 and (mark := self.diagnosed_at(job_id)[1]) and mark != before:
+                passes.add(mark)
             outcome = self.outcome(job_id)
             now = time.monotonic()
             key = _fingerprint(outcome)
             if key != last_key:
                 last_key, changed_at = key, now
             waited = now - started
-            if waited >= min_wait_s and now - changed_at >= quiet_s:
+            if waited >= min_wait_s and now - changed_at >= quiet_s and (not told or len(passes) >= 2):
                 outcome.waited_s, outcome.settled = waited, True
                 return outcome
             if waited >= timeout_s:

@@ -78,5 +78,8 @@ def format_outcome(outcome: Outcome) -> list[str]:
             f"{float(decision.get('confidence') or 0):.2f}): {_clip(decision.get('reason') or '', 140)}"
         )
     if not outcome.settled:
-        rows.append(f"(still changing after {outcome.waited_s:.0f} s: what is above may not be final)")
+        rows.append(
+            f"(not settled after {outcome.waited_s:.0f} s: still changing, or not yet read by a whole diagnosis pass; "
+            "what is above may not be final)"
+        )
     return rows

@@ -29,12 +29,12 @@ from service.bundles import service as bundles
 from service.checks.service import DETECTOR as CHECKS_DETECTOR
 from service.config import Settings
 from service.decisions import service as decisions
-from service.diagnosis import metric_passes, signals, stack_requests, windows
+from service.diagnosis import metric_passes, signals, stack_requests, state, windows
 from service.diagnosis.detect import JobSignals, event_detectors, run_all, run_detectors
 from service.fleet import service as fleet
 from service.incidents import service as incidents
 from service.jobs import service as jobs
-from service.models import Decision, Incident, Job, Node, Silence
+from service.models import FULL_PASS, Decision, Incident, Job, Node, Silence
 from service.models import Finding as FindingRow
 from service.nodes import lifecycle as node_lifecycle
 from service.notify import service as notify
@@ -178,6 +178,8 @@ def diagnose_job(
     with _timed(timings, "write"):
         _lock(session, _DECIDE_LOCK, job)
         _decide(session, job=job, findings=found + aggregated, result=result, settings=settings, now=now)
+        # Its own row, not the job's: ingest updates the job's row and would wait for this pass's commit.
+        state.save(session, job_id=job.id, detector=FULL_PASS, version=1, cursor=now, state={}, now=now)
     waits = [w for w in (recheck, result.recheck_in_s) if w is not None]
     result.recheck_in_s = min(waits) if waits else None
     return result

@@ -167,6 +167,11 @@ class JobOut(BaseModel):
         description="NVLink domain (fabric cluster UUID) -> the job's nodes in it, for nodes in one (GB200 NVL72); "
         "GET /api/v1/nvlink-domains/{uuid} says whether it is healthy.",
     )
+    diagnosed_at: datetime | None = Field(
+        default=None,
+        description="When the job's last full diagnosis pass ran (on the service's clock); null before its first. "
+        "Two later values than one read after sending data mean a whole pass has read that data.",
+    )
 
 
 # --- ETTR (ml/ettr.py has the definitions) -------------------------------------------------------------------

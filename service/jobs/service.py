@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.jobs.schemas import JobIn, JobOut, Parallelism, PodSelector, RankOut
-from service.models import Incident, Job, LogEvent, Node, Rank
+from service.models import FULL_PASS, DetectorState, Incident, Job, LogEvent, Node, Rank
 from service.nodes import returns as node_returns
 from service.nodes.service import ensure_nodes
 from service.pagination import decode_cursor, encode_cursor
@@ -116,6 +116,9 @@ def describe(session: Session, *, job: Job) -> JobOut:
             nodes=nodes,
             ranks=ranks,
             nvlink_domains=_nvlink_domains(session, nodes=nodes),
+            diagnosed_at=session.scalar(
+                select(DetectorState.cursor).where(DetectorState.job_id == job.id, DetectorState.detector == FULL_PASS)
+            ),
         )
     )
 

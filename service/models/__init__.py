@@ -28,9 +28,10 @@ from service.models.signals import (
 )
 from service.models.silences import Silence
 from service.models.unknown_lines import UnknownLineCount, UnknownLineForm
-from service.models.windows import DetectorState, job_columns, metric_windows, node_windows
+from service.models.windows import FULL_PASS, DetectorState, job_columns, metric_windows, node_windows
 
 __all__ = [
+    "FULL_PASS",
     "METRIC_COPY_TYPES",
     "METRIC_SAMPLE_COLUMNS",
     "NODE_COPY_TYPES",

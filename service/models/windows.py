@@ -76,6 +76,11 @@ job_columns = Table(
 )
 
 
+# The detector_states row a job's full diagnosis pass writes as it ends (cursor: the pass's clock): the jobs API's
+# `diagnosed_at`, which tells a replay when everything it sent has been read.
+FULL_PASS = "full_pass"
+
+
 class DetectorState(Base):
     """What a detector carried over from a job's previous pass; `version` invalidates state of older code."""
 

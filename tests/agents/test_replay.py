@@ -6,10 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agents import replay
-from agents.replay.client import Outcome, batches_of, rank_map
+from agents.replay.client import Outcome, ReplayClient, batches_of, rank_map
 from agents.replay.report import format_outcome
 from agents.replay.timeline import MAX_GAP_S, guess_kind, log_text
 from faultline.cli import main
@@ -164,3 +165,42 @@ def test_the_cli_says_what_is_missing(capsys: pytest.CaptureFixture[str]) -> Non
     assert "no such file" in capsys.readouterr().err
     code = main(["replay", f"a={log}", "--url", "http://127.0.0.1:9", "--token", "t", "--agent-token", "a"])
     assert code == 2 and "did not answer" in capsys.readouterr().err
+
+
+def _service(marks: list[str | None] | None) -> tuple[httpx.MockTransport, list[str]]:
+    """A service whose job reports these `diagnosed_at` values in turn (the last one then stays; None: a service
+    without the field), with no incident and no decision; the calls it answered, in order."""
+    calls: list[str] = []
+    given = iter(marks or [])
+    last: list[str | None] = [None]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/api/v1/jobs/j":
+            if marks is None:
+                return httpx.Response(200, json={"job_id": "j"})
+            last[0] = next(given, last[0])
+            return httpx.Response(200, json={"job_id": "j", "diagnosed_at": last[0]})
+        return httpx.Response(200, json={"items": [], "next_cursor": None})
+
+    return httpx.MockTransport(answer), calls
+
+
+@pytest.mark.parametrize(
+    ("marks", "settled", "job_reads"),
+    [
+        (["t0", "t0", "t1", "t1", "t2"], True, 5),  # the pass under way (t1), then one begun after the sends (t2)
+        ([None, None, "t1", "t2"], True, 4),  # a new job: no pass before the sends
+        (["t0", "t1"], False, None),  # only the pass that may have begun before the last batch: never settled
+        (None, True, 1),  # an older service without diagnosed_at: a quiet outcome settles it, as before
+    ],
+)
+def test_a_replay_settles_only_once_a_whole_pass_has_read_what_it_sent(
+    marks: list[str | None] | None, settled: bool, job_reads: int | None
+) -> None:
+    transport, calls = _service(marks)
+    client = ReplayClient("http://faultline", token="p", agent_token="a", transport=transport)
+    outcome = client.wait("j", timeout_s=0.3, min_wait_s=0.0, quiet_s=0.0, poll_s=0.0, sleep=lambda _: None)
+    assert outcome.settled is settled
+    if job_reads is not None:
+        assert calls.count("/api/v1/jobs/j") == job_reads

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
+from service.config import get_settings
+from service.diagnosis import service as diagnosis
 from tests.conftest import bearer, count
 from tests.factories import batch
 
@@ -33,6 +37,16 @@ def test_register_and_read_back(client, scheduler):
     assert [(r["rank"], r["node"], r["local_rank"], r["gpu"]) for r in job["ranks"]] == [
         (r, f"node-{r // 4}", r % 4, r % 4) for r in range(8)
     ]
+
+
+def test_a_full_diagnosis_pass_shows_as_the_jobs_diagnosed_at(client, session, scheduler):
+    """The replay's wait reads it (agents/replay/client.py)."""
+    client.post("/api/v1/jobs", json=JOB, headers=scheduler)
+    assert client.get("/api/v1/jobs/llm-42", headers=scheduler).json()["diagnosed_at"] is None
+    at = datetime.now(UTC).replace(microsecond=0)
+    assert not diagnosis.diagnose_job(session, job_id="llm-42", settings=get_settings(), now=at).skipped
+    shown = client.get("/api/v1/jobs/llm-42", headers=scheduler).json()["diagnosed_at"]
+    assert datetime.fromisoformat(shown.replace("Z", "+00:00")) == at
 
 
 def test_registering_again_updates(client, scheduler):
