@@ -169,8 +169,8 @@ class JobOut(BaseModel):
     )
     diagnosed_at: datetime | None = Field(
         default=None,
-        description="When the job's last full diagnosis pass ran (on the service's clock); null before its first. "
-        "Two later values than one read after sending data mean a whole pass has read that data.",
+        description="When the job's last full diagnosis pass ran (the service's clock); null before its first. A "
+        "job's full passes run one at a time: the second new value after a client sent data is a pass that read it.",
     )
 
 
