@@ -68,9 +68,16 @@ def test_a_switch_tray_failure_is_one_domain_incident_that_cordons_the_rack_and_
     )  # fmt: skip
     domain = ""
     try:
-        with sim_running(config) as (runner, _):
-            wait_for(lambda: runner.cluster is not None and bool(runner.cluster.faults), what="the fault", timeout=60)
-            truth = json.loads((tmp_path / "sim" / "ground_truth.json").read_text())
+        with sim_running(config):
+            # The ground truth file, not the cluster: the simulator writes the fault there on its next tick (a loaded
+            # machine read the file between the two and found no fault yet).
+            truth_file = tmp_path / "sim" / "ground_truth.json"
+            wait_for(
+                lambda: truth_file.exists() and bool(json.loads(truth_file.read_text())["faults"]),
+                what="the fault in the ground truth",
+                timeout=60,
+            )
+            truth = json.loads(truth_file.read_text())
             (fault,) = truth["faults"]
             domain, trays = fault["nvlink_domain"], fault["trays"]
             assert len(trays) == TRAYS
