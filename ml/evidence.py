@@ -92,6 +92,7 @@ class SignatureEvidence(LogCitedEvidence, total=False):
     # InfiniBand and NCCL
     times: list[str]  # ISO times of distinct occurrences, latest last
     statuses: list[int]
+    connections_lost: bool  # a link status (retries exceeded, no response): the job's connections are gone
     status_names: list[str]
     peers: list[str]
     peer_nodes: list[str]

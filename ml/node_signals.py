@@ -278,6 +278,12 @@ def _errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str
         heavy = per_min >= ERRORS_EVICT_PER_MIN
         moved = {c: int(v) for c, v in rises.items() if v > 0}
         last = rows.iloc[-1]
+        # When the errors came (the windows they rose in), for the flap tolerance: one burst is one occurrence, at
+        # its flap if it came with one, not also at the start of the span the count was read over.
+        rose = pd.Series(False, index=rows.index)
+        for c in moved:
+            steps = _col(rows, f"{c}_max").dropna().diff()
+            rose.loc[steps[steps > 0].index] = True
         found.append(
             _finding(
                 node,
@@ -294,7 +300,7 @@ def _errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str
                 key_at=rows.iloc[0]["window_start"],
                 evidence={
                     "signals": [_ref(node, subject, c, last["last_ts"]) for c in moved],
-                    "times": [_iso(rows.iloc[0]["last_ts"]), _iso(last["last_ts"])],
+                    "times": [_iso(t) for t in rows.loc[rose, "last_ts"]],
                     "counters": moved,
                     "per_minute": round(per_min, 2),
                     "peer_median": round(median, 2),

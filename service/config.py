@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     # Network signals flap: evict only after this many occurrences on one node within the window.
     policy_network_flap_count: int = Field(default=2, ge=1)
     policy_network_flap_window_s: float = Field(default=300.0, gt=0)
+    # ...except a flap that broke the job's connections (IB completion errors of it: NCCL's communicator is lost, the
+    # job is interrupted already) with no other machine's link down within this many seconds of it, decided once that
+    # long has passed; 0: such a flap waits for the count too.
+    policy_network_broken_flap_s: float = Field(default=10.0, ge=0)
     # No second eviction of a node, nor a second restart/rollback of a job, within these.
     policy_node_cooldown_s: float = Field(default=1800.0, ge=0)
     policy_job_cooldown_s: float = Field(default=600.0, ge=0)

@@ -52,6 +52,9 @@ def _ib_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
                 peers=peers[:MAX_LIST] or None,
                 peer_nodes=peer_nodes or None,
                 vendor_errors=sorted({v for o in group if isinstance(v := o.fields.get("vendor_err"), int)}) or None,
+                # The link stopped answering: NCCL cannot carry on over such a queue pair, so its communicator (the
+                # job's collectives) is lost. The policy decides a lone flap that did this at once.
+                connections_lost=True if link else None,
             )
         )
     return findings

@@ -30,7 +30,7 @@ from ml.ladder import History, Remedy
 from service.config import Settings
 from service.decisions import overrides
 from service.decisions.policy import INACTIVE, PriorDecision, Skipped, build_context, decide, prior_window
-from service.decisions.service import network_fatal, network_times
+from service.decisions.service import lone_broken_flaps, network_fatal, network_times, port_drops
 from service.jobs import service as jobs
 from service.models import Decision, Finding, Incident, Job, Node
 from service.nodes import ladder as node_ladder
@@ -161,8 +161,10 @@ def run(
     background = _background(session, ids=ids, since=since - reach, until=until)
     job_nodes = {s.job.id: len(jobs.node_ids(session, job=s.job)) for s in stored}
     ladders = _ladder_background(session, stored, settings=settings, candidate=candidate, since=since, until=until)
-    current_run = _replay(stored, background, job_nodes, settings, ladders)
-    candidate_run = _replay(stored, background, job_nodes, candidate, ladders)
+    # The fleet's port drops over the range, for the lone-flap rule (one read for both runs).
+    drops = port_drops(session, since=since - reach, settings=candidate)
+    current_run = _replay(stored, background, job_nodes, settings, drops, ladders)
+    candidate_run = _replay(stored, background, job_nodes, candidate, drops, ladders)
 
     results = []
     for s in stored:
@@ -298,6 +300,7 @@ def _replay(
     background: Sequence[PriorDecision],
     job_nodes: dict[int, int],
     policy: Settings,
+    drops: Mapping[str, Sequence[datetime]],
     ladders: Mapping[str, History] | None = None,
 ) -> dict[int, _Replayed]:
     """Every incident's steps on one timeline (by time, then incident), through the real demarcation and policy."""
@@ -328,6 +331,7 @@ def _replay(
             prior=[d for d in background if d.created_at <= at] + made,
             network_events=network_times(network_rows),
             network_fatal=network_fatal(network_rows),
+            network_broken=lone_broken_flaps(network_rows, drops_since=lambda _: drops, now=at, settings=policy),
             already_decided={(v.kind, v.node) for v in replayed.verdicts},
             settings=policy,
             ladders=_ladders([x.node for x in proposal.suspects], ladders or {}, remedies, at),

@@ -38,6 +38,9 @@ class PolicyContext:
     # Nodes whose network adapter itself failed (a fatal async event, its driver's fatal error): not a flap, so no
     # flap tolerance.
     network_fatal: Collection[str] = frozenset()
+    # node -> its lone flap that broke the job's connections (service/decisions/service.py `lone_broken_flaps`): one
+    # is enough.
+    network_broken: Mapping[str, datetime] = field(default_factory=dict)
     # node -> its remedies and faults: the escalation ladder's history (service/nodes/ladder.py).
     ladders: Mapping[str, History] = field(default_factory=dict)
 
@@ -72,6 +75,7 @@ def build_context(
     gpu_resets: Mapping[tuple[str, str], Sequence[datetime]] | None = None,
     overruled: Mapping[str, str] | None = None,
     network_fatal: Collection[str] = frozenset(),
+    network_broken: Mapping[str, datetime] | None = None,
     ladders: Mapping[str, History] | None = None,
 ) -> PolicyContext:
     """The guard rails' view of the past: blast radius, cooldowns; shared by the live path and the backtest."""
@@ -95,6 +99,7 @@ def build_context(
         gpu_resets=gpu_resets or {},
         overruled=overruled or {},
         network_fatal=network_fatal,
+        network_broken=network_broken or {},
         ladders=ladders or {},
     )
 
@@ -195,15 +200,18 @@ def _for_suspect(
         elif proposal.root_cause == "network":
             times = _recent(ctx.network_events.get(suspect.node, ()), ctx.now, settings.policy_network_flap_window_s)
             needed = settings.policy_network_flap_count
-            if len(times) < needed:
-                # One flap is not a broken link; wait for the next within the window.
-                return _skip(
-                    notes,
-                    node,
-                    "flap_tolerance",
-                    f"{len(times)} network faults in {settings.policy_network_flap_window_s:.0f} s, {needed} needed",
+            counted = f"{len(times)} network faults in {settings.policy_network_flap_window_s:.0f} s"
+            broken = ctx.network_broken.get(node)
+            if len(times) >= needed:
+                rails["flap_tolerance"] = counted
+            elif broken is not None:
+                rails["flap_tolerance"] = (
+                    f"{counted}, but the flap at {broken:%H:%M:%S} broke the job's connections (IB completion errors) "
+                    f"and no other machine's link dropped within {settings.policy_network_broken_flap_s:.0f} s of it"
                 )
-            rails["flap_tolerance"] = f"{len(times)} network faults in {settings.policy_network_flap_window_s:.0f} s"
+            else:
+                # One flap the job rode through is not a broken link; wait for the next within the window.
+                return _skip(notes, node, "flap_tolerance", f"{counted}, {needed} needed")
         if suspect.node in ctx.nodes_in_cooldown:
             # Evicted recently already: the scheduler is acting on it.
             return _skip(notes, node, "cooldown", f"evicted within {settings.policy_node_cooldown_s:.0f} s")

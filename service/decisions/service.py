@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -196,6 +196,12 @@ def _context(
         prior=prior,
         network_events=network_times(network),
         network_fatal=network_fatal(network),
+        network_broken=lone_broken_flaps(
+            network,
+            drops_since=lambda since: port_drops(session, since=since, settings=settings),
+            now=now,
+            settings=settings,
+        ),
         already_decided=already,
         settings=settings,
         gpu_indexes=gpu_indexes,
@@ -301,6 +307,79 @@ def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -
         named_at = set(out[node])
         out[node] |= {t for t in times if not any(f - before <= t <= f + after for f in named_at)}
     return {node: sorted(times) for node, times in out.items() if times}
+
+
+def broken_flaps(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -> dict[str, datetime]:
+    """(node, observed at, evidence) of network findings -> per node, its first flap that broke the job's connections:
+    a port of the node went down (`port_flaps`) and the node's IB completions failed with a link status
+    (`connections_lost`: NCCL's communicator cannot carry on) within FLAP_CONSEQUENCE_S of it. The peers' errors
+    of the same moment are on other nodes, whose own links did not drop."""
+    flaps: dict[str, list[datetime]] = defaultdict(list)
+    errors: dict[str, list[datetime]] = defaultdict(list)
+    for node, _, evidence in rows:
+        ev = evidence or {}
+        for flap in ev.get("port_flaps") or []:
+            if isinstance(flap, dict) and (at := _as_time(flap.get("at"))) is not None:
+                flaps[node].append(at)
+        if ev.get("connections_lost"):
+            errors[node] += [at for t in ev.get("times", []) if (at := _as_time(t)) is not None]
+    before, after = (timedelta(seconds=s) for s in FLAP_CONSEQUENCE_S)
+    out = {}
+    for node, times in flaps.items():
+        broke = [f for f in times if any(f - before <= e <= f + after for e in errors.get(node, ()))]
+        if broke:
+            out[node] = min(broke)
+    return out
+
+
+def lone_broken_flaps(
+    rows: Iterable[tuple[str, datetime, dict[str, Any] | None]],
+    *,
+    drops_since: Callable[[datetime], Mapping[str, Sequence[datetime]]],
+    now: datetime,
+    settings: Settings,
+) -> dict[str, datetime]:
+    """The suspects' flaps that broke the job's connections (`broken_flaps`), within the flap window, at least
+    `policy_network_broken_flap_s` old, with no other machine's port down within that long of them: one node's link,
+    not a switch or a rack whose machines all dropped at once (a shared cause, decided for its component).
+    `drops_since(t)`: node -> when its ports went down, the fleet's, from t on (`port_drops`)."""
+    quiet = timedelta(seconds=settings.policy_network_broken_flap_s)
+    window = timedelta(seconds=settings.policy_network_flap_window_s)
+    if not quiet:
+        return {}
+    broken = {n: at for n, at in broken_flaps(rows).items() if now - window <= at <= now - quiet}
+    if not broken:
+        return {}
+    dropped = drops_since(min(broken.values()) - quiet)
+    return {
+        node: at
+        for node, at in broken.items()
+        if not any(abs(t - at) <= quiet for other, times in dropped.items() if other != node for t in times)
+    }
+
+
+def port_drops(session: Session, *, since: datetime, settings: Settings) -> dict[str, list[datetime]]:
+    """Node -> when its ports went down (its network findings' `port_flaps`, or a port the window rule found down),
+    over the fleet, from `since` on."""
+    dropped: dict[str, list[datetime]] = defaultdict(list)
+    for name, evidence in session.execute(
+        select(Node.name, Finding.evidence)
+        .join(Node, Node.id == Finding.node_id)
+        .where(
+            # created_at (the database's clock) bounds the scan by its index; the flaps' own times decide.
+            Finding.created_at
+            >= func.least(since, func.now()) - timedelta(seconds=settings.policy_network_flap_window_s),
+            Finding.observed_at >= since,
+            Finding.category == "network",
+        )
+    ):
+        ev = evidence or {}
+        stamps = [flap.get("at") for flap in ev.get("port_flaps") or [] if isinstance(flap, dict)]
+        if ev.get("rule") == "down":  # a port that stayed down, from the window rule: the windows it was down in
+            stamps += ev.get("times", [])
+        if times := [at for t in stamps if (at := _as_time(t)) is not None and at >= since]:
+            dropped[name] += times
+    return dict(dropped)
 
 
 def _as_time(value: object) -> datetime | None:

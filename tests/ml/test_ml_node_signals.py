@@ -164,6 +164,18 @@ def test_link_errors_far_above_the_peers() -> None:
     assert found[0].action == "diagnose"
 
 
+def test_one_burst_of_link_errors_is_one_occurrence_at_its_window() -> None:
+    """A flap's burst of link errors happens once: the flap tolerance must not count the start of the span the rule
+    read as a second fault (it did: the simulator's first IB flap was evicted as two faults)."""
+
+    def burst(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
+        if node == "node-005" and subject == "ib:mlx5_0/1" and i == 27:
+            acc["symbol_error"] += 400
+
+    (found,) = [f for f in _detect(_frame(burst)) if f.evidence["rule"] == "errors"]
+    assert found.evidence["times"] == [(START + timedelta(seconds=10 * 27 + 9)).isoformat()]
+
+
 def test_congestion_with_pause_frames_names_the_node() -> None:
     def congested(node: str, subject: str, i: int, row: dict[str, Any], acc: dict[str, float]) -> None:
         if node == "node-001" and subject != "host" and i >= 10:

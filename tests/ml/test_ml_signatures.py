@@ -300,11 +300,13 @@ def test_ib_completion_error_12_is_a_network_fault_on_the_node():
     f = only(detect(training("ib_error12_mlengineering_azure.txt")))
     assert (f.category, f.action, f.blame, f.node) == ("network", "evict", "infrastructure", "node-a")
     assert f.evidence["statuses"] == [12] and len(f.evidence["times"]) == 1
+    assert f.evidence["connections_lost"] is True  # retries exceeded: NCCL's communicator is gone
     f = only(detect(training("ib_status12_nccl_1814.txt")))
     assert f.action == "evict" and f.evidence["statuses"] == [5, 12] and f.evidence["peers"] == ["172.36.143.59"]
     # A local protection error (4) is often memory registration, not the link: a suspect, not a culprit.
     f = only(detect(training("ib_error4_nccl_928.txt")))
     assert f.category == "network" and f.action == "diagnose" and f.confidence < 0.8
+    assert "connections_lost" not in f.evidence
 
 
 def test_ib_errors_list_each_occurrence_time_for_flap_tolerance():

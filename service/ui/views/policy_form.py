@@ -23,6 +23,7 @@ LABELS: dict[str, str] = {
     "policy_max_evict_share_per_hour": "Most of a job's nodes evicted per hour",
     "policy_network_flap_count": "Network flaps on one node before evicting",
     "policy_network_flap_window_s": "Within (network flaps)",
+    "policy_network_broken_flap_s": "Evict on one flap that broke the job when no other link dropped within",
     "policy_node_cooldown_s": "Between two evictions of a node",
     "policy_job_cooldown_s": "Between two restarts or rollbacks of a job",
     "policy_reset_gpu_enabled": "Reset a GPU instead of evicting its node when a reset clears the fault",

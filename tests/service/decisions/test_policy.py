@@ -131,6 +131,15 @@ def test_a_failed_network_adapter_is_not_a_flap() -> None:
     assert decide(incident, context(network_events=one, network_fatal={"n3"}), settings()) == []
 
 
+def test_a_lone_flap_that_broke_the_jobs_connections_is_enough() -> None:
+    (incident,) = demarcate([(1, finding("network", node="n2"))])
+    one = {"n2": [NOW - timedelta(seconds=15)]}
+    (plan,) = decide(incident, context(network_events=one, network_broken={"n2": one["n2"][0]}), settings())
+    assert (plan.kind, plan.node, plan.state) == ("evict", "n2", "pending")
+    assert "broke the job's connections" in plan.guard_rails["flap_tolerance"]
+    assert decide(incident, context(network_events=one, network_broken={"n3": one["n2"][0]}), settings()) == []
+
+
 def test_blast_radius_holds_evictions_beyond_the_share_for_approval() -> None:
     found = [(i, finding("gpu_hardware", node=f"n{i}")) for i in range(1, 4)]
     # Three machines' faults are three incidents; the rail counts the job's evictions across them.

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from agents.parsers import parse_text
 from agents.parsers.kernel import KernelLogParser
 from agents.parsers.training.parser import TrainingLogParser
+from agents.port_watch import PortWatch
 from lab.sim import logformat as fmt
 from service.config import get_settings
 from service.diagnosis.service import diagnose_job
@@ -112,6 +113,65 @@ def test_a_network_adapters_own_failure_evicts_its_node_at_the_first_pass(client
     assert [s["node"] for s in incident.suspects] == ["node-1"] and incident.blame == "infrastructure"
     decisions = session.scalars(select(Decision).where(Decision.incident_id == incident.id)).all()
     assert [(d.kind, d.state) for d in decisions] == [("evict", "pending")]
+
+
+def _flap(node: int, at: datetime, *, broke: bool) -> list[dict[str, Any]]:
+    """The agent's port watch seeing node's port drop at `at` and, if `broke`, NCCL's IB completion errors of it."""
+    watch, port = PortWatch(), "ib:mlx5_0/1"
+    watch.changes({port: (4, 3)}, at - timedelta(seconds=1))
+    wire = [e.to_wire() for e in watch.changes({port: (1, 4)}, at)]
+    if broke:
+        lines = fmt.nccl_ib_error(f"node-{node}", 4242, 4325, 0, "10.0.0.9", f"10.0.0.{node}", "Recv")
+        text = "\n".join(lines) + "\n"
+        wire += [e.to_wire() for e in parse_text(TrainingLogParser(), text, now=at + timedelta(seconds=0.4))]
+    return wire
+
+
+def _evictions(session: Session, result: Any) -> list[tuple[str, str]]:
+    rows = session.execute(
+        select(Node.name, Decision.state)
+        .join(Node, Node.id == Decision.node_id)
+        .where(Decision.incident_id.in_(result.incidents or [0]), Decision.kind == "evict")
+    )
+    return sorted((name, state) for name, state in rows)
+
+
+def test_a_lone_flap_that_broke_the_jobs_connections_evicts_once_no_other_link_dropped_with_it(
+    client, session, make_token
+) -> None:
+    """NCCL cannot carry on over a queue pair whose retries ran out: the job is interrupted already, so the flap
+    tolerance does not wait for a second flap, once `policy_network_broken_flap_s` has shown no other machine's link
+    dropped with it (a switch's would have)."""
+    token, job, at = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}", datetime.now(UTC)
+    _ship(client, token, job, {1: _flap(1, at, broke=True)})
+    settings = get_settings()
+    young = diagnose_job(session, job_id=job, settings=settings, now=at + timedelta(seconds=3))
+    assert young.incidents and _evictions(session, young) == []  # too young to know it was alone
+    settled = diagnose_job(session, job_id=job, settings=settings, now=at + timedelta(seconds=12))
+    assert _evictions(session, settled) == [("node-1", "pending")]
+    (evidence,) = session.scalars(
+        select(Decision.evidence).where(Decision.incident_id.in_(settled.incidents), Decision.kind == "evict")
+    )
+    assert "broke the job's connections" in evidence["guard_rails"]["flap_tolerance"]
+    # 0 turns the rule off: the same evidence waits for a second flap.
+    other = f"job-{uuid.uuid4().hex[:6]}"
+    _ship(client, token, other, {1: _flap(1, at, broke=True)})
+    off = settings.model_copy(update={"policy_network_broken_flap_s": 0.0})
+    assert _evictions(session, diagnose_job(session, job_id=other, settings=off, now=at + timedelta(seconds=12))) == []
+
+
+@pytest.mark.parametrize("case", ["rode_through", "two_machines"])
+def test_a_flap_the_job_rode_through_or_one_of_several_machines_waits_for_a_second(
+    client, session, make_token, case: str
+) -> None:
+    token, job, at = make_token("agent"), f"job-{uuid.uuid4().hex[:6]}", datetime.now(UTC)
+    if case == "rode_through":  # its port dropped, its traffic did not fail
+        flaps = {1: _flap(1, at, broke=False)}
+    else:  # two machines' links at once, both broken: a switch, not one machine's cable
+        flaps = {1: _flap(1, at, broke=True), 2: _flap(2, at + timedelta(seconds=0.5), broke=True)}
+    _ship(client, token, job, flaps)
+    result = diagnose_job(session, job_id=job, settings=get_settings(), now=at + timedelta(seconds=12))
+    assert result.incidents and _evictions(session, result) == []
 
 
 def test_same_traceback_on_every_rank_is_user_code_and_never_evicts(client, session, make_token) -> None:
