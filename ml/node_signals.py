@@ -118,13 +118,16 @@ def _col(df: pd.DataFrame, name: str) -> pd.Series:
     return pd.to_numeric(df[name], errors="coerce").astype("float64")
 
 
+def _rises(rows: pd.DataFrame, column: str) -> pd.Series:
+    """A cumulative counter's rises between consecutive windows, by the row they rose in (a decrease is a reset, not a
+    rise; a window without a reading is skipped, and the rise read across it)."""
+    steps = _col(rows, f"{column}_max").dropna().diff()
+    return steps[steps > 0]
+
+
 def _increase(rows: pd.DataFrame, column: str) -> float:
-    """How much a cumulative counter rose across consecutive windows (a decrease is a reset, not a rise)."""
-    values = _col(rows, f"{column}_max").dropna()
-    if len(values) < 2:
-        return 0.0
-    steps = values.diff().dropna()
-    return float(steps[steps > 0].sum())
+    """How much a cumulative counter rose across consecutive windows."""
+    return float(_rises(rows, column).sum())
 
 
 def _span_s(rows: pd.DataFrame) -> float:
@@ -264,7 +267,8 @@ def _errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str
     found: list[Finding] = []
     for (node, subject), rows in _ports(frame).groupby(["node", "subject"]):
         node, subject = str(node), str(subject)
-        rises = {c: _increase(rows, c) for c in PORT_ERRORS}
+        steps = {c: _rises(rows, c) for c in PORT_ERRORS}
+        rises = {c: float(v.sum()) for c, v in steps.items()}
         total = sum(rises.values())
         if total < ERRORS_MIN:
             continue
@@ -280,10 +284,7 @@ def _errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapping[str
         last = rows.iloc[-1]
         # When the errors came (the windows they rose in), for the flap tolerance: one burst is one occurrence, at
         # its flap if it came with one, not also at the start of the span the count was read over.
-        rose = pd.Series(False, index=rows.index)
-        for c in moved:
-            steps = _col(rows, f"{c}_max").dropna().diff()
-            rose.loc[steps[steps > 0].index] = True
+        rose = rows.index.isin([i for v in steps.values() for i in v.index])
         found.append(
             _finding(
                 node,
@@ -413,10 +414,7 @@ def _memory_errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapp
     found: list[Finding] = []
     for node, rows in frame[frame["subject"] == HOST].groupby("node"):
         node = str(node)
-        # A window without a reading is skipped, not a reset: the rise is read across it (as _increase reads it).
-        count = _col(rows, f"{EDAC_UE}_max").dropna()
-        steps = count.diff()
-        rising = steps[steps > 0]
+        rising = _rises(rows, EDAC_UE)
         if rising.empty:
             continue
         rises = rows.loc[rising.index]
@@ -435,7 +433,9 @@ def _memory_errors(job: JobInfo, frame: pd.DataFrame, now: datetime, peers: Mapp
                 at=last["last_ts"],
                 key_at=first["window_start"],
                 evidence={
-                    "signals": [_ref(node, HOST, EDAC_UE, last["last_ts"], float(count.loc[last.name]))],
+                    "signals": [
+                        _ref(node, HOST, EDAC_UE, last["last_ts"], float(_col(rows, f"{EDAC_UE}_max").loc[last.name]))
+                    ],
                     "times": [_iso(t) for t in rises["last_ts"]],
                     "value": total,
                 },

@@ -296,9 +296,7 @@ def network_times(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) -
         if named and len(named) == len(reported):
             continue  # every flap it reports is named: counted by name, not again by its times
         other[node].add(observed_at)
-        for t in ev.get("times", []):
-            if (at := _as_time(t)) is not None:
-                other[node].add(at)
+        other[node].update(_times(ev.get("times", [])))
     out: dict[str, set[datetime]] = defaultdict(set)
     for (node, _, _), at in flaps.items():
         out[node].add(at)
@@ -318,11 +316,9 @@ def broken_flaps(rows: Iterable[tuple[str, datetime, dict[str, Any] | None]]) ->
     errors: dict[str, list[datetime]] = defaultdict(list)
     for node, _, evidence in rows:
         ev = evidence or {}
-        for flap in ev.get("port_flaps") or []:
-            if isinstance(flap, dict) and (at := _as_time(flap.get("at"))) is not None:
-                flaps[node].append(at)
+        flaps[node] += _times(flap.get("at") for flap in ev.get("port_flaps") or [] if isinstance(flap, dict))
         if ev.get("connections_lost"):
-            errors[node] += [at for t in ev.get("times", []) if (at := _as_time(t)) is not None]
+            errors[node] += _times(ev.get("times", []))
     before, after = (timedelta(seconds=s) for s in FLAP_CONSEQUENCE_S)
     out = {}
     for node, times in flaps.items():
@@ -377,9 +373,14 @@ def port_drops(session: Session, *, since: datetime, settings: Settings) -> dict
         stamps = [flap.get("at") for flap in ev.get("port_flaps") or [] if isinstance(flap, dict)]
         if ev.get("rule") == "down":  # a port that stayed down, from the window rule: the windows it was down in
             stamps += ev.get("times", [])
-        if times := [at for t in stamps if (at := _as_time(t)) is not None and at >= since]:
+        if times := [at for at in _times(stamps) if at >= since]:
             dropped[name] += times
     return dict(dropped)
+
+
+def _times(values: Iterable[object]) -> list[datetime]:
+    """The values that are times (datetimes or ISO strings), as datetimes; the rest dropped."""
+    return [at for value in values if (at := _as_time(value)) is not None]
 
 
 def _as_time(value: object) -> datetime | None:
