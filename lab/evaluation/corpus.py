@@ -31,8 +31,8 @@ from agents.parsers import parse_text
 from agents.parsers.training import TrainingLogParser
 from agents.replay import Replay, load, run
 from agents.replay.client import NODE_KINDS, Outcome, ReplayClient
-from agents.replay.timeline import LogFile, NodeReplay
-from lab.evaluation.parser_corpus import fixture_paths, read_fixture
+from agents.replay.timeline import LogFile, NodeReplay, guess_kind
+from lab.evaluation.parser_corpus import Fixture, fixture_paths, read_fixture
 from ml.findings import CATEGORIES
 from service.models.diagnosis import DECISION_KINDS
 
@@ -146,6 +146,13 @@ def peer_replay(name: str, *, ranks: Sequence[int], end: datetime, span_s: float
     return NodeReplay(name, events, [])
 
 
+def readers(fixture: Fixture) -> list[str]:
+    """The agent's readers a corpus file goes through (`faultline replay`'s file kinds): its `# parser:` line's, else
+    the one its lines look like, as `faultline replay` guesses it (a kernel log's NVRM lines are no training log's)."""
+    parser = fixture.parser if "parser" in fixture.header else guess_kind(fixture.text)
+    return ["kernel", "training"] if parser == "both" else [parser]
+
+
 class CorpusRun:
     """Replays every labeled log of a folder into one service, a few at a time."""
 
@@ -186,10 +193,7 @@ class CorpusRun:
             return LogResult(path.name, None, False, f"unreadable: {exc}", False, error=str(exc))
         node, peer = f"{self.tag}-{index:03d}-a", f"{self.tag}-{index:03d}-b"
         job_id = f"{self.tag}-{index:03d}"
-        kind = {"kernel": "kernel", "both": "kernel", "training": "training"}[fixture.parser]
-        files = [LogFile(node, path, kind)]
-        if fixture.parser == "both":
-            files.append(LogFile(node, path, "training"))
+        files = [LogFile(node, path, kind) for kind in readers(fixture)]
         client = ReplayClient(self.url, token=self.token, agent_token=self.agent_token)
         try:
             loaded = load(files)

@@ -245,6 +245,17 @@ _NVRM_FORMS: tuple[tuple[str, re.Pattern[str], str, float, bool, str], ...] = (
         False,
         "the NVIDIA driver cannot initialize the GPU",
     ),
+    # The driver could not bring an NVLink up or read its state ("knvlinkDiscoverPostRxDetLinks_GH100: Getting peer0's
+    # postRxDetLinkMask failed!"): the GPU runs without its NVLinks until the machine is rebooted (leptonai/gpud#1272
+    # recommends a reboot); the checks confirm it.
+    (
+        "nvlink_failed",
+        re.compile(r"\bknvlink\w*:.*\b(?:[Ff]ail(?:ed|ure)?|timed out|[Tt]imeout)\b"),
+        "diagnose",
+        0.7,
+        False,
+        "the driver could not bring up an NVLink",
+    ),
     # Alone, a GSP heartbeat that did not advance is often noise (stuck at 0 on some desktops for months,
     # NVIDIA/open-gpu-kernel-modules#1064); with an RPC timeout it is that timeout's first sign.
     ("gsp_heartbeat", re.compile(r"[Hh]eartbeat timed out"), "diagnose", 0.6, True, "GSP heartbeat timed out"),
@@ -258,6 +269,7 @@ _NVRM_FORMS: tuple[tuple[str, re.Pattern[str], str, float, bool, str], ...] = (
     ),
 )
 _FORM_RANK = {form[0]: i for i, form in enumerate(_NVRM_FORMS)}
+_NVLINK_FORMS = frozenset({"nvlink_failed"})  # a finding led by one of these is the NVLink's, not the GPU's
 
 
 def _nvrm_form(o: _Occ) -> str | None:
@@ -339,7 +351,7 @@ def _nvrm_finding(node: str, gpu: str, burst: list[_Occ], job: _Job) -> Finding:
     return _finding(
         burst,
         key=f"nvrm:{node}:{gpu or '-'}~{int(_ts(burst[0].record).timestamp())}",
-        category="gpu_hardware",
+        category="nvlink" if forms[0] in _NVLINK_FORMS else "gpu_hardware",
         confidence=confidence,
         summary=summary,
         node=node,

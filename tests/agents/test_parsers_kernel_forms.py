@@ -283,3 +283,14 @@ def test_fabric_manager_with_nothing_to_do_is_no_error(fixture: str) -> None:
     states = [(e.fields["state"], e.severity) for e in events]
     assert ("nothing_to_do", "info") in states
     assert {s for s in states if s[0] != "nothing_to_do"} == {("exited", "warning")}
+
+
+def test_an_nvlink_the_driver_cannot_bring_up_names_its_form() -> None:
+    # nvlink_postrxdet_linkmask_gpud_1271.txt (held out): "Jul 09 10:42:47 pool0-0082 kernel: NVRM:
+    # knvlinkDiscoverPostRxDetLinks_GH100: Getting peer0's postRxDetLinkMask failed!"
+    [event] = parse(corpus("nvlink_postrxdet_linkmask_gpud_1271.txt"))
+    assert (event.kind, event.fields["failure"]) == ("nvrm", "nvlink_failed")
+    assert (event.severity, event.critical) == ("error", False)
+    # NVLink state lines that say nothing failed stay plain (a real line's variant)
+    [plain] = parse("NVRM: knvlinkCoreShutdownDeviceLinks: links shut down on GPU 0000:1b:00.0\n")
+    assert "failure" not in plain.fields

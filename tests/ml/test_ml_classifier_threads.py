@@ -56,7 +56,8 @@ def test_every_real_line_is_verbatim_in_its_corpus_file_and_names_its_thread(row
 
 
 def test_the_real_lines_cover_the_corpus_threads(rows: list[LabeledLine]) -> None:
-    corpus = {dataset.corpus_thread(path) for path in CORPUS.glob("*.txt")}
+    # Logs gathered to measure the classifier on threads it never saw stay out of its lines (`# held_out:`).
+    corpus = {dataset.corpus_thread(path) for path in CORPUS.glob("*.txt") if "\n# held_out:" not in path.read_text()}
     labeled = {r.thread for r in rows if r.real}
     uncovered = sorted(corpus - labeled)
     print(f"{len(labeled)} of {len(corpus)} corpus threads labeled; not yet: {uncovered}")

@@ -122,9 +122,25 @@ def test_gsp_lines_from_an_agent_without_the_failure_field() -> None:
     assert base_key(f) == "nvrm:node-a:GPU6" and f.evidence["failures"] == ["gsp_rpc_timeout"]
 
 
+def test_nvlink_the_driver_cannot_bring_up_is_an_nvlink_finding_to_diagnose() -> None:
+    # nvlink_postrxdet_linkmask_gpud_1271.txt (held out):
+    #   Jul 09 10:42:47 pool0-0082 kernel: NVRM: knvlinkDiscoverPostRxDetLinks_GH100: Getting peer0's
+    #   postRxDetLinkMask failed!
+    f = only(detect(kernel("nvlink_postrxdet_linkmask_gpud_1271.txt")))
+    assert (f.category, f.action, f.confidence, f.blame) == ("nvlink", "diagnose", 0.7, "infrastructure")
+    assert f.evidence["failures"] == ["nvlink_failed"] and not f.evidence["gsp"]
+    # With a GSP timeout in the same burst, the GSP's claim leads: the GPU's, to evict.
+    gsp = rec("nvrm", "node-a", message="GPU0 _kgspLogRpcTimeout: ******** GSP Timeout ********")
+    link = rec("nvrm", "node-a", message="GPU0 knvlinkCoreTrainLinks: link training failed")
+    both = only(detect([gsp, link]))
+    assert (both.category, both.action) == ("gpu_hardware", "evict")
+    assert both.evidence["failures"] == ["gsp_rpc_timeout", "nvlink_failed"]
+
+
 @pytest.mark.parametrize(
     "name",
     [
+        "nvlink_postrxdet_linkmask_gpud_1271.txt",
         "gsp_heartbeat_rpc_timeout_gh100_opengpu_1230.txt",
         "gsp_wpr2_rminitadapter_failed_opengpu_1230.txt",
         "xid154_gsp_back_to_back_timeout_talos_opengpu_446.txt",

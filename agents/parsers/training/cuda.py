@@ -25,6 +25,17 @@ _CUBLAS = re.compile(r"\b((?:CUBLAS|CUDNN)_STATUS_[A-Z_]+)")
 _THC_RUNTIME = re.compile(r"(?i)cuda runtime error \((\d+)\)\s*:\s*(.+?)(?:\s+at\s+(\S+:\d+))?\s*$")
 # "THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=51 error=2 : out of memory"
 _THC_CHECK = re.compile(r"THCudaCheck FAIL file=(\S+) line=(\d+) error=(\d+)\s*:\s*(.+?)\s*$")
+# A C++ library's CHECK of a CUDA call (glog-style): "Check failed: ret == cudaSuccess (700 vs. 0)  Error: an illegal
+# memory access was encountered." (k2-fsa/k2#859); the number is the cudaError_t.
+_CUDA_CHECK = re.compile(r"cudaSuccess \((?P<code>\d{1,4}) vs\.? 0\)(?:.*?\bError:\s*(?P<message>.+?))?\s*$")
+# cudaError_t numbers whose words a CHECK may leave out.
+_CUDA_CODES = {
+    2: "out of memory",
+    214: "uncorrectable ECC error encountered",
+    700: "an illegal memory access was encountered",
+    710: "device-side assert triggered",
+    719: "unspecified launch failure",
+}
 # One line per failing GPU thread: "/path/Indexing.cu:218: block: [0,0,0], thread: [106,0,0] Assertion `x` failed."
 _KERNEL_ASSERT = re.compile(
     r"(?P<src>\S+:\d+): (?:\S{1,200}?: )?block: \[(?P<block>[\d,]+)\], thread: \[(?P<thread>[\d,]+)\] "
@@ -142,6 +153,12 @@ def rule_cuda(body: str, low: str, emit: Emit, rank: int | None) -> bool:
                 if regex is not CUDA_FAILURE:
                     fields["code"] = found.group(1)
                 break
+    if message is None:
+        check = _CUDA_CHECK.search(body)
+        if check:
+            code = int(check.group("code"))
+            fields["cuda_code"] = code
+            message = check.group("message") or _CUDA_CODES.get(code, f"CUDA error {code}")
     if message is None:
         legacy = _THC_CHECK.search(body)
         if legacy:

@@ -22,11 +22,14 @@ _FAIRSEQ = re.compile(r"overflow detected, setting loss scale to:\s*(?P<to>[\d.e
 _MINIMUM = re.compile(
     r"(?i)loss scale already at minimum|minimum loss scale reached|cannot decrease (?:loss )?scale anymore"
 )
+# OpenAI's guided/improved-diffusion keep the scale's log2 and step it down by one per overflowed step: "Found NaN,
+# decreased lg_loss_scale to 17.354".
+_LG_SCALE = re.compile(r"Found NaN, decreased lg_loss_scale to\s*(?P<lg>-?[\d.]+(?:e[+-]?\d+)?)")
 _FLOOR = 1.0  # DeepSpeed's default min_loss_scale: an overflow at this scale cannot be scaled away
 
 
 def rule_loss_scale(body: str, low: str, emit: Emit, rank: int | None) -> bool:
-    if "overflow" not in low and "loss scale" not in low:
+    if "overflow" not in low and "loss scale" not in low and "lg_loss_scale" not in low:
         return False
     if _MINIMUM.search(body):
         message = body.strip()[:MAX_MESSAGE]
@@ -36,10 +39,12 @@ def rule_loss_scale(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     if "OVERFLOW" in body or "Gradient overflow" in body:
         m = _ATTEMPTED.search(body) or _APEX.search(body)
     else:
-        m = _FAIRSEQ.search(body)
+        m = _FAIRSEQ.search(body) or _LG_SCALE.search(body)
     if not m:
         return False
     groups = m.groupdict()
+    if groups.get("lg") is not None:  # the scale as its log2
+        groups["to"] = str(2.0 ** min(1023.0, float(groups["lg"])))
     fields = {"attempted": _float(groups.get("from")), "reduced_to": _float(groups.get("to"))}
     hysteresis = _HYSTERESIS.search(body, m.end())
     if hysteresis:

@@ -106,6 +106,10 @@ _MIN_HISTORY = 5  # values needed before judging a spike
 # NaN/inf reported in words, not on a step line: "loss is nan", "grad norm is inf at rank 3".
 # "train_loss': nan" and "eval_loss: nan" too: a loss named with a prefix is still a loss.
 _NAN_LOSS = re.compile(r"(?i)(?:\b|_)loss(?:es)?\b[^|\n]{0,40}?\b(?:nan|inf)\b|\b(?:nan|inf)\b[^|\n]{0,20}?\bloss\b")
+# A logger's key-value table, one row per line (OpenAI's guided/improved-diffusion and baselines `logger.dumpkvs`):
+# "| loss          | nan       |", "| grad_norm | inf |". Only a whole two-cell row: other pipe-separated lines put
+# several fields on one line, where a NaN may belong to a neighbour.
+_NAN_ROW = re.compile(r"(?i)^\|\s*(?P<name>[\w./-]*(?:loss|norm)[\w./-]*)\s*\|\s*[+-]?(?:nan|inf)\s*\|$")
 # autograd's anomaly mode: "Function 'MulBackward0' returned nan values in its 0th output."
 _NAN_AUTOGRAD = re.compile(r"(?i)returned (?:nan|inf) values in its \w+ output")
 _NAN_GRAD = re.compile(
@@ -212,6 +216,8 @@ def rule_nan(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         kind = "grad_norm_nan"  # a backward function produced the NaN: the gradients carry it
     elif "loss" not in low and "norm" not in low:
         return False
+    elif row := _NAN_ROW.match(body.strip()):
+        kind = "nan_loss" if "loss" in row.group("name").lower() else "grad_norm_nan"
     elif _NAN_GRAD.search(body):
         kind = "grad_norm_nan"
     elif _NAN_LOSS.search(body):

@@ -30,8 +30,13 @@ _OFI_REGISTER = re.compile(
     r"(?:Unable|Failed|Could not) (?:to )?register memory"
     r"(?:.*?RC: ?(?P<rc>-?\d+)(?:, Error: (?P<error>.*?))?|.*?(?:[:,] |error )(?P<text>[A-Z][a-z][^:,]{3,60}))?\s*$"
 )
-# "NET/IB : Got async event : port error", "NET/IB : mlx5_0:1 Got async event : local access violation ..."
-_ASYNC = re.compile(r"(?:(?P<dev>[\w-]+):(?P<port>\d+) )?Got async event\s*:\s*(?P<event>[^:]+?)\s*(?:$|event type)")
+# "NET/IB : Got async event : port error", "NET/IB : mlx5_0:1 Got async event : local access violation ...", and
+# NCCL 2.19 on: "NET/IB : mlx5_32:1 Got async error event: port error", "NET/IB : mlx5_0:1 async fatal event on QP
+# (0x5581...): local work queue catastrophic error", "... async fatal event: local catastrophic error"
+_ASYNC = re.compile(
+    r"(?:(?P<dev>[\w-]+):(?P<port>\d+) )?(?:Got async (?:error )?event|async fatal event(?: on \w+[^:]*)?)\s*:\s*"
+    r"(?P<event>[^:]+?)\s*(?:$|event type)"
+)
 _ERRNO_NUM = re.compile(r"^-?(\d{1,3})\b")
 
 # strerror text -> errno name, from the C library this runs on: "Cannot allocate memory" -> "ENOMEM".
@@ -75,7 +80,7 @@ FATAL_EVENTS = frozenset(
     }
 )
 
-_HINTS = ("ibv_", "Got async event", "register memory", "mlx5dv_", "fi_mr", "fi_reg")
+_HINTS = ("ibv_", "Got async", "async fatal event", "register memory", "mlx5dv_", "fi_mr", "fi_reg")
 
 
 def call_category(call: str) -> str:

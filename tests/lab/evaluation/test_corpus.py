@@ -4,12 +4,13 @@ end-to-end scoring rules of `faultline eval --corpus` (the replay itself: tests/
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from agents.replay.client import Outcome
 from lab.evaluation import corpus
-from lab.evaluation.parser_corpus import read_fixture
+from lab.evaluation.parser_corpus import Fixture, read_fixture
 from tests import paths
 
 LOGS = paths.FIXTURES / "logs"
@@ -110,3 +111,16 @@ def test_summary_counts_per_class_and_the_innocent_accused() -> None:
     assert summary["per_class"]["either"] == {"logs": 0, "right": 0, "accuracy": None}
     text = corpus.format_report(results, summary)
     assert "a.txt" in text and "WRONG" in text and "innocent peer accused: 1" in text
+
+
+def test_a_file_without_a_parser_line_is_read_by_what_its_lines_look_like(tmp_path: Path) -> None:
+    def fixture(head: str, body: str) -> Fixture:
+        path = tmp_path / "f.txt"
+        path.write_text(f"# source: test\n{head}---\n{body}\n")
+        return read_fixture(path)
+
+    kernel = "NVRM: Xid (PCI:0000:01:00): 79, pid=1, GPU has fallen off the bus.\n"
+    assert corpus.readers(fixture("", kernel)) == ["kernel"]
+    assert corpus.readers(fixture("", "step: 12 loss: 2.5\n")) == ["training"]
+    assert corpus.readers(fixture("# parser: training\n", kernel)) == ["training"]
+    assert corpus.readers(fixture("# parser: both\n", kernel)) == ["kernel", "training"]

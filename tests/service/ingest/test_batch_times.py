@@ -4,7 +4,7 @@ same refusals and the same field names as before, for every timed section."""
 from __future__ import annotations
 
 import gc
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import orjson
 import pytest
@@ -78,3 +78,17 @@ def test_serving_processes_freeze_their_startup_heap_and_collect_less_often() ->
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_times_with_other_utc_offsets_are_judged_as_instants() -> None:
+    """A section's earliest and latest times are found across offsets: 3 h ahead on a clock at +03:00 is now."""
+    now = datetime.now(UTC)
+    east = timezone(timedelta(hours=3))
+    payload = batch(gpus=3)
+    payload["metrics"][0]["ts"] = now.astimezone(east).isoformat()
+    payload["metrics"][1]["ts"] = (now - timedelta(minutes=30)).isoformat()
+    payload["metrics"][2]["ts"] = (now + timedelta(minutes=3)).astimezone(timezone(timedelta(hours=-8))).isoformat()
+    assert len(IngestBatch.model_validate_json(orjson.dumps(payload), context=WINDOW).metrics) == 3
+    # Two hours back, written at +03:00 (so it reads an hour ahead of UTC's wall clock): refused.
+    payload["metrics"][1]["ts"] = (now - timedelta(hours=2)).astimezone(east).isoformat()
+    assert [e["loc"] for e in _errors(payload)] == [("metrics", 1, "ts")]
