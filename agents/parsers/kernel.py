@@ -81,9 +81,15 @@ _MLX5_MODULE = re.compile(r"Port module event\[error\]: module (\d+), ([^,]+), (
 # "Out of memory: Killed process 698405 (python) total-vm:..kB, anon-rss:12918388kB, ..." (cgroup limits say
 # "Memory cgroup out of memory: Killed process ..."). One kill, one event.
 _OOM_KILL = re.compile(r"oom-kill:(?:constraint=(\w+))?.*?\btask=([^,]*),pid=(\d+)")
-_OOM_KILLED = re.compile(r"(Memory cgroup out of memory|Out of memory): Killed process (\d+) \(([^)]*)\)")
+# Kernels before 4.19 say it in two lines of their own: "Out of memory: Kill process 25635 (python) score 974 or
+# sacrifice child", then "Killed process 25635 (python) total-vm:...kB, anon-rss:...kB" (NervanaSystems/deepspeech#48).
+_OOM_KILLED = re.compile(r"(?:(Memory cgroup out of memory|Out of memory): )?Killed process (\d+) \(([^)]*)\)")
+_OOM_KILL_OLD = re.compile(r"(Memory cgroup out of memory|Out of memory): Kill process (\d+) \(([^)]*)\)")
 _OOM_RSS = re.compile(r"anon-rss:(\d+)kB")
 
+# The host's memory controllers (EDAC): "EDAC MC3: 1 UE memory read error on CPU_SrcID#1_MC#1_Chan#2_DIMM#0 (...)",
+# "EDAC skx MC0: 2 CE memory read error on ..." (ovro-lwa/lwa-issues#117). An uncorrected error (UE) is the DIMM's.
+_EDAC = re.compile(r"EDAC (?:\w+ )?MC(\d+): (\d+) (UE|CE) (.*?)(?: on (\S+))?(?: \(|$)")
 # The fabric manager (NVSwitch systems) and its start script. Without NVSwitches it exits with
 # NV_WARN_NOTHING_TO_DO, which is harmless (leptonai/gpud #1206); the exits that follow are that exit's echo.
 _FM = re.compile(r"(?i)fabric ?manager")
@@ -127,8 +133,8 @@ class _Block:
 
 
 class KernelLogParser(LineParser):
-    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer`, `nvrm`, `oom`, `fabric_manager`, `nic_fatal` and
-    `nic_module_error` events."""
+    """Turns kernel log lines into `xid`, `sxid`, `pcie_aer`, `nvrm`, `oom`, `fabric_manager`, `nic_fatal`,
+    `nic_module_error` and `edac` events."""
 
     name = "kernel"
 
@@ -203,13 +209,31 @@ class KernelLogParser(LineParser):
             events += self._sxid(raw, msg, ts)
         elif "AER" in msg or "PCIe Bus Error" in msg:
             events += self._aer_start(raw, msg, ts)
-        elif "oom-kill:" in msg or "Killed process" in msg:
+        elif "oom-kill:" in msg or "Killed process" in msg or "Kill process" in msg:
             events += self._oom_start(raw, msg, ts)
         elif _FM_NOTHING in msg or "abric" in msg:
             events += self._fabric_manager(raw, msg, ts)
         elif "mlx5_core" in msg:
             events += self._mlx5(raw, msg, ts)
+        elif "EDAC" in msg:
+            events += self._edac(raw, msg, ts)
         return events
+
+    def _edac(self, raw: str, msg: str, ts: datetime) -> list[Event]:
+        m = _EDAC.search(msg)
+        if not m:
+            return []
+        uncorrected = m.group(3) == "UE"
+        fields = {
+            "mc": int(m.group(1)),
+            "count": int(m.group(2)),
+            "uncorrected": uncorrected,
+            "error": m.group(4).strip(),
+            "location": m.group(5),
+        }
+        severity = "error" if uncorrected else "warning"
+        return [Event(ts=ts, source=SOURCE, kind="edac", line=clip(raw), severity=severity, fields=fields,
+                      critical=uncorrected)]  # fmt: skip
 
     def _nvrm(self, raw: str, msg: str, ts: datetime) -> list[Event]:
         m = _XID.search(msg)
@@ -416,6 +440,13 @@ class KernelLogParser(LineParser):
                 fields["constraint"] = kill.group(1)
             self._oom = _Block(ts, [raw], fields, [msg])
             return []  # its "Killed process" line comes next, with the memory it held
+        old = _OOM_KILL_OLD.search(msg)
+        if old:
+            fields = {"host": True, "process": old.group(3).strip() or None, "pid": int(old.group(2))}
+            if old.group(1).startswith("Memory cgroup"):
+                fields["cgroup"] = True
+            self._oom = _Block(ts, [raw], fields, [msg])
+            return []
         killed = _OOM_KILLED.search(msg)
         if not killed:
             return []
@@ -433,7 +464,7 @@ class KernelLogParser(LineParser):
         block.lines.append(raw)
         block.texts.append(msg)
         block.fields["process"] = killed.group(3).strip() or block.fields.get("process")
-        if killed.group(1).startswith("Memory cgroup"):
+        if (killed.group(1) or "").startswith("Memory cgroup"):
             block.fields["cgroup"] = True  # a container's limit, not the whole machine's memory
         rss = _OOM_RSS.search(msg)
         if rss:

@@ -469,3 +469,31 @@ def _aer_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
             )
         )
     return findings
+
+
+def _edac_findings(occs: list[_Occ], job: _Job) -> list[Finding]:
+    """Uncorrected host memory errors the memory controllers logged (EDAC): the node's DIMM, as the EDAC counters'
+    rule says it from the node's metrics (ml/node_signals.py). Corrected ones are routine at a low rate: none."""
+    groups = _group((o for o in occs if o.kind == "edac" and o.fields.get("uncorrected")), lambda o: o.node)
+    findings = []
+    for node, group in sorted(groups.items()):
+        total = sum(int(o.fields.get("count") or 1) for o in group)
+        where = sorted({str(o.fields["location"]) for o in group if o.fields.get("location")})
+        findings.append(
+            _finding(
+                group,
+                key=f"edac:{node}",
+                category="host",
+                confidence=0.85,
+                summary=f"{total} uncorrected host memory error{'s' * (total != 1)} on {node}"
+                + (f" ({', '.join(where[:3])})" if where else ""),
+                node=node,
+                job=job,
+                blame="infrastructure",
+                action="evict",
+                sig_text="edac uncorrected",
+                uncorrected_errors=total,
+                dimms=where or None,
+            )
+        )
+    return findings

@@ -25,7 +25,7 @@ from ml.signatures.common import (
     _occurrences,
     _ts,
 )
-from ml.signatures.hardware import _aer_findings, _nvrm_findings, _sxid_findings, _xid_findings
+from ml.signatures.hardware import _aer_findings, _edac_findings, _nvrm_findings, _sxid_findings, _xid_findings
 from ml.signatures.network import (
     _adapter_findings,
     _ib_findings,
@@ -43,6 +43,7 @@ _RULES: tuple[Callable[[list[_Occ], _Job], list[Finding]], ...] = (
     _nvrm_findings,
     _sxid_findings,
     _aer_findings,
+    _edac_findings,
     _ib_findings,
     _port_findings,
     _adapter_findings,

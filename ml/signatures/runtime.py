@@ -20,7 +20,8 @@ from ml.signatures.common import (
 )
 
 # CUDA error names (agents/parsers/training/cuda.py) by what they usually mean.
-_CUDA_HARDWARE = frozenset({"ecc_uncorrectable"})
+# gpu_lost: NVML's "GPU is lost" (the parser's rule_gpu_lost), the GPU off the bus as Xid 79 says it.
+_CUDA_HARDWARE = frozenset({"ecc_uncorrectable", "gpu_lost"})
 _CUDA_NVLINK = frozenset({"nvlink_uncorrectable"})
 _CUDA_DEVICE_GONE = frozenset({"no_device", "initialization_error", "unknown_error", "devices_unavailable"})
 _CUDA_USER = frozenset(

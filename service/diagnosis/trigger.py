@@ -29,6 +29,7 @@ CRITICAL_KINDS = frozenset(
         "port_down",
         "nic_fatal",
         "nic_module_error",
+        "edac",
         "nccl_error",
         "watchdog_timeout",
         "watchdog_stuck",

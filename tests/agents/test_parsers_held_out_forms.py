@@ -61,3 +61,28 @@ def test_a_loss_scale_kept_as_its_log2() -> None:
     early = one("Found NaN, decreased lg_loss_scale to 17.354")
     assert not early.fields["at_minimum"] and early.severity == "warning"
     assert round(early.fields["reduced_to"]) == round(2**17.354)
+
+
+def test_the_heartbeat_monitors_first_line_is_the_monitors_too() -> None:
+    # heartbeat_monitor_no_heartbeat_tp8_sglang_1691.txt: "[rank7]:[E1019 01:04:03.357615073 ProcessGroupNCCL.cpp:1375]
+    # [PG 3 Rank 7] First PG on this rank that detected no heartbeat of its watchdog.", then "Heartbeat monitor timed
+    # out!": read as the monitor's, not left to the classifier as an unknown error
+    events = parse(corpus("heartbeat_monitor_no_heartbeat_tp8_sglang_1691.txt"))
+    assert of(events, "unmatched_error") == []
+    stuck = of(events, "watchdog_stuck")
+    assert len(stuck) == 6 and {e.fields["category"] for e in stuck} == {"heartbeat_monitor"}
+    assert sorted({e.rank for e in stuck}) == [0, 1, 6, 7]
+
+
+def test_nvml_saying_a_gpu_is_lost_is_the_gpus_hardware() -> None:
+    # gpu_is_lost_nvidia_smi_owod_81.txt: "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost.
+    # Reboot the system to recover this GPU"
+    lost = one(corpus("gpu_is_lost_nvidia_smi_owod_81.txt"))
+    assert (lost.kind, lost.fields["error"], lost.fields["pci"], lost.critical) == (
+        "cuda_error", "gpu_lost", "0000:02:00.0", True,
+    )  # fmt: skip
+    # xid79_gpu_is_lost_remapped_rows_gpud_604.txt: "failed to get device remapped rows: ERROR_GPU_IS_LOST"
+    [gpud] = of(parse(corpus("xid79_gpu_is_lost_remapped_rows_gpud_604.txt")), "cuda_error")
+    assert gpud.fields["error"] == "gpu_lost"
+    # "lost" in other words is nothing of the kind
+    assert of(parse("INFO lost 3 batches to a slow reader, retrying\n"), "cuda_error") == []

@@ -294,3 +294,26 @@ def test_an_nvlink_the_driver_cannot_bring_up_names_its_form() -> None:
     # NVLink state lines that say nothing failed stay plain (a real line's variant)
     [plain] = parse("NVRM: knvlinkCoreShutdownDeviceLinks: links shut down on GPU 0000:1b:00.0\n")
     assert "failure" not in plain.fields
+
+
+def test_the_oom_killers_older_two_lines_are_one_kill() -> None:
+    # host_oom_killer_sacrifice_child_nervana_deepspeech_48.txt (kernels before 4.19):
+    #   [3017506.733819] Out of memory: Kill process 25635 (python) score 974 or sacrifice child
+    #   [3017506.736861] Killed process 25635 (python) total-vm:55518724kB, anon-rss:23902876kB, file-rss:154436kB
+    [event] = parse(corpus("host_oom_killer_sacrifice_child_nervana_deepspeech_48.txt"))
+    assert (event.kind, event.critical) == ("oom", True)
+    assert (event.fields["pid"], event.fields["process"]) == (25635, "python")
+    assert event.fields["anon_rss_bytes"] == 23902876 * 1024 and not event.fields.get("cgroup")
+
+
+def test_edac_uncorrected_host_memory_errors_are_critical_corrected_ones_not() -> None:
+    # edac_ue_dimm_apei_pcie_gpu_node_lwa_117.txt: "[11189.970968] EDAC MC3: 1 UE memory read error on
+    # CPU_SrcID#1_MC#1_Chan#2_DIMM#0 (channel:2 slot:0 ...)"; the APEI and MCE lines around it are no events
+    [ue] = parse(corpus("edac_ue_dimm_apei_pcie_gpu_node_lwa_117.txt"))
+    assert (ue.kind, ue.critical, ue.fields["uncorrected"], ue.fields["count"], ue.fields["mc"]) == (
+        "edac", True, True, 1, 3,
+    )  # fmt: skip
+    assert ue.fields["location"] == "CPU_SrcID#1_MC#1_Chan#2_DIMM#0"
+    # a corrected one (the same line, CE), from another driver's prefix
+    [ce] = parse("[   12.5] EDAC skx MC0: 2 CE memory read error on CPU_SrcID#0_MC#0_Chan#1_DIMM#0 (channel:1)\n")
+    assert (ce.critical, ce.fields["uncorrected"], ce.fields["count"]) == (False, False, 2)

@@ -310,3 +310,19 @@ def test_a_lone_corrected_pcie_error_on_a_working_node_is_routine() -> None:
     # pcie_aer_corrected_receiver_error_laptop_benign_nbfc_181.txt (benign): one corrected Receiver Error, the
     # hardware fixed it, nothing else wrong on the node: no finding, so no incident.
     assert [f for f in detect(kernel("pcie_aer_corrected_receiver_error_laptop_benign_nbfc_181.txt"))] == []
+
+
+def test_an_uncorrected_host_memory_error_is_the_hosts_to_evict() -> None:
+    # edac_ue_dimm_apei_pcie_gpu_node_lwa_117.txt (held out): "EDAC MC3: 1 UE memory read error on
+    # CPU_SrcID#1_MC#1_Chan#2_DIMM#0 (...)"
+    f = only(detect(kernel("edac_ue_dimm_apei_pcie_gpu_node_lwa_117.txt")))
+    assert (base_key(f), f.category, f.action, f.confidence) == ("edac:node-a", "host", "evict", 0.85)
+    assert f.evidence["dimms"] == ["CPU_SrcID#1_MC#1_Chan#2_DIMM#0"]
+    # corrected errors alone are routine
+    assert detect([rec("edac", "node-a", count=4, uncorrected=False, mc=0)]) == []
+
+
+def test_a_gpu_nvml_calls_lost_is_evicted_as_hardware() -> None:
+    # gpu_is_lost_nvidia_smi_owod_81.txt (held out): "... GPU 0000:02:00.0: GPU is lost. Reboot the system ..."
+    f = only(detect(training("gpu_is_lost_nvidia_smi_owod_81.txt")))
+    assert (f.category, f.action, f.confidence, f.blame) == ("gpu_hardware", "evict", 0.9, "infrastructure")

@@ -9,7 +9,7 @@ from typing import Any
 from agents.events import Event
 from agents.parsers.training.common import Rule, is_boilerplate, make_event, rank_in
 from agents.parsers.training.crashes import rule_crash, rule_dataloader
-from agents.parsers.training.cuda import rule_cuda, rule_oom
+from agents.parsers.training.cuda import rule_cuda, rule_gpu_lost, rule_oom
 from agents.parsers.training.elastic import rule_elastic
 from agents.parsers.training.loss_scale import rule_loss_scale
 from agents.parsers.training.mismatch import rule_collective_mismatch
@@ -30,6 +30,7 @@ _RULES: tuple[Rule, ...] = (
     rule_duplicate_gpu,
     rule_oom,
     rule_cuda,
+    rule_gpu_lost,
     rule_dataloader,
     rule_storage,
     rule_collective_timeout,

@@ -185,6 +185,24 @@ def rule_cuda(body: str, low: str, emit: Emit, rank: int | None) -> bool:
     return True
 
 
+# NVML (nvidia-smi, a node checker) saying a GPU stopped answering on the bus: "Unable to determine the device handle
+# for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU" (JosephKJ/OWOD#81), "failed to get device
+# remapped rows: ERROR_GPU_IS_LOST" (leptonai/gpud#604). What Xid 79 says in the kernel's log.
+_GPU_LOST = re.compile(r"GPU is lost\b|\b(?:NVML_)?ERROR_GPU_IS_LOST\b")
+_GPU_LOST_PCI = re.compile(r"\bGPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F])")
+
+
+def rule_gpu_lost(body: str, low: str, emit: Emit, rank: int | None) -> bool:
+    if "lost" not in low or not (m := _GPU_LOST.search(body)):
+        return False
+    fields: dict[str, Any] = {"error": "gpu_lost", "message": body[max(0, m.start() - 200) :].strip()[:MAX_MESSAGE]}
+    pci = _GPU_LOST_PCI.search(body)
+    if pci:
+        fields["pci"] = pci.group(1).lower()
+    emit("cuda_error", "error", fields, critical=True)
+    return True
+
+
 def _size(text: str | None) -> int | None:
     """Bytes in "20.00 MiB", "1.5 GB", "512 bytes" (binary multiples, as PyTorch means them)."""
     if not text:

@@ -31,7 +31,12 @@ _WD_EXC = re.compile(
 _STUCK = re.compile(
     _TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?ProcessGroupNCCL's watchdog got stuck for (?P<secs>\d+) seconds"
 )
-_HEARTBEAT = re.compile(_TAG + r"Heartbeat monitor timed out!(?:.*?workMetaList_\.size\(\)\s*=\s*(?P<work>\d+))?")
+# PyTorch 2.4 on says first which process group noticed: "First PG on this rank that detected no heartbeat of its
+# watchdog." (sgl-project/sglang#1691), then "Heartbeat monitor timed out!": both are the monitor's.
+_HEARTBEAT = re.compile(
+    _TAG + r"(?:Heartbeat monitor timed out!(?:.*?workMetaList_\.size\(\)\s*=\s*(?P<work>\d+))?"
+    r"|First PG on this rank that detected (?P<first>no heartbeat) of its watchdog)"
+)
 # The flight recorder's dump: "preparing to dump debug info", "Terminating the process after attempting to dump".
 _DUMP = re.compile(
     _TAG + r"(?:\[[^\[\]]{0,120}?Rank \d+\]\s*)?(?:ProcessGroupNCCL (?P<prep>preparing to dump debug info)"
@@ -69,15 +74,16 @@ def rule_watchdog(body: str, low: str, emit: Emit, rank: int | None) -> bool:
         "atchdog" not in body
         and "at NCCL work" not in body
         and "Heartbeat monitor" not in body
+        and "no heartbeat" not in body
         and ("dump debug info" not in body)
     ):
         return False
-    if "got stuck for" in body or "Heartbeat monitor" in body:
+    if "got stuck for" in body or "Heartbeat monitor" in body or "no heartbeat" in body:
         m = _STUCK.search(body) or _HEARTBEAT.search(body)
         if m:
             groups = m.groupdict()
             fields = {
-                "category": "heartbeat_monitor" if "Heartbeat monitor" in m.group(0) else "watchdog_stuck",
+                "category": "watchdog_stuck" if groups.get("secs") is not None else "heartbeat_monitor",
                 "timeout_s": int_or_none(groups.get("secs")),
                 "pending_work": int_or_none(groups.get("work")),
                 **_tag(m.group("tag")),
