@@ -43,7 +43,6 @@ _NVRM_BAD = re.compile(r"(?i)fail|error|timeout|timed out|unable|not responding|
 # GPU index the driver prefixes its GSP messages with ("GPU6 _kgspBootGspRm: ..."): its own numbering, which need
 # not be nvidia-smi's, so it is kept apart from the PCI address.
 _NVRM_GPU = re.compile(r"GPU(\d{1,3}) ")
-NVLINK_FAILED = re.compile(r"\bknvlink\w*:.*\b(?:[Ff]ail(?:ed|ure)?|timed out|[Tt]imeout)\b")
 # NVRM lines that say a GPU failed, as (form, pattern, severity); the first match names the form. The GSP forms
 # are today's GPUs' (Turing on, GSP firmware): a GSP that stops answering RPCs needs a GPU reset, one that cannot
 # boot needs the machine reset; the heartbeat alone is often noise (stuck at 0 on some desktops), so not critical.
@@ -60,7 +59,7 @@ _NVRM_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("init_failed", re.compile(r"RmInitAdapter failed|rm_init_adapter failed"), "critical"),
     # The driver's NVLink code (knvlink*) failing to bring a link up or read its state: "knvlinkDiscoverPostRxDetLinks_
     # GH100: Getting peer0's postRxDetLinkMask failed!" (leptonai/gpud#1271).
-    ("nvlink_failed", NVLINK_FAILED, "error"),
+    ("nvlink_failed", re.compile(r"\bknvlink\w*:.*\b(?:[Ff]ail(?:ed|ure)?|timed out|[Tt]imeout)\b"), "error"),
 )
 _SXID = re.compile(rf"(nvidia-nvswitch\d*): SXid \((?:PCI:)?({_PCI})\): (\d{{1,6}}),\s*(.*)")
 _SXID_DETAIL = re.compile(r"(?:Data \{|Severity \d)")

@@ -35,7 +35,7 @@ _STUCK = re.compile(
 # watchdog." (sgl-project/sglang#1691), then "Heartbeat monitor timed out!": both are the monitor's.
 _HEARTBEAT = re.compile(
     _TAG + r"(?:Heartbeat monitor timed out!(?:.*?workMetaList_\.size\(\)\s*=\s*(?P<work>\d+))?"
-    r"|First PG on this rank that detected (?P<first>no heartbeat) of its watchdog)"
+    r"|First PG on this rank that detected no heartbeat of its watchdog)"
 )
 # The flight recorder's dump: "preparing to dump debug info", "Terminating the process after attempting to dump".
 _DUMP = re.compile(
