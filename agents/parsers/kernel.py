@@ -231,8 +231,17 @@ class KernelLogParser(LineParser):
             "location": m.group(5),
         }
         severity = "error" if uncorrected else "warning"
-        return [Event(ts=ts, source=SOURCE, kind="edac", line=clip(raw), severity=severity, fields=fields,
-                      critical=uncorrected)]  # fmt: skip
+        return [
+            Event(
+                ts=ts,
+                source=SOURCE,
+                kind="edac",
+                line=clip(raw),
+                severity=severity,
+                fields=fields,
+                critical=uncorrected,
+            )
+        ]
 
     def _nvrm(self, raw: str, msg: str, ts: datetime) -> list[Event]:
         m = _XID.search(msg)
